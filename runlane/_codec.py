@@ -1,0 +1,123 @@
+"""Payload and output conversion between user types and the JSON stored in Postgres.
+
+Payloads are validated and structured with cattrs before anything is written; outputs are
+unstructured with the same converter. Structuring is strict: a number is not silently turned
+into a string, and unknown keys are rejected, so a typo in a payload fails at the trigger
+instead of inside a worker hours later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.preconf.json import make_converter
+
+from runlane.errors import PayloadValidationError
+
+__all__ = [
+    "OutputNotSerializable",
+    "decode_payload",
+    "dump_json",
+    "encode_output",
+    "encode_payload",
+]
+
+
+class OutputNotSerializable(Exception):
+    """A handler returned a value that cannot be stored as JSON."""
+
+
+def _strict_str(value: Any, _: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _strict_int(value: Any, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _strict_float(value: Any, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return float(value)
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = make_converter(forbid_extra_keys=True)
+    converter.register_structure_hook(str, _strict_str)
+    converter.register_structure_hook(int, _strict_int)
+    converter.register_structure_hook(float, _strict_float)
+    converter.register_structure_hook(bool, _strict_bool)
+    return converter
+
+
+converter = _make_converter()
+
+
+def dump_json(value: Any) -> str:
+    """Serialize plain JSON values; NaN and infinities are rejected, as Postgres would."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+def _problems(exc: BaseException) -> list[str]:
+    if isinstance(exc, cattrs.BaseValidationError):
+        return list(cattrs.transform_error(exc, path="payload"))
+    return [f"payload: {exc}"]
+
+
+def encode_payload(task_id: str, schema: type[Any] | None, payload: Any) -> str:
+    """Validate ``payload`` against ``schema`` and return its JSON text.
+
+    ``payload`` is an instance of ``schema`` or a mapping that cattrs can structure into it.
+    An instance is round-tripped too, so a field holding the wrong type is caught here.
+    """
+    if schema is not None and not isinstance(payload, schema) and attrs.has(type(payload)):
+        problem = f"payload is a {type(payload).__name__}, but the task expects {schema.__name__}"
+        raise PayloadValidationError(task_id, [problem])
+    try:
+        if schema is None:
+            plain = payload
+        elif isinstance(payload, schema):
+            plain = converter.unstructure(payload, schema)
+            converter.structure(plain, schema)
+        else:
+            plain = converter.unstructure(converter.structure(payload, schema), schema)
+        return dump_json(plain)
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise PayloadValidationError(task_id, _problems(exc)) from exc
+
+
+def decode_payload(task_id: str, schema: type[Any] | None, stored: Any) -> Any:
+    """Structure a stored payload back into the task's schema for its handler."""
+    if schema is None:
+        return stored
+    try:
+        return converter.structure(stored, schema)
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+        raise PayloadValidationError(task_id, _problems(exc)) from exc
+
+
+def encode_output(value: Any) -> str:
+    """Unstructure a handler's return value to JSON text, or raise OutputNotSerializable."""
+    try:
+        return dump_json(converter.unstructure(value))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise OutputNotSerializable(
+            f"the handler returned a {type(value).__name__} that cannot be stored as JSON "
+            f"({exc}); return attrs instances, dicts, lists, strings, numbers, booleans or None"
+        ) from exc

@@ -1,0 +1,91 @@
+"""Records the runtime hands back to callers: run status, snapshots, handles, drain results."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+__all__ = ["DrainResult", "RunError", "RunHandle", "RunSnapshot", "RunStatus"]
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run is in its lifecycle (see docs/architecture.md for the state machine)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    RELEASED = "released"
+    WAITING = "waiting"
+    CANCELLATION_REQUESTED = "cancellation_requested"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+@attrs.frozen
+class RunError:
+    """What an attempt's failure left behind: exception type, message and traceback."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+    retryable: bool = True
+
+
+@attrs.frozen
+class RunHandle:
+    """The answer to a trigger: the run's id and whether this call created it.
+
+    ``created`` is false when an idempotency key matched a run triggered earlier.
+    """
+
+    id: uuid.UUID
+    task_id: str
+    queue: str
+    created: bool = True
+
+
+@attrs.frozen
+class RunSnapshot:
+    """A point-in-time read of one run."""
+
+    id: uuid.UUID
+    environment: str
+    task_id: str
+    queue: str
+    status: RunStatus
+    attempt: int
+    max_attempts: int
+    priority: int
+    payload: Any
+    output: Any
+    error: RunError | None
+    idempotency_key: str | None
+    parent_run_id: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+    due_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status.is_terminal
+
+
+@attrs.frozen
+class DrainResult:
+    """What one :meth:`Runlane.drain` call did."""
+
+    runs_executed: int

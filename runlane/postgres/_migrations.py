@@ -1,0 +1,129 @@
+"""The migration runner: installs the storage schema under a schema-scoped advisory lock."""
+
+from __future__ import annotations
+
+import hashlib
+
+import attrs
+import psycopg
+from psycopg import sql
+
+from runlane.errors import IncompatibleSchema
+from runlane.postgres._sql import load_migration_files, render, validate_schema_name
+
+__all__ = ["LEDGER_TABLE", "MigrationResult", "apply_postgres_storage_migrations", "latest_version"]
+
+LEDGER_TABLE = "runlane_migrations"
+_LEDGER_COLUMNS = {"version", "name", "checksum", "applied_at"}
+# First key of the two-key advisory lock; the second is hashtext(schema), so migrators of
+# different schemas never wait on each other.
+_LOCK_CLASS = 0x726C6D67
+
+
+@attrs.frozen
+class MigrationResult:
+    """What one migration call did: the versions it applied and where the schema now stands."""
+
+    schema: str
+    applied: tuple[int, ...]
+    version: int
+
+
+def _checksum(text: str) -> str:
+    return hashlib.sha256(text.replace("\r\n", "\n").encode("utf-8")).hexdigest()
+
+
+def latest_version() -> int:
+    return len(load_migration_files())
+
+
+def _check_ledger_shape(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> bool:
+    """True when a ledger exists; raise when something else holds its name."""
+    rows = conn.execute(
+        "select column_name from information_schema.columns "
+        "where table_schema = %s and table_name = %s",
+        (schema, LEDGER_TABLE),
+    ).fetchall()
+    if not rows:
+        return False
+    columns = {str(row[0]) for row in rows}
+    if columns != _LEDGER_COLUMNS:
+        raise IncompatibleSchema(
+            f"schema {schema!r} has a table {LEDGER_TABLE!r} that runlane did not create "
+            f"(columns {sorted(columns)}); migrate into a fresh schema instead"
+        )
+    return True
+
+
+def _check_ledger_rows(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[int]:
+    known = {version: (name, _checksum(text)) for version, name, text in load_migration_files()}
+    rows = conn.execute(
+        sql.SQL("select version, name, checksum from {}.{} order by version").format(
+            sql.Identifier(schema), sql.Identifier(LEDGER_TABLE)
+        )
+    ).fetchall()
+    applied: list[int] = []
+    for version, name, checksum in rows:
+        if not isinstance(version, int) or version not in known:
+            raise IncompatibleSchema(
+                f"schema {schema!r} records migration {version!r} ({name}), which this runlane "
+                f"does not know (it knows 1..{len(known)}): the schema was made by a newer or "
+                "another runlane; upgrade runlane or migrate into a fresh schema"
+            )
+        if known[version] != (name, checksum):
+            raise IncompatibleSchema(
+                f"schema {schema!r} records migration {version} as {name!r} with a different "
+                "checksum than this runlane ships: it was made by another runlane release and "
+                "cannot be upgraded in place; migrate into a fresh schema"
+            )
+        applied.append(version)
+    if applied != list(range(1, len(applied) + 1)):
+        raise IncompatibleSchema(
+            f"schema {schema!r} records migrations {applied}, which is not a complete prefix; "
+            "the ledger was edited by hand"
+        )
+    return applied
+
+
+def apply_postgres_storage_migrations(
+    *, connection_string: str, schema: str = "runlane"
+) -> MigrationResult:
+    """Install or upgrade runlane's tables in ``schema``; a no-op when already current.
+
+    Concurrent callers serialise on an advisory lock scoped to the schema: one applies the
+    migrations, the others wait and then find nothing to do. A ledger this release does not
+    recognise raises :class:`~runlane.IncompatibleSchema` and changes nothing.
+    """
+    validate_schema_name(schema)
+    files = load_migration_files()
+    with psycopg.connect(connection_string, autocommit=True) as conn, conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, schema))
+        conn.execute(sql.SQL("create schema if not exists {}").format(sql.Identifier(schema)))
+        if not _check_ledger_shape(conn, schema):
+            conn.execute(
+                sql.SQL(
+                    "create table {}.{} (version integer primary key, name text not null, "
+                    "checksum text not null, applied_at timestamptz not null default now())"
+                ).format(sql.Identifier(schema), sql.Identifier(LEDGER_TABLE))
+            )
+        done = set(_check_ledger_rows(conn, schema))
+        applied: list[int] = []
+        for version, name, text in files:
+            if version in done:
+                continue
+            try:
+                conn.execute(render(text, schema).encode("utf-8"))
+            except psycopg.errors.DuplicateTable as exc:
+                raise IncompatibleSchema(
+                    f"schema {schema!r} already holds a table that migration {version} "
+                    f"({name}) creates, but no ledger records it; migrate into a fresh schema "
+                    f"({exc.diag.message_primary})"
+                ) from exc
+            conn.execute(
+                sql.SQL("insert into {}.{} (version, name, checksum) values (%s, %s, %s)").format(
+                    sql.Identifier(schema), sql.Identifier(LEDGER_TABLE)
+                ),
+                (version, name, _checksum(text)),
+            )
+            applied.append(version)
+    return MigrationResult(schema=schema, applied=tuple(applied), version=len(files))

@@ -1,0 +1,353 @@
+"""The Postgres implementation of the storage contract."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import TupleRow, dict_row, tuple_row
+from psycopg_pool import ConnectionPool
+
+from runlane.errors import IncompatibleSchema, SchemaNotMigrated
+from runlane.models import RunError, RunSnapshot, RunStatus
+from runlane.postgres._migrations import latest_version
+from runlane.postgres._sql import statements, validate_schema_name
+from runlane.storage import (
+    ClaimedRun,
+    Completion,
+    Failure,
+    FailureApplied,
+    InsertedRun,
+    LeaseRef,
+    NewRuns,
+)
+
+__all__ = ["PostgresStorage"]
+
+log = logging.getLogger("runlane.postgres")
+
+T = TypeVar("T")
+Conn = psycopg.Connection[TupleRow]
+
+# Retries of a statement whose connection broke (server restart, terminated backend).
+_RECONNECT_DELAYS = (0.05, 0.25, 1.0)
+
+
+def _migrate_hint(schema: str) -> str:
+    return (
+        f"run `runlane migrate --database-url URL --schema {schema}` (or "
+        f"runlane.postgres.apply_postgres_storage_migrations(connection_string=..., "
+        f"schema={schema!r})) as a deployment step before starting the application"
+    )
+
+
+class PostgresStorage:
+    """Storage in one Postgres schema, through a psycopg connection pool."""
+
+    def __init__(
+        self,
+        *,
+        connection_string: str,
+        schema: str,
+        pool_min_size: int = 1,
+        pool_max_size: int = 10,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.schema = validate_schema_name(schema)
+        self._sql = statements(schema)
+        self._connect_timeout = connect_timeout
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            connection_string,
+            min_size=pool_min_size,
+            max_size=pool_max_size,
+            open=False,
+            name=f"runlane-{schema}",
+            kwargs={"autocommit": True},
+            timeout=connect_timeout,
+        )
+        self._lock = threading.Lock()
+        self._opened = False
+        self._closed = False
+        self._schema_checked = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def open(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this storage was closed; create a new runtime")
+            if self._opened:
+                return
+            self._pool.open(wait=True, timeout=self._connect_timeout)
+            self._opened = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.close()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """Turn "relation does not exist" and friends into errors naming the migrate step."""
+        try:
+            yield
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
+            raise SchemaNotMigrated(
+                f"runlane's tables are missing from schema {self.schema!r} "
+                f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
+            ) from exc
+        except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction) as exc:
+            raise IncompatibleSchema(
+                f"schema {self.schema!r} does not match this runlane "
+                f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
+            ) from exc
+
+    def _check_schema(self, conn: Conn) -> None:
+        if self._schema_checked:
+            return
+        with self._translated():
+            row = conn.execute(self._sql["schema_version"]).fetchone()
+        version = int(row[0]) if row else 0
+        latest = latest_version()
+        if version < latest:
+            raise SchemaNotMigrated(
+                f"schema {self.schema!r} is at version {version}, this runlane needs "
+                f"{latest}: {_migrate_hint(self.schema)}"
+            )
+        if version > latest:
+            raise IncompatibleSchema(
+                f"schema {self.schema!r} is at version {version}, newer than this runlane "
+                f"knows ({latest}): upgrade runlane in this application"
+            )
+        self._schema_checked = True
+
+    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
+        """Run ``fn`` on a pooled connection, retrying when the connection itself broke.
+
+        Every caller's statement is safe to repeat: inserts carry client-made ids and
+        ``on conflict do nothing``, fenced writes reject a second application, and a claim
+        whose answer was lost only leaves leases that expire and are recovered.
+        """
+        self.open()
+        for delay in (*_RECONNECT_DELAYS, None):
+            with self._pool.connection() as conn:
+                try:
+                    self._check_schema(conn)
+                    with self._translated():
+                        return fn(conn)
+                except psycopg.OperationalError:
+                    if delay is None or not conn.broken:
+                        raise
+            log.warning("runlane: database connection lost; retrying in %.2fs", delay)
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    # -- runs ----------------------------------------------------------------------------
+
+    def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
+        params = {
+            "environment": runs.environment,
+            "task_id": runs.task_id,
+            "queue": runs.queue,
+            "priority": runs.priority,
+            "max_attempts": runs.max_attempts,
+            "parent_run_id": runs.parent_run_id,
+            "run_at": runs.run_at,
+            "delay_seconds": runs.delay.total_seconds(),
+            "ids": list(runs.ids),
+            "payloads": list(runs.payloads),
+            "idempotency_keys": list(runs.idempotency_keys),
+        }
+
+        def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(self._sql["run_insert_many"], params)
+                inserted = {row[0] for row in cur.fetchall()}
+                if len(inserted) == len(runs.ids):
+                    return [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
+                return self._resolve_conflicts(cur, runs, inserted)
+
+        if connection is not None:
+            if not isinstance(connection, psycopg.Connection):
+                raise TypeError(
+                    f"connection= takes a psycopg.Connection, got {type(connection).__name__}"
+                )
+            with self._pool.connection() as check:
+                self._check_schema(check)
+            with self._translated():
+                return insert(connection)
+        return self._with_conn(insert)
+
+    def _resolve_conflicts(
+        self, cur: psycopg.Cursor[TupleRow], runs: NewRuns, inserted: set[uuid.UUID]
+    ) -> list[InsertedRun]:
+        cur.execute(
+            self._sql["run_find_existing"],
+            {
+                "environment": runs.environment,
+                "task_id": runs.task_id,
+                "ids": [i for i in runs.ids if i not in inserted],
+                "idempotency_keys": [k for k in runs.idempotency_keys if k is not None],
+            },
+        )
+        by_id: dict[uuid.UUID, str] = {}
+        by_key: dict[str, tuple[uuid.UUID, str]] = {}
+        for run_id, key, queue_name in cur.fetchall():
+            by_id[run_id] = queue_name
+            if key is not None:
+                by_key[key] = (run_id, queue_name)
+        result = []
+        for run_id, key in zip(runs.ids, runs.idempotency_keys, strict=True):
+            if run_id in inserted:
+                result.append(InsertedRun(id=run_id, queue=runs.queue, created=True))
+            elif run_id in by_id:
+                # a statement retried after a lost answer finds the row it wrote
+                result.append(InsertedRun(id=run_id, queue=by_id[run_id], created=True))
+            elif key is not None and key in by_key:
+                existing_id, existing_queue = by_key[key]
+                result.append(InsertedRun(id=existing_id, queue=existing_queue, created=False))
+            else:
+                raise RuntimeError(
+                    f"run {run_id} was neither inserted nor found afterwards; runlane needs "
+                    "the read committed isolation level for trigger(connection=...)"
+                )
+        return result
+
+    def run_get(self, environment: str, run_id: uuid.UUID) -> RunSnapshot | None:
+        def get(conn: Conn) -> dict[str, Any] | None:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["run_get"], {"id": run_id, "environment": environment})
+                return cur.fetchone()
+
+        row = self._with_conn(get)
+        return None if row is None else _snapshot(row)
+
+    def run_claim(
+        self, environment: str, queues: Sequence[str], limit: int, lease: timedelta
+    ) -> list[ClaimedRun]:
+        params = {
+            "environment": environment,
+            "queues": list(queues),
+            "limit": limit,
+            "lease_seconds": lease.total_seconds(),
+        }
+
+        def claim(conn: Conn) -> list[ClaimedRun]:
+            rows = conn.execute(self._sql["run_claim"], params).fetchall()
+            return [
+                ClaimedRun(
+                    id=row[0],
+                    task_id=row[1],
+                    queue=row[2],
+                    attempt=row[3],
+                    max_attempts=row[4],
+                    lease_token=row[5],
+                    payload=row[6],
+                    lease_expires_at=row[7],
+                )
+                for row in rows
+            ]
+
+        return self._with_conn(claim)
+
+    def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
+        if not completions:
+            return set()
+        params = {
+            "ids": [c.run_id for c in completions],
+            "attempts": [c.attempt for c in completions],
+            "lease_tokens": [c.lease_token for c in completions],
+            "outputs": [c.output for c in completions],
+        }
+
+        def complete(conn: Conn) -> set[uuid.UUID]:
+            return {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
+
+        return self._with_conn(complete)
+
+    def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
+        if not failures:
+            return []
+        params = {
+            "ids": [f.run_id for f in failures],
+            "attempts": [f.attempt for f in failures],
+            "lease_tokens": [f.lease_token for f in failures],
+            "errors": [f.error for f in failures],
+            "retry_delay_seconds": [
+                None if f.retry_delay is None else f.retry_delay.total_seconds() for f in failures
+            ],
+        }
+
+        def fail(conn: Conn) -> list[FailureApplied]:
+            rows = conn.execute(self._sql["run_fail_many"], params).fetchall()
+            return [FailureApplied(run_id=row[0], status=RunStatus(row[1])) for row in rows]
+
+        return self._with_conn(fail)
+
+    def run_extend_leases(
+        self, leases: Sequence[LeaseRef], lease: timedelta
+    ) -> dict[uuid.UUID, RunStatus]:
+        if not leases:
+            return {}
+        params = {
+            "ids": [ref.run_id for ref in leases],
+            "attempts": [ref.attempt for ref in leases],
+            "lease_tokens": [ref.lease_token for ref in leases],
+            "lease_seconds": lease.total_seconds(),
+        }
+
+        def extend(conn: Conn) -> dict[uuid.UUID, RunStatus]:
+            rows = conn.execute(self._sql["run_extend_leases"], params).fetchall()
+            return {row[0]: RunStatus(row[1]) for row in rows}
+
+        return self._with_conn(extend)
+
+    def run_deliver_due(self, environment: str, limit: int) -> int:
+        params = {"environment": environment, "limit": limit}
+
+        def deliver(conn: Conn) -> int:
+            return len(conn.execute(self._sql["run_deliver_due"], params).fetchall())
+
+        return self._with_conn(deliver)
+
+
+def _snapshot(row: dict[str, Any]) -> RunSnapshot:
+    error = row["error"]
+    return RunSnapshot(
+        id=row["id"],
+        environment=row["environment"],
+        task_id=row["task_id"],
+        queue=row["queue"],
+        status=RunStatus(row["status"]),
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        priority=row["priority"],
+        payload=row["payload"],
+        output=row["output"],
+        error=None
+        if error is None
+        else RunError(
+            type=error["type"],
+            message=error["message"],
+            traceback=error.get("traceback"),
+            retryable=error.get("retryable", True),
+        ),
+        idempotency_key=row["idempotency_key"],
+        parent_run_id=row["parent_run_id"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        due_at=row["due_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )

@@ -1,0 +1,84 @@
+-- runlane schema version 1: runs and their attempts.
+--
+-- A run's current attempt and its lease live on the run row, so a claim and every fenced
+-- write touch one row; finished attempts are kept in "attempts" for history. Later features
+-- (wait tokens, steps, schedule slots, outbox, maintenance leases, tombstones) arrive as
+-- their own tables in later migrations and refer to runs by id.
+
+create table {schema}.runs (
+    id                 uuid primary key,
+    environment        text not null,
+    task_id            text not null,
+    queue              text not null,
+    status             text not null,
+    priority           integer not null default 0,
+    payload            jsonb not null,
+    output             jsonb,
+    error              jsonb,
+    -- number of the current (or last) attempt; 0 until the first claim
+    attempt            integer not null default 0,
+    max_attempts       integer not null,
+    idempotency_key    text,
+    parent_run_id      uuid,
+    -- when the run may next be claimed (queued) or delivered again (retrying, released)
+    due_at             timestamptz not null,
+    lease_token        uuid,
+    lease_expires_at   timestamptz,
+    attempt_started_at timestamptz,
+    created_at         timestamptz not null default now(),
+    updated_at         timestamptz not null default now(),
+    started_at         timestamptz,
+    finished_at        timestamptz,
+    constraint runs_status_known check (status in (
+        'queued', 'running', 'retrying', 'released', 'waiting',
+        'cancellation_requested', 'completed', 'failed', 'cancelled')),
+    constraint runs_attempts_sane check (attempt >= 0 and max_attempts >= 1),
+    constraint runs_lease_matches_status check (
+        (status in ('running', 'cancellation_requested')) = (lease_token is not null)
+        or status = 'cancellation_requested'),
+    constraint runs_finished_when_terminal check (
+        (status in ('completed', 'failed', 'cancelled')) = (finished_at is not null))
+);
+
+-- a second trigger with the same key returns the first run
+create unique index runs_idempotency_key
+    on {schema}.runs (environment, task_id, idempotency_key)
+    where idempotency_key is not null;
+
+-- claim: the next due queued runs by priority, then due time, then id
+create index runs_claimable
+    on {schema}.runs (environment, priority desc, due_at, id)
+    include (queue)
+    where status = 'queued';
+
+-- maintenance: retries and releases that have come due
+create index runs_deferred_due
+    on {schema}.runs (environment, due_at)
+    where status in ('retrying', 'released');
+
+-- maintenance: leases that have lapsed
+create index runs_lease_expiry
+    on {schema}.runs (lease_expires_at)
+    where status in ('running', 'cancellation_requested');
+
+-- cleanup: terminal runs by age
+create index runs_finished
+    on {schema}.runs (environment, finished_at)
+    where status in ('completed', 'failed', 'cancelled');
+
+create index runs_parent
+    on {schema}.runs (parent_run_id)
+    where parent_run_id is not null;
+
+create table {schema}.attempts (
+    run_id       uuid not null references {schema}.runs (id) on delete cascade,
+    attempt      integer not null,
+    lease_token  uuid not null,
+    outcome      text not null,
+    error        jsonb,
+    started_at   timestamptz not null,
+    finished_at  timestamptz not null default now(),
+    primary key (run_id, attempt),
+    constraint attempts_outcome_known check (outcome in (
+        'completed', 'failed', 'retrying', 'released', 'suspended', 'cancelled', 'expired'))
+);

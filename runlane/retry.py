@@ -1,0 +1,61 @@
+"""Retry policies and the pure backoff arithmetic behind them."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import attrs
+
+from runlane.errors import ConfigurationError
+
+__all__ = ["RetryPolicy"]
+
+
+def _check_policy(policy: RetryPolicy) -> None:
+    if policy.max_attempts < 1:
+        raise ConfigurationError(
+            f"RetryPolicy.max_attempts must be at least 1, got {policy.max_attempts}"
+        )
+    if policy.initial_delay < timedelta(0):
+        raise ConfigurationError(
+            f"RetryPolicy.initial_delay must not be negative, got {policy.initial_delay}"
+        )
+    if policy.max_delay < policy.initial_delay:
+        raise ConfigurationError(
+            f"RetryPolicy.max_delay ({policy.max_delay}) must be at least initial_delay "
+            f"({policy.initial_delay})"
+        )
+    if policy.multiplier < 1:
+        raise ConfigurationError(
+            f"RetryPolicy.multiplier must be at least 1, got {policy.multiplier}"
+        )
+    if not 0 <= policy.jitter <= 1:
+        raise ConfigurationError(f"RetryPolicy.jitter must lie in [0, 1], got {policy.jitter}")
+
+
+@attrs.frozen
+class RetryPolicy:
+    """How often a failing run is attempted and how long it waits between attempts.
+
+    The wait before attempt ``n + 1`` is ``initial_delay * multiplier ** (n - 1)``, spread by
+    ``± jitter`` (a fraction) and capped at ``max_delay``.
+    """
+
+    max_attempts: int = 3
+    initial_delay: timedelta = timedelta(seconds=1)
+    max_delay: timedelta = timedelta(minutes=10)
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __attrs_post_init__(self) -> None:
+        _check_policy(self)
+
+    def delay_after(self, attempt: int, rng: random.Random | None = None) -> timedelta:
+        """The wait after failed attempt number ``attempt`` (1-based) before the next one."""
+        if attempt < 1:
+            raise ValueError(f"attempt numbers start at 1, got {attempt}")
+        base = self.initial_delay.total_seconds() * self.multiplier ** min(attempt - 1, 64)
+        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        seconds = min(base * spread, self.max_delay.total_seconds())
+        return timedelta(seconds=max(seconds, 0.0))

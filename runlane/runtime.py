@@ -1,0 +1,449 @@
+"""The runtime: ``create_runlane`` and the blocking, thread-safe ``Runlane`` facade."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from runlane._codec import encode_payload
+from runlane._execution import execute_attempt, make_context
+from runlane._ids import new_run_id
+from runlane._leases import LeaseKeeper
+from runlane.errors import ConfigurationError, RunNotFound, StaleLease, TaskNotFound
+from runlane.maintenance import MaintenanceLimits, MaintenanceResult, run_maintenance_pass
+from runlane.models import DrainResult, RunHandle, RunSnapshot
+from runlane.storage import Completion, LeaseRef, NewRuns, Storage
+from runlane.tasks import Queue, Task, _check_name
+
+__all__ = ["Lane", "Runlane", "create_runlane"]
+
+log = logging.getLogger("runlane")
+
+_DEFAULT_QUEUE = "default"
+_INT32 = 2**31 - 1
+
+
+class Lane(Protocol):
+    """How a runtime reaches its storage; ``postgres_polling_lane`` makes one."""
+
+    @property
+    def lease_duration(self) -> timedelta: ...
+
+    def create_storage(self) -> Storage: ...
+
+
+def _seconds(name: str, value: timedelta | float | int | None) -> timedelta:
+    if value is None:
+        return timedelta(0)
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise ConfigurationError(
+            f"{name} must be a timedelta or a number of seconds, got {value!r}"
+        )
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if delta < timedelta(0):
+        raise ConfigurationError(f"{name} must not be negative, got {delta}")
+    return delta
+
+
+class Runlane:
+    """A runtime: the task catalog, the queues and one lane's storage.
+
+    Every method blocks and is safe to call from any thread. Methods start the runtime on
+    first use; ``close()`` releases its connections.
+    """
+
+    def __init__(
+        self,
+        *,
+        lane: Lane,
+        queues: Sequence[Queue],
+        tasks: Sequence[Task[Any, Any]],
+        environment: str,
+    ) -> None:
+        self.environment = environment
+        self._lane = lane
+        self._queues = {q.name: q for q in queues}
+        self._default_queue = next(q.name for q in queues if q.default)
+        self._tasks = {t.id: t for t in tasks}
+        self._storage = lane.create_storage()
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def storage(self) -> Storage:
+        return self._storage
+
+    @property
+    def queues(self) -> dict[str, Queue]:
+        return dict(self._queues)
+
+    @property
+    def tasks(self) -> dict[str, Task[Any, Any]]:
+        return dict(self._tasks)
+
+    def start(self) -> None:
+        """Open connections and check connectivity; idempotent. Never touches the schema."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Runlane was closed; create a new one")
+            if self._started:
+                return
+            self._storage.open()
+            self._started = True
+
+    def close(self) -> None:
+        """Close the runtime's connections; idempotent. Close workers and services first."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._storage.close()
+
+    def __enter__(self) -> Runlane:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self.start()
+
+    # -- producing -----------------------------------------------------------------------
+
+    def _resolve_task(self, task: Task[Any, Any] | str) -> Task[Any, Any]:
+        task_id = task if isinstance(task, str) else getattr(task, "id", None)
+        registered = self._tasks.get(task_id) if isinstance(task_id, str) else None
+        if registered is None or (isinstance(task, Task) and registered is not task):
+            raise TaskNotFound(
+                f"task {task_id or task!r} is not registered with this runtime: pass it in "
+                f"create_runlane(tasks=[...]) (registered: {sorted(self._tasks) or 'none'})"
+            )
+        return registered
+
+    def _resolve_queue(self, task: Task[Any, Any], queue: str | None) -> str:
+        name = queue if queue is not None else task.queue or self._default_queue
+        if name not in self._queues:
+            raise ConfigurationError(
+                f"queue {name!r} is not registered with this runtime: pass queue({name!r}) in "
+                f"create_runlane(queues=[...]) (registered: {sorted(self._queues)})"
+            )
+        return name
+
+    def _new_runs(
+        self,
+        task: Task[Any, Any] | str,
+        payloads: Iterable[Any],
+        idempotency_keys: Sequence[str | None] | None,
+        *,
+        queue: str | None,
+        delay: timedelta | float | None,
+        run_at: datetime | None,
+        priority: int,
+        max_attempts: int | None,
+    ) -> NewRuns:
+        resolved = self._resolve_task(task)
+        queue_name = self._resolve_queue(resolved, queue)
+        delay_delta = _seconds("delay", delay)
+        if run_at is not None:
+            if delay is not None:
+                raise ConfigurationError("pass either delay or run_at, not both")
+            if not isinstance(run_at, datetime) or run_at.utcoffset() is None:
+                raise ConfigurationError(
+                    f"run_at must be a timezone-aware datetime, got {run_at!r}"
+                )
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > _INT32:
+            raise ConfigurationError(f"priority must be a 32-bit integer, got {priority!r}")
+        attempts = resolved.retry.max_attempts if max_attempts is None else max_attempts
+        if (
+            isinstance(attempts, bool)
+            or not isinstance(attempts, int)
+            or not 1 <= attempts <= _INT32
+        ):
+            raise ConfigurationError(f"max_attempts must be a positive integer, got {attempts!r}")
+        encoded = [encode_payload(resolved.id, resolved.schema, p) for p in payloads]
+        keys: list[str | None] = (
+            [None] * len(encoded) if idempotency_keys is None else list(idempotency_keys)
+        )
+        if len(keys) != len(encoded):
+            raise ConfigurationError(
+                f"got {len(keys)} idempotency keys for {len(encoded)} payloads; "
+                "give one per payload"
+            )
+        for key in keys:
+            if key is not None and (not isinstance(key, str) or not key or len(key) > 1000):
+                raise ConfigurationError(
+                    f"idempotency_key must be a non-empty string of at most 1000 characters, "
+                    f"got {key!r}"
+                )
+        return NewRuns(
+            environment=self.environment,
+            task_id=resolved.id,
+            queue=queue_name,
+            ids=[new_run_id() for _ in encoded],
+            payloads=encoded,
+            idempotency_keys=keys,
+            priority=priority,
+            max_attempts=attempts,
+            delay=delay_delta,
+            run_at=run_at,
+        )
+
+    def trigger(
+        self,
+        task: Task[Any, Any] | str,
+        payload: Any,
+        *,
+        queue: str | None = None,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        connection: Any = None,
+    ) -> RunHandle:
+        """Validate ``payload`` and store a new run; nothing is written if validation fails.
+
+        ``delay`` (a timedelta or seconds) or ``run_at`` set the due time, computed by the
+        database. With ``connection`` (a psycopg connection) the run is written in the
+        caller's transaction and exists only if it commits. With ``idempotency_key`` a
+        second trigger of the same task returns the first run (``created`` is then False).
+        Higher ``priority`` is claimed first.
+        """
+        (handle,) = self._trigger(
+            task,
+            [payload],
+            None if idempotency_key is None else [idempotency_key],
+            queue=queue,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            connection=connection,
+        )
+        return handle
+
+    def trigger_many(
+        self,
+        task: Task[Any, Any] | str,
+        payloads: Iterable[Any],
+        *,
+        queue: str | None = None,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+        idempotency_keys: Sequence[str | None] | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        connection: Any = None,
+    ) -> list[RunHandle]:
+        """Trigger one run per payload in one round trip; handles come back in payload order.
+
+        Every payload is validated before anything is written. ``idempotency_keys``, when
+        given, holds one key (or None) per payload.
+        """
+        return self._trigger(
+            task,
+            list(payloads),
+            idempotency_keys,
+            queue=queue,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            connection=connection,
+        )
+
+    def _trigger(
+        self,
+        task: Task[Any, Any] | str,
+        payloads: list[Any],
+        idempotency_keys: Sequence[str | None] | None,
+        *,
+        queue: str | None,
+        delay: timedelta | float | None,
+        run_at: datetime | None,
+        priority: int,
+        max_attempts: int | None,
+        connection: Any,
+    ) -> list[RunHandle]:
+        runs = self._new_runs(
+            task,
+            payloads,
+            idempotency_keys,
+            queue=queue,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
+        if not runs.ids:
+            return []
+        self._ensure_started()
+        inserted = self._storage.run_insert_many(runs, connection=connection)
+        return [
+            RunHandle(id=row.id, task_id=runs.task_id, queue=row.queue, created=row.created)
+            for row in inserted
+        ]
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
+        """The run's current state; raises RunNotFound when this environment has no such run."""
+        try:
+            key = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+        except ValueError as exc:
+            raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from exc
+        self._ensure_started()
+        snapshot = self._storage.run_get(self.environment, key)
+        if snapshot is None:
+            raise RunNotFound(
+                f"no run {key} in environment {self.environment!r}; it was never triggered "
+                "here, its trigger's transaction did not commit, or it was pruned"
+            )
+        return snapshot
+
+    # -- executing -----------------------------------------------------------------------
+
+    def _queue_filter(self, queues: Sequence[str] | None) -> list[str]:
+        if queues is None:
+            return sorted(self._queues)
+        if isinstance(queues, str):
+            raise ConfigurationError(f"queues takes a list of names, got the string {queues!r}")
+        unknown = sorted(set(queues) - set(self._queues))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown queues {unknown}: register them with create_runlane(queues=[...]) "
+                f"(registered: {sorted(self._queues)})"
+            )
+        if not queues:
+            raise ConfigurationError("queues must name at least one queue, or be None for all")
+        return list(queues)
+
+    def drain(
+        self,
+        *,
+        max_runs: int | None = None,
+        queues: Sequence[str] | None = None,
+        stop: threading.Event | None = None,
+    ) -> DrainResult:
+        """Execute currently due runs in the calling thread, one at a time.
+
+        Returns when no run is due, ``max_runs`` handlers have run, or ``stop`` is set. Runs
+        due later (delayed, retrying, released) do not keep it open. A claimed run whose task
+        this runtime does not register is failed with TaskNotFound and not counted.
+        """
+        if max_runs is not None and (
+            isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 0
+        ):
+            raise ConfigurationError(f"max_runs must be a non-negative integer, got {max_runs!r}")
+        names = self._queue_filter(queues)
+        self._ensure_started()
+        lease = self._lane.lease_duration
+        keeper = LeaseKeeper(self._storage, lease, name=f"runlane-drain-leases-{self.environment}")
+        executed = 0
+        try:
+            while max_runs is None or executed < max_runs:
+                if stop is not None and stop.is_set():
+                    break
+                claimed = self._storage.run_claim(self.environment, names, 1, lease)
+                if not claimed:
+                    break
+                for run in claimed:
+                    context = make_context(run, self.environment)
+                    task = self._tasks.get(run.task_id)
+                    ref = LeaseRef(run.id, run.attempt, run.lease_token)
+                    keeper.track(ref, context, task.timeout if task else None)
+                    try:
+                        outcome = execute_attempt(run, self._tasks, context)
+                    finally:
+                        keeper.untrack(run.id)
+                    executed += outcome.handler_ran
+                    self._record(outcome.write)
+        finally:
+            keeper.close()
+        return DrainResult(runs_executed=executed)
+
+    def _record(self, write: Any) -> None:
+        if isinstance(write, Completion):
+            applied = write.run_id in self._storage.run_complete_many([write])
+        else:
+            applied = bool(self._storage.run_fail_many([write]))
+        if not applied:
+            stale = StaleLease(
+                f"run {write.run_id} attempt {write.attempt} no longer holds its lease "
+                "(it expired and was finalized, or the run was cancelled); the result of "
+                "this attempt was not recorded"
+            )
+            log.warning("%s", stale)
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    def run_maintenance_once(self, limits: MaintenanceLimits | None = None) -> MaintenanceResult:
+        """One bounded maintenance pass for this environment (see MaintenancePhase)."""
+        if limits is None:
+            limits = MaintenanceLimits()
+        elif not isinstance(limits, MaintenanceLimits):
+            raise ConfigurationError(f"limits must be MaintenanceLimits, got {limits!r}")
+        self._ensure_started()
+        return run_maintenance_pass(self._storage, self.environment, limits)
+
+
+def create_runlane(
+    *,
+    lane: Lane,
+    queues: Sequence[Queue] = (),
+    tasks: Sequence[Task[Any, Any]] = (),
+    schedules: Sequence[object] = (),
+    environment: str = "default",
+) -> Runlane:
+    """Build a runtime. Nothing connects until ``start()`` or the first call that needs it.
+
+    When no queue is marked ``default=True``, a queue named ``"default"`` is added and used
+    for tasks that name no queue.
+    """
+    _check_name("environment", environment)
+    if schedules:
+        raise ConfigurationError(
+            "schedules are not supported by this runlane release yet; pass schedules=[]"
+        )
+    queue_list = list(queues)
+    for q in queue_list:
+        if not isinstance(q, Queue):
+            raise ConfigurationError(f"queues takes queue(...) definitions, got {q!r}")
+    names = [q.name for q in queue_list]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigurationError(f"queues registered twice: {duplicates}")
+    defaults = [q.name for q in queue_list if q.default]
+    if len(defaults) > 1:
+        raise ConfigurationError(f"only one queue may be the default, got {defaults}")
+    if not defaults:
+        if _DEFAULT_QUEUE in names:
+            queue_list = [
+                Queue(q.name, True, q.concurrency_limit) if q.name == _DEFAULT_QUEUE else q
+                for q in queue_list
+            ]
+        else:
+            queue_list.append(Queue(name=_DEFAULT_QUEUE, default=True))
+    registered = {q.name for q in queue_list}
+    task_ids: set[str] = set()
+    for t in tasks:
+        if not isinstance(t, Task):
+            raise ConfigurationError(f"tasks takes @task-decorated functions, got {t!r}")
+        if t.id in task_ids:
+            raise ConfigurationError(f"two tasks share the id {t.id!r}")
+        task_ids.add(t.id)
+        if t.queue is not None and t.queue not in registered:
+            raise ConfigurationError(
+                f"task {t.id!r} names queue {t.queue!r}, which is not registered: add "
+                f"queue({t.queue!r}) to create_runlane(queues=[...])"
+            )
+    return Runlane(lane=lane, queues=queue_list, tasks=list(tasks), environment=environment)

@@ -1,0 +1,140 @@
+"""The storage contract: everything the engine asks of a database, and nothing more.
+
+The engine never writes SQL. It talks to an object satisfying :class:`Storage`, whose methods
+are named noun-verb and take or return the plain records below. Every method that an attempt
+uses to write is fenced by run id, attempt number and lease token, and reports which rows it
+actually changed; a row missing from the answer lost its lease and nothing was written to it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import attrs
+
+from runlane.models import RunSnapshot, RunStatus
+
+__all__ = [
+    "ClaimedRun",
+    "Completion",
+    "Failure",
+    "FailureApplied",
+    "InsertedRun",
+    "LeaseRef",
+    "NewRuns",
+    "Storage",
+]
+
+
+@attrs.frozen
+class NewRuns:
+    """A batch of runs of one task sharing their options; one row per payload."""
+
+    environment: str
+    task_id: str
+    queue: str
+    ids: Sequence[uuid.UUID]
+    payloads: Sequence[str]  # JSON text, already validated
+    idempotency_keys: Sequence[str | None]
+    priority: int
+    max_attempts: int
+    delay: timedelta
+    run_at: datetime | None
+    parent_run_id: uuid.UUID | None = None
+
+
+@attrs.frozen
+class InsertedRun:
+    """One row of a trigger: the run's id, its queue, and whether this call created it."""
+
+    id: uuid.UUID
+    queue: str
+    created: bool
+
+
+@attrs.frozen
+class ClaimedRun:
+    """A run a claim moved to ``running``, with the lease the attempt must present."""
+
+    id: uuid.UUID
+    task_id: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    lease_token: uuid.UUID
+    payload: Any
+    lease_expires_at: datetime
+
+
+@attrs.frozen
+class LeaseRef:
+    """The fence an attempt presents: run, attempt number and lease token."""
+
+    run_id: uuid.UUID
+    attempt: int
+    lease_token: uuid.UUID
+
+
+@attrs.frozen
+class Completion:
+    run_id: uuid.UUID
+    attempt: int
+    lease_token: uuid.UUID
+    output: str  # JSON text
+
+
+@attrs.frozen
+class Failure:
+    run_id: uuid.UUID
+    attempt: int
+    lease_token: uuid.UUID
+    error: str  # JSON text of a RunError
+    retry_delay: timedelta | None  # None: no further attempt
+
+
+@attrs.frozen
+class FailureApplied:
+    run_id: uuid.UUID
+    status: RunStatus
+
+
+class Storage(Protocol):
+    """What a runtime needs from its database. Implementations must be thread-safe."""
+
+    def open(self) -> None:
+        """Connect and check connectivity; idempotent. Never inspects or changes the schema."""
+
+    def close(self) -> None:
+        """Release every connection; idempotent."""
+
+    def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
+        """Insert the runs in one round trip, in payload order. A payload whose idempotency
+        key matches an existing run of the same task yields that run, ``created=False``.
+        With ``connection`` the rows are written in the caller's open transaction."""
+
+    def run_get(self, environment: str, run_id: uuid.UUID) -> RunSnapshot | None: ...
+
+    def run_claim(
+        self, environment: str, queues: Sequence[str], limit: int, lease: timedelta
+    ) -> list[ClaimedRun]:
+        """Move up to ``limit`` due queued runs to ``running`` under fresh leases."""
+
+    def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
+        """Complete the attempts that still hold their lease; returns the run ids applied."""
+
+    def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
+        """Fail the attempts that still hold their lease: ``retrying`` when a delay is given
+        and attempts remain, else ``failed``; returns what was applied."""
+
+    def run_extend_leases(
+        self, leases: Sequence[LeaseRef], lease: timedelta
+    ) -> dict[uuid.UUID, RunStatus]:
+        """Push live leases ``lease`` past database now; returns the runs extended with their
+        status (``cancellation_requested`` tells the holder to stop). An expired or lost
+        lease is not extended."""
+
+    def run_deliver_due(self, environment: str, limit: int) -> int:
+        """Make up to ``limit`` due ``retrying``/``released`` runs ``queued``; returns the count."""

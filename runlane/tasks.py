@@ -1,0 +1,133 @@
+"""Task and queue definitions: the ``task`` decorator and ``queue`` factory."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+import attrs
+
+from runlane.errors import ConfigurationError
+from runlane.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from runlane.context import RunContext
+
+__all__ = ["Queue", "Task", "queue", "task"]
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-/]{0,199}$")
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ConfigurationError(
+            f"{kind} {value!r} is not valid: use 1-200 characters from letters, digits and "
+            "'_.:-/', starting with a letter or digit"
+        )
+    return value
+
+
+@attrs.frozen
+class Queue:
+    """A logical queue. ``concurrency_limit`` caps live attempts across all workers."""
+
+    name: str
+    default: bool = False
+    concurrency_limit: int | None = None
+
+
+def queue(name: str, *, default: bool = False, concurrency_limit: int | None = None) -> Queue:
+    """Define a logical queue; register it with ``create_runlane(queues=[...])``."""
+    _check_name("queue name", name)
+    if concurrency_limit is not None and (
+        isinstance(concurrency_limit, bool)
+        or not isinstance(concurrency_limit, int)
+        or concurrency_limit < 1
+    ):
+        raise ConfigurationError(
+            f"queue {name!r}: concurrency_limit must be a positive integer or None, "
+            f"got {concurrency_limit!r}"
+        )
+    return Queue(name=name, default=default, concurrency_limit=concurrency_limit)
+
+
+@attrs.frozen(eq=False)
+class Task(Generic[P, R]):
+    """A registered unit of work. Calling it runs the handler directly (useful in tests)."""
+
+    id: str
+    fn: Callable[[P, RunContext], R]
+    schema: type[P] | None
+    queue: str | None
+    retry: RetryPolicy
+    timeout: timedelta | None
+
+    def __call__(self, payload: P, context: RunContext) -> R:
+        return self.fn(payload, context)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.id!r}>"
+
+
+@overload
+def task(
+    fn: Callable[[P, RunContext], R],
+) -> Task[P, R]: ...
+
+
+@overload
+def task(
+    *,
+    id: str | None = None,
+    schema: type[P] | None = None,
+    queue: str | None = None,
+    retry: RetryPolicy | None = None,
+    timeout: timedelta | None = None,
+) -> Callable[[Callable[[P, RunContext], R]], Task[P, R]]: ...
+
+
+def task(
+    fn: Callable[[Any, RunContext], Any] | None = None,
+    *,
+    id: str | None = None,
+    schema: type[Any] | None = None,
+    queue: str | None = None,
+    retry: RetryPolicy | None = None,
+    timeout: timedelta | None = None,
+) -> Any:
+    """Declare a task: ``@task(id="email.send", schema=SendEmail, queue="email")``.
+
+    ``schema`` is an attrs class (payloads are validated and structured with cattrs) or None
+    for a payload of plain JSON values. ``id`` defaults to ``module.function``.
+    """
+    if schema is not None and not attrs.has(schema):
+        raise ConfigurationError(f"task schema must be an attrs class, got {schema!r}")
+    if queue is not None:
+        _check_name("queue name", queue)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(f"retry must be a RetryPolicy, got {retry!r}")
+    if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+        raise ConfigurationError(f"task timeout must be a positive timedelta, got {timeout!r}")
+
+    def wrap(handler: Callable[[Any, RunContext], Any]) -> Task[Any, Any]:
+        if not callable(handler):
+            raise ConfigurationError(f"@task decorates a function, got {handler!r}")
+        task_id = id if id is not None else f"{handler.__module__}.{handler.__qualname__}"
+        _check_name("task id", task_id)
+        return Task(
+            id=task_id,
+            fn=handler,
+            schema=schema,
+            queue=queue,
+            retry=retry or RetryPolicy(),
+            timeout=timeout,
+        )
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap
