@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 
 from runlane import Runlane, create_runlane
-from runlane._embedded import start_embedded_postgres
+from runlane.testing import start_embedded_postgres
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 
 RunlaneFactory = Callable[..., Runlane]

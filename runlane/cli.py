@@ -1,0 +1,131 @@
+"""The ``runlane`` command line: migrate, drain and demo.
+
+``APP`` arguments name a :class:`~runlane.Runlane` as ``module:attribute`` (for example
+``myapp.runlane:runlane``), imported the way ``python -c "import module"`` would from the
+current directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from runlane._demo import run_demo
+from runlane.errors import RunlaneError
+from runlane.postgres import apply_postgres_storage_migrations
+from runlane.runtime import Runlane
+
+__all__ = ["load_app", "main"]
+
+
+def load_app(spec: str) -> Runlane:
+    """Import ``module:attribute`` and return the Runlane it names."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise SystemExit(f"runlane: APP must look like module:attribute, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"runlane: cannot import {module_name!r}: {exc}") from exc
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise SystemExit(f"runlane: {module_name!r} has no attribute {attribute!r}") from exc
+    if not isinstance(target, Runlane):
+        raise SystemExit(
+            f"runlane: {spec} is a {type(target).__name__}, not a Runlane made by create_runlane"
+        )
+    return target
+
+
+def _database_url(given: str | None) -> str:
+    url = given or os.environ.get("RUNLANE_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    if not url:
+        raise SystemExit(
+            "runlane: no database URL: pass --database-url or set RUNLANE_DATABASE_URL"
+        )
+    return url
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    result = apply_postgres_storage_migrations(
+        connection_string=_database_url(args.database_url), schema=args.schema
+    )
+    if result.applied:
+        applied = ", ".join(str(v) for v in result.applied)
+        print(f"schema {result.schema}: applied {applied}; now at version {result.version}")
+    else:
+        print(f"schema {result.schema}: already at version {result.version}; nothing to do")
+    return 0
+
+
+def _queues(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    runlane = load_app(args.app)
+    try:
+        result = runlane.drain(max_runs=args.max_runs, queues=_queues(args.queues))
+    finally:
+        runlane.close()
+    print(f"Executed {result.runs_executed} runs")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    run_demo(database_url=args.database_url, schema=args.schema, count=args.runs)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runlane", description="Durable task runs on PostgreSQL.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    migrate = commands.add_parser(
+        "migrate", help="install or upgrade the storage schema (a deployment step)"
+    )
+    migrate.add_argument("--database-url", help="PostgreSQL URL (default: $RUNLANE_DATABASE_URL)")
+    migrate.add_argument("--schema", default="runlane", help="schema name (default: runlane)")
+    migrate.set_defaults(handler=_cmd_migrate)
+
+    drain = commands.add_parser("drain", help="execute currently due runs, then exit")
+    drain.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
+    drain.add_argument("--max-runs", type=int, default=None, help="stop after this many runs")
+    drain.add_argument("--queues", default=None, help="comma-separated queue names")
+    drain.set_defaults(handler=_cmd_drain)
+
+    demo = commands.add_parser(
+        "demo", help="trigger and drain a few runs on a throw-away (or given) database"
+    )
+    demo.add_argument("--database-url", help="use this server instead of an embedded one")
+    demo.add_argument(
+        "--schema", default="runlane_demo", help="schema name (default: runlane_demo)"
+    )
+    demo.add_argument("--runs", type=int, default=5, help="how many runs to trigger")
+    demo.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except RunlaneError as exc:
+        print(f"runlane: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
