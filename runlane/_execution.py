@@ -20,9 +20,16 @@ from runlane.models import RunError
 from runlane.storage import ClaimedRun, Completion, Failure
 from runlane.tasks import Task
 
-__all__ = ["Outcome", "execute_attempt", "make_context"]
+__all__ = ["Outcome", "TaskTimeout", "execute_attempt", "make_context", "timeout_failure"]
 
 log = logging.getLogger("runlane.execution")
+
+
+class TaskTimeout(Exception):
+    """An attempt ran past its task's timeout; recorded as the attempt's error."""
+
+
+TaskTimeout.__module__ = "runlane"
 
 
 @attrs.frozen
@@ -48,10 +55,21 @@ def _error_json(error: RunError) -> str:
     return dump_json(attrs.asdict(error))
 
 
+def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Failure:
+    """The failure recorded for an attempt that passed its task's timeout (retried per policy)."""
+    timeout = task.timeout if task is not None else None
+    exc = TaskTimeout(
+        f"attempt {claimed.attempt} of task {claimed.task_id!r} ran longer than its timeout "
+        f"({timeout}); its handler was signalled through context.cancelled and its result, "
+        "should it still return, is discarded"
+    )
+    return _failure(claimed, exc, retry=task, with_tb=False)
+
+
 def _failure(
     claimed: ClaimedRun, exc: BaseException, *, retry: Task[Any, Any] | None, with_tb: bool = True
 ) -> Failure:
-    retryable = retry is not None and claimed.attempt < claimed.max_attempts
+    retryable = retry is not None and claimed.attempts_consumed < claimed.max_attempts
     module = type(exc).__module__
     error = RunError(
         type=type(exc).__qualname__
@@ -61,7 +79,11 @@ def _failure(
         traceback="".join(traceback.format_exception(exc)) if with_tb else None,
         retryable=retry is not None,
     )
-    delay = retry.retry.delay_after(claimed.attempt) if retry is not None and retryable else None
+    delay = (
+        retry.retry.delay_after(claimed.attempts_consumed)
+        if retry is not None and retryable
+        else None
+    )
     return Failure(
         run_id=claimed.id,
         attempt=claimed.attempt,

@@ -1,10 +1,11 @@
-"""Keeps the leases of running attempts alive while their handlers run.
+"""Keeping the leases of running attempts alive, and noticing attempts past their timeout.
 
-One background thread extends every tracked lease in a single fenced batch a few times per
-lease period. When an extension is refused (the lease was lost or expired), when the run
-asks to be cancelled, or when the task's timeout has passed, the attempt's
-``context.cancelled`` is set; past the timeout the lease is no longer extended, so it lapses
-and maintenance finalizes the attempt.
+A :class:`LeaseTracker` holds the attempts a process is executing. Its owner (the worker's
+lifecycle writer, or the drain's :class:`LeaseKeeper` thread) calls ``extend`` a few times per
+lease period, which pushes every tracked lease forward in one fenced statement. When an
+extension is refused (the lease was lost or had expired) or the run asks to be cancelled, the
+attempt's ``context.cancelled`` is set. ``expire_timeouts`` hands back attempts whose task
+timeout has passed; the owner fails them (``timeout_failure``) so the run moves on at once.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from datetime import timedelta
 
 import attrs
 
+from runlane._execution import timeout_failure
 from runlane.context import RunContext
 from runlane.models import RunStatus
-from runlane.storage import LeaseRef, Storage
+from runlane.storage import ClaimedRun, LeaseRef, Storage
+from runlane.tasks import Task
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LeaseKeeper", "LeaseTracker", "Tracked"]
 
 log = logging.getLogger("runlane.leases")
 
@@ -29,78 +32,147 @@ log = logging.getLogger("runlane.leases")
 _EXTENSIONS_PER_LEASE = 3
 
 
-@attrs.define
-class _Tracked:
-    ref: LeaseRef
+@attrs.define(eq=False)
+class Tracked:
+    claimed: ClaimedRun
     context: RunContext
-    deadline: float | None  # time.monotonic() after which the lease is left to lapse
+    task: Task[object, object] | None
+    deadline: float | None  # time.monotonic() past which the attempt has timed out
+
+    @property
+    def ref(self) -> LeaseRef:
+        return LeaseRef(self.claimed.id, self.claimed.attempt, self.claimed.lease_token)
 
 
-class LeaseKeeper:
-    def __init__(self, storage: Storage, lease: timedelta, *, name: str) -> None:
-        self._storage = storage
-        self._lease = lease
-        self._interval = lease.total_seconds() / _EXTENSIONS_PER_LEASE
-        self._name = name
+class LeaseTracker:
+    """The attempts one process is executing. Thread-safe."""
+
+    def __init__(self, lease: timedelta) -> None:
+        self.lease = lease
+        self.interval = lease.total_seconds() / _EXTENSIONS_PER_LEASE
         self._lock = threading.Lock()
-        self._tracked: dict[uuid.UUID, _Tracked] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._tracked: dict[uuid.UUID, Tracked] = {}
+        self._last_extension = time.monotonic()
 
-    def track(self, ref: LeaseRef, context: RunContext, timeout: timedelta | None) -> None:
+    def track(
+        self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
+    ) -> None:
+        timeout = task.timeout if task is not None else None
         deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         with self._lock:
-            self._tracked[ref.run_id] = _Tracked(ref, context, deadline)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+            self._tracked[claimed.id] = Tracked(claimed, context, task, deadline)
 
-    def untrack(self, run_id: uuid.UUID) -> None:
+    def untrack(self, run_id: uuid.UUID) -> Tracked | None:
+        """Stop tracking; returns the entry, or None when it was already taken (timed out)."""
         with self._lock:
-            self._tracked.pop(run_id, None)
+            return self._tracked.pop(run_id, None)
 
-    def close(self) -> None:
-        self._stop.set()
+    def tracked(self) -> list[Tracked]:
         with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
+            return list(self._tracked.values())
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.extend_once()
-            except Exception:
-                # a failed round trip is retried next tick; the lease period allows several
-                log.exception("runlane: extending leases failed")
-
-    def extend_once(self) -> None:
-        now = time.monotonic()
+    def __len__(self) -> int:
         with self._lock:
-            tracked = list(self._tracked.values())
-        live = []
-        for item in tracked:
-            if item.deadline is not None and now >= item.deadline:
-                if not item.context.cancelled.is_set():
-                    log.warning(
-                        "run %s attempt %d passed its task timeout; its lease will lapse",
-                        item.ref.run_id,
-                        item.ref.attempt,
-                    )
-                item.context.cancelled.set()
-            else:
-                live.append(item)
+            return len(self._tracked)
+
+    def next_deadline(self) -> float | None:
+        """The monotonic time of the next extension or timeout, None when nothing is tracked."""
+        with self._lock:
+            if not self._tracked:
+                return None
+            deadlines = [t.deadline for t in self._tracked.values() if t.deadline is not None]
+        return min([self._last_extension + self.interval, *deadlines])
+
+    def expire_timeouts(self, now: float) -> list[Tracked]:
+        """Remove and return the attempts whose task timeout has passed."""
+        with self._lock:
+            late = [
+                t for t in self._tracked.values() if t.deadline is not None and now >= t.deadline
+            ]
+            for item in late:
+                del self._tracked[item.claimed.id]
+        for item in late:
+            log.warning(
+                "run %s attempt %d of %s passed its timeout; failing the attempt",
+                item.claimed.id,
+                item.claimed.attempt,
+                item.claimed.task_id,
+            )
+            item.context.cancelled.set()
+        return late
+
+    def extension_due(self, now: float) -> bool:
+        return now - self._last_extension >= self.interval
+
+    def extend(self, storage: Storage) -> None:
+        """Extend every tracked lease in one fenced statement; signal the ones refused."""
+        self._last_extension = time.monotonic()
+        live = self.tracked()
         if not live:
             return
-        applied = self._storage.run_extend_leases([item.ref for item in live], self._lease)
+        applied = storage.run_extend_leases([item.ref for item in live], self.lease)
         for item in live:
-            status = applied.get(item.ref.run_id)
+            status = applied.get(item.claimed.id)
             if status is None:
+                if self.untrack(item.claimed.id) is None:
+                    continue  # finished meanwhile: its lease was released, not lost
                 log.warning(
                     "run %s attempt %d lost its lease; signalling its handler to stop",
-                    item.ref.run_id,
-                    item.ref.attempt,
+                    item.claimed.id,
+                    item.claimed.attempt,
                 )
                 item.context.cancelled.set()
             elif status is RunStatus.CANCELLATION_REQUESTED:
                 item.context.cancelled.set()
+
+
+class LeaseKeeper:
+    """A thread that keeps a tracker's leases alive and fails timed-out attempts itself.
+
+    Used by ``drain``, whose handlers run in the caller's thread; the worker does the same
+    work in its lifecycle-writer thread instead.
+    """
+
+    def __init__(self, storage: Storage, tracker: LeaseTracker, *, name: str) -> None:
+        self._storage = storage
+        self._tracker = tracker
+        self._name = name
+        self._changed = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Re-read the tracker's deadlines (an attempt was tracked or untracked)."""
+        with self._changed:
+            self._changed.notify()
+
+    def close(self) -> None:
+        with self._changed:
+            self._stop = True
+            self._changed.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                if self._stop:
+                    return
+                deadline = self._tracker.next_deadline()
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self._changed.wait(timeout=wait)
+                if self._stop:
+                    return
+            now = time.monotonic()
+            try:
+                for item in self._tracker.expire_timeouts(now):
+                    self._storage.run_fail_many([timeout_failure(item.claimed, item.task)])
+                if self._tracker.extension_due(now):
+                    self._tracker.extend(self._storage)
+            except Exception:
+                # retried at the next deadline; the lease period allows several attempts
+                log.exception("runlane: keeping leases alive failed")

@@ -5,19 +5,21 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from runlane._codec import encode_payload
 from runlane._execution import execute_attempt, make_context
 from runlane._ids import new_run_id
-from runlane._leases import LeaseKeeper
+from runlane._leases import LeaseKeeper, LeaseTracker
 from runlane.errors import ConfigurationError, RunNotFound, StaleLease, TaskNotFound
 from runlane.maintenance import MaintenanceLimits, MaintenanceResult, run_maintenance_pass
 from runlane.models import DrainResult, RunHandle, RunSnapshot
-from runlane.storage import Completion, LeaseRef, NewRuns, Storage
+from runlane.storage import Completion, NewRuns, Storage
 from runlane.tasks import Queue, Task, _check_name
+from runlane.worker import Worker
+from runlane.worker._worker import Listener, WorkerOptions, check_worker_arguments
 
 __all__ = ["Lane", "Runlane", "create_runlane"]
 
@@ -33,7 +35,14 @@ class Lane(Protocol):
     @property
     def lease_duration(self) -> timedelta: ...
 
+    @property
+    def poll_interval(self) -> timedelta: ...
+
     def create_storage(self) -> Storage: ...
+
+    def create_listener(
+        self, environment: str, on_wake: Callable[[str | None], None], name: str
+    ) -> Listener | None: ...
 
 
 def _seconds(name: str, value: timedelta | float | int | None) -> timedelta:
@@ -347,7 +356,11 @@ class Runlane:
         names = self._queue_filter(queues)
         self._ensure_started()
         lease = self._lane.lease_duration
-        keeper = LeaseKeeper(self._storage, lease, name=f"runlane-drain-leases-{self.environment}")
+        tracker = LeaseTracker(lease)
+        keeper = LeaseKeeper(
+            self._storage, tracker, name=f"runlane-drain-leases-{self.environment}"
+        )
+        keeper.start()
         executed = 0
         try:
             while max_runs is None or executed < max_runs:
@@ -358,15 +371,16 @@ class Runlane:
                     break
                 for run in claimed:
                     context = make_context(run, self.environment)
-                    task = self._tasks.get(run.task_id)
-                    ref = LeaseRef(run.id, run.attempt, run.lease_token)
-                    keeper.track(ref, context, task.timeout if task else None)
+                    tracker.track(run, context, self._tasks.get(run.task_id))
+                    keeper.poke()
                     try:
                         outcome = execute_attempt(run, self._tasks, context)
                     finally:
-                        keeper.untrack(run.id)
+                        still_ours = tracker.untrack(run.id) is not None
+                        keeper.poke()
                     executed += outcome.handler_ran
-                    self._record(outcome.write)
+                    if still_ours:
+                        self._record(outcome.write)
         finally:
             keeper.close()
         return DrainResult(runs_executed=executed)
@@ -383,6 +397,39 @@ class Runlane:
                 "this attempt was not recorded"
             )
             log.warning("%s", stale)
+
+    def create_delivery_worker(
+        self,
+        *,
+        concurrency: int,
+        queues: Sequence[str | Queue] | None = None,
+        claim_batch: int | None = None,
+    ) -> Worker:
+        """Start a worker executing runs of ``queues`` (default: every registered queue) in
+        ``concurrency`` threads. Close it with ``close()`` or use it as a context manager;
+        ``wait_until_closed()`` observes it."""
+        polled = check_worker_arguments(concurrency, queues, self._queues)
+        batch = concurrency if claim_batch is None else claim_batch
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ConfigurationError(f"claim_batch must be a positive integer, got {batch!r}")
+        self._ensure_started()
+        worker = Worker(
+            storage=self._storage,
+            environment=self.environment,
+            tasks=self._tasks,
+            queues=polled,
+            options=WorkerOptions(
+                concurrency=concurrency,
+                poll_interval=self._lane.poll_interval,
+                lease=self._lane.lease_duration,
+                claim_batch=batch,
+            ),
+            make_listener=lambda on_wake, name: self._lane.create_listener(
+                self.environment, on_wake, name
+            ),
+        )
+        worker.start()
+        return worker
 
     # -- maintenance ---------------------------------------------------------------------
 

@@ -62,7 +62,8 @@ class ClaimedRun:
     id: uuid.UUID
     task_id: str
     queue: str
-    attempt: int
+    attempt: int  # this attempt's number; unique per run, only grows
+    attempts_consumed: int  # attempts that count against max_attempts, this one included
     max_attempts: int
     lease_token: uuid.UUID
     payload: Any
@@ -122,12 +123,30 @@ class Storage(Protocol):
     ) -> list[ClaimedRun]:
         """Move up to ``limit`` due queued runs to ``running`` under fresh leases."""
 
+    def run_claim_bounded(
+        self,
+        environment: str,
+        queue: str,
+        concurrency_limit: int,
+        limit: int,
+        lease: timedelta,
+    ) -> list[ClaimedRun]:
+        """Claim from a bounded queue: at most ``concurrency_limit`` live leases in the queue
+        across every claimer, enforced inside the claim (claimers of the queue serialise)."""
+
     def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Complete the attempts that still hold their lease; returns the run ids applied."""
 
     def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
         """Fail the attempts that still hold their lease: ``retrying`` when a delay is given
         and attempts remain, else ``failed``; returns what was applied."""
+
+    def run_release_many(self, environment: str, leases: Sequence[LeaseRef]) -> set[uuid.UUID]:
+        """Hand attempts back unconsumed: their runs become claimable again at once (a run
+        whose cancellation was requested becomes ``cancelled``)."""
+
+    def dedicated(self, name: str) -> Storage:
+        """A view of this storage on a connection of its own, for one thread."""
 
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta

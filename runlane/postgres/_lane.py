@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import attrs
 
 from runlane.errors import ConfigurationError
+from runlane.postgres._listener import PostgresListener
 from runlane.postgres._sql import validate_schema_name
-from runlane.postgres._storage import PostgresStorage
+from runlane.postgres._storage import PostgresStorage, notify_channel
 
 __all__ = ["PostgresPollingLane", "postgres_polling_lane"]
 
@@ -23,6 +25,8 @@ class PostgresPollingLane:
     pool_max_size: int
     lease_duration: timedelta
     connect_timeout: float
+    poll_interval: timedelta
+    listen: bool
 
     def create_storage(self) -> PostgresStorage:
         return PostgresStorage(
@@ -30,6 +34,21 @@ class PostgresPollingLane:
             schema=self.schema,
             pool_min_size=self.pool_min_size,
             pool_max_size=self.pool_max_size,
+            connect_timeout=self.connect_timeout,
+        )
+
+    def create_listener(
+        self, environment: str, on_wake: Callable[[str | None], None], name: str
+    ) -> PostgresListener | None:
+        """The wake-up listener of a worker, or None in poll-only mode (``listen=False``)."""
+        if not self.listen:
+            return None
+        return PostgresListener(
+            connection_string=self.connection_string,
+            channel=notify_channel(self.schema),
+            environment=environment,
+            on_wake=on_wake,
+            name=name,
             connect_timeout=self.connect_timeout,
         )
 
@@ -42,11 +61,16 @@ def postgres_polling_lane(
     pool_max_size: int = 10,
     lease_duration: timedelta = timedelta(seconds=30),
     connect_timeout: float = 10.0,
+    poll_interval: timedelta = timedelta(seconds=1),
+    listen: bool = True,
 ) -> PostgresPollingLane:
     """A lane storing runs in ``schema`` of the database at ``connection_string``.
 
     ``lease_duration`` is how long an attempt's lease lasts between extensions; a worker that
     stops extending (crash, freeze) loses the run to maintenance after at most this long.
+    Idle workers wake on NOTIFY and also poll every ``poll_interval`` (jittered), which is
+    what finds delayed runs and covers lost notifications; ``listen=False`` polls only (for
+    connection poolers that cannot LISTEN).
     """
     if not isinstance(connection_string, str) or not connection_string:
         raise ConfigurationError("postgres_polling_lane needs a connection_string")
@@ -60,6 +84,8 @@ def postgres_polling_lane(
         raise ConfigurationError(
             f"lease_duration must be at least one second, got {lease_duration}"
         )
+    if poll_interval <= timedelta(0):
+        raise ConfigurationError(f"poll_interval must be positive, got {poll_interval}")
     if connect_timeout <= 0:
         raise ConfigurationError(f"connect_timeout must be positive, got {connect_timeout}")
     return PostgresPollingLane(
@@ -69,4 +95,6 @@ def postgres_polling_lane(
         pool_max_size=pool_max_size,
         lease_duration=lease_duration,
         connect_timeout=connect_timeout,
+        poll_interval=poll_interval,
+        listen=listen,
     )

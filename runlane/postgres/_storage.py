@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import TupleRow, dict_row, tuple_row
-from psycopg_pool import ConnectionPool
 
 from runlane.errors import IncompatibleSchema, SchemaNotMigrated
 from runlane.models import RunError, RunSnapshot, RunStatus
+from runlane.postgres._connections import Conn, ConnectionSource, DedicatedSource, PoolSource
 from runlane.postgres._migrations import latest_version
 from runlane.postgres._sql import statements, validate_schema_name
 from runlane.storage import (
@@ -34,10 +34,21 @@ __all__ = ["PostgresStorage"]
 log = logging.getLogger("runlane.postgres")
 
 T = TypeVar("T")
-Conn = psycopg.Connection[TupleRow]
 
 # Retries of a statement whose connection broke (server restart, terminated backend).
 _RECONNECT_DELAYS = (0.05, 0.25, 1.0)
+
+
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of a schema (channel names are cut at 63 bytes)."""
+    return f"runlane.{schema}"[:63]
+
+
+def _connection_lost(exc: psycopg.OperationalError) -> bool:
+    """A failure of the connection itself, not of the statement (which would be repeated)."""
+    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
 
 def _migrate_hint(schema: str) -> str:
@@ -48,8 +59,20 @@ def _migrate_hint(schema: str) -> str:
     )
 
 
+class _SchemaGate:
+    """Remembers, for a storage and its dedicated views, that the schema was found current."""
+
+    def __init__(self) -> None:
+        self.checked = False
+
+
 class PostgresStorage:
-    """Storage in one Postgres schema, through a psycopg connection pool."""
+    """Storage in one Postgres schema.
+
+    The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a
+    view of the same storage bound to one connection of its own, for a thread that must not
+    wait on the pool (a worker slot, the lifecycle writer).
+    """
 
     def __init__(
         self,
@@ -59,23 +82,29 @@ class PostgresStorage:
         pool_min_size: int = 1,
         pool_max_size: int = 10,
         connect_timeout: float = 10.0,
+        _source: ConnectionSource | None = None,
+        _gate: _SchemaGate | None = None,
     ) -> None:
         self.schema = validate_schema_name(schema)
+        self.channel = notify_channel(schema)
         self._sql = statements(schema)
+        self._conninfo = connection_string
         self._connect_timeout = connect_timeout
-        self._pool: ConnectionPool[Conn] = ConnectionPool(
+        self._source: ConnectionSource = _source or PoolSource(
             connection_string,
             min_size=pool_min_size,
             max_size=pool_max_size,
-            open=False,
             name=f"runlane-{schema}",
-            kwargs={"autocommit": True},
             timeout=connect_timeout,
         )
+        self._gate = _gate or _SchemaGate()
         self._lock = threading.Lock()
         self._opened = False
         self._closed = False
-        self._schema_checked = False
+
+    @property
+    def connection_string(self) -> str:
+        return self._conninfo
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -85,7 +114,7 @@ class PostgresStorage:
                 raise RuntimeError("this storage was closed; create a new runtime")
             if self._opened:
                 return
-            self._pool.open(wait=True, timeout=self._connect_timeout)
+            self._source.open()
             self._opened = True
 
     def close(self) -> None:
@@ -93,7 +122,17 @@ class PostgresStorage:
             if self._closed:
                 return
             self._closed = True
-        self._pool.close()
+        self._source.close()
+
+    def dedicated(self, name: str) -> PostgresStorage:
+        """A view of this storage on one connection of its own, for one thread."""
+        return PostgresStorage(
+            connection_string=self._conninfo,
+            schema=self.schema,
+            connect_timeout=self._connect_timeout,
+            _source=DedicatedSource(self._conninfo, timeout=self._connect_timeout, name=name),
+            _gate=self._gate,
+        )
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -114,7 +153,7 @@ class PostgresStorage:
             ) from exc
 
     def _check_schema(self, conn: Conn) -> None:
-        if self._schema_checked:
+        if self._gate.checked:
             return
         with self._translated():
             row = conn.execute(self._sql["schema_version"]).fetchone()
@@ -130,10 +169,10 @@ class PostgresStorage:
                 f"schema {self.schema!r} is at version {version}, newer than this runlane "
                 f"knows ({latest}): upgrade runlane in this application"
             )
-        self._schema_checked = True
+        self._gate.checked = True
 
     def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        """Run ``fn`` on a pooled connection, retrying when the connection itself broke.
+        """Run ``fn`` on a connection, retrying a few times when the connection itself broke.
 
         Every caller's statement is safe to repeat: inserts carry client-made ids and
         ``on conflict do nothing``, fenced writes reject a second application, and a claim
@@ -141,14 +180,14 @@ class PostgresStorage:
         """
         self.open()
         for delay in (*_RECONNECT_DELAYS, None):
-            with self._pool.connection() as conn:
-                try:
+            try:
+                with self._source.connection() as conn:
                     self._check_schema(conn)
                     with self._translated():
                         return fn(conn)
-                except psycopg.OperationalError:
-                    if delay is None or not conn.broken:
-                        raise
+            except psycopg.OperationalError as exc:
+                if delay is None or not _connection_lost(exc):
+                    raise
             log.warning("runlane: database connection lost; retrying in %.2fs", delay)
             time.sleep(delay)
         raise AssertionError("unreachable")
@@ -168,6 +207,7 @@ class PostgresStorage:
             "ids": list(runs.ids),
             "payloads": list(runs.payloads),
             "idempotency_keys": list(runs.idempotency_keys),
+            "channel": self.channel,
         }
 
         def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:
@@ -178,16 +218,16 @@ class PostgresStorage:
                     return [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
                 return self._resolve_conflicts(cur, runs, inserted)
 
-        if connection is not None:
-            if not isinstance(connection, psycopg.Connection):
-                raise TypeError(
-                    f"connection= takes a psycopg.Connection, got {type(connection).__name__}"
-                )
-            with self._pool.connection() as check:
-                self._check_schema(check)
-            with self._translated():
-                return insert(connection)
-        return self._with_conn(insert)
+        if connection is None:
+            return self._with_conn(insert)
+        if not isinstance(connection, psycopg.Connection):
+            raise TypeError(
+                f"connection= takes a psycopg.Connection, got {type(connection).__name__}"
+            )
+        if not self._gate.checked:
+            self._with_conn(lambda conn: None)  # checks the schema on a pool connection
+        with self._translated():
+            return insert(connection)
 
     def _resolve_conflicts(
         self, cur: psycopg.Cursor[TupleRow], runs: NewRuns, inserted: set[uuid.UUID]
@@ -242,22 +282,32 @@ class PostgresStorage:
             "limit": limit,
             "lease_seconds": lease.total_seconds(),
         }
+        return self._with_conn(
+            lambda conn: _claimed(conn.execute(self._sql["run_claim"], params).fetchall())
+        )
+
+    def run_claim_bounded(
+        self,
+        environment: str,
+        queue: str,
+        concurrency_limit: int,
+        limit: int,
+        lease: timedelta,
+    ) -> list[ClaimedRun]:
+        params = {
+            "environment": environment,
+            "queue": queue,
+            "concurrency_limit": concurrency_limit,
+            "limit": limit,
+            "lease_seconds": lease.total_seconds(),
+            "lock_scope": f"runlane:{self.schema}:{environment}",
+        }
 
         def claim(conn: Conn) -> list[ClaimedRun]:
-            rows = conn.execute(self._sql["run_claim"], params).fetchall()
-            return [
-                ClaimedRun(
-                    id=row[0],
-                    task_id=row[1],
-                    queue=row[2],
-                    attempt=row[3],
-                    max_attempts=row[4],
-                    lease_token=row[5],
-                    payload=row[6],
-                    lease_expires_at=row[7],
-                )
-                for row in rows
-            ]
+            # two statements, one transaction: the count must come after the lock
+            with conn.transaction():
+                conn.execute(self._sql["queue_claim_lock"], params)
+                return _claimed(conn.execute(self._sql["run_claim_bounded"], params).fetchall())
 
         return self._with_conn(claim)
 
@@ -270,11 +320,9 @@ class PostgresStorage:
             "lease_tokens": [c.lease_token for c in completions],
             "outputs": [c.output for c in completions],
         }
-
-        def complete(conn: Conn) -> set[uuid.UUID]:
-            return {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
-
-        return self._with_conn(complete)
+        return self._with_conn(
+            lambda conn: {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
+        )
 
     def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
         if not failures:
@@ -295,17 +343,24 @@ class PostgresStorage:
 
         return self._with_conn(fail)
 
+    def run_release_many(self, environment: str, leases: Sequence[LeaseRef]) -> set[uuid.UUID]:
+        if not leases:
+            return set()
+        params = {
+            **_lease_params(leases),
+            "environment": environment,
+            "channel": self.channel,
+        }
+        return self._with_conn(
+            lambda conn: {row[0] for row in conn.execute(self._sql["run_release_many"], params)}
+        )
+
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta
     ) -> dict[uuid.UUID, RunStatus]:
         if not leases:
             return {}
-        params = {
-            "ids": [ref.run_id for ref in leases],
-            "attempts": [ref.attempt for ref in leases],
-            "lease_tokens": [ref.lease_token for ref in leases],
-            "lease_seconds": lease.total_seconds(),
-        }
+        params = {**_lease_params(leases), "lease_seconds": lease.total_seconds()}
 
         def extend(conn: Conn) -> dict[uuid.UUID, RunStatus]:
             rows = conn.execute(self._sql["run_extend_leases"], params).fetchall()
@@ -314,12 +369,35 @@ class PostgresStorage:
         return self._with_conn(extend)
 
     def run_deliver_due(self, environment: str, limit: int) -> int:
-        params = {"environment": environment, "limit": limit}
+        params = {"environment": environment, "limit": limit, "channel": self.channel}
+        return self._with_conn(
+            lambda conn: len(conn.execute(self._sql["run_deliver_due"], params).fetchall())
+        )
 
-        def deliver(conn: Conn) -> int:
-            return len(conn.execute(self._sql["run_deliver_due"], params).fetchall())
 
-        return self._with_conn(deliver)
+def _lease_params(leases: Sequence[LeaseRef]) -> dict[str, Any]:
+    return {
+        "ids": [ref.run_id for ref in leases],
+        "attempts": [ref.attempt for ref in leases],
+        "lease_tokens": [ref.lease_token for ref in leases],
+    }
+
+
+def _claimed(rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
+    return [
+        ClaimedRun(
+            id=row[0],
+            task_id=row[1],
+            queue=row[2],
+            attempt=row[3],
+            attempts_consumed=row[4],
+            max_attempts=row[5],
+            lease_token=row[6],
+            payload=row[7],
+            lease_expires_at=row[8],
+        )
+        for row in rows
+    ]
 
 
 def _snapshot(row: dict[str, Any]) -> RunSnapshot:

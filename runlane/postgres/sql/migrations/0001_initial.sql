@@ -15,8 +15,11 @@ create table {schema}.runs (
     payload            jsonb not null,
     output             jsonb,
     error              jsonb,
-    -- number of the current (or last) attempt; 0 until the first claim
+    -- number of the current (or last) attempt; 0 until the first claim; only grows
     attempt            integer not null default 0,
+    -- attempts handed back unconsumed (worker shutdown, context.release): they do not
+    -- count against max_attempts
+    releases           integer not null default 0,
     max_attempts       integer not null,
     idempotency_key    text,
     parent_run_id      uuid,
@@ -32,7 +35,8 @@ create table {schema}.runs (
     constraint runs_status_known check (status in (
         'queued', 'running', 'retrying', 'released', 'waiting',
         'cancellation_requested', 'completed', 'failed', 'cancelled')),
-    constraint runs_attempts_sane check (attempt >= 0 and max_attempts >= 1),
+    constraint runs_attempts_sane check (
+        attempt >= 0 and releases >= 0 and releases <= attempt and max_attempts >= 1),
     constraint runs_lease_matches_status check (
         (status in ('running', 'cancellation_requested')) = (lease_token is not null)
         or status = 'cancellation_requested'),
@@ -59,6 +63,11 @@ create index runs_deferred_due
 -- maintenance: leases that have lapsed
 create index runs_lease_expiry
     on {schema}.runs (lease_expires_at)
+    where status in ('running', 'cancellation_requested');
+
+-- bounded queues: live leases per queue, counted inside the claim
+create index runs_live_by_queue
+    on {schema}.runs (environment, queue, lease_expires_at)
     where status in ('running', 'cancellation_requested');
 
 -- cleanup: terminal runs by age

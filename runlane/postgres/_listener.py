@@ -1,0 +1,131 @@
+"""The LISTEN side of wake-ups: one thread, one connection, reconnecting forever.
+
+Notifications are hints. Triggers, due deliveries and hand-backs send ``environment|queue``
+on the schema's channel; the listener passes the queue to a callback. After every
+(re)connect it calls the callback with ``None`` ("something may have been missed"), because
+notifications sent while it was away are lost. A quiet connection is probed now and then, so
+a half-open one is noticed and replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+__all__ = ["PostgresListener"]
+
+log = logging.getLogger("runlane.listener")
+
+_PROBE_EVERY = 5.0  # seconds of silence before "select 1" checks the connection
+_WAIT_SLICE = 1.0  # longest single wait; close() normally interrupts it sooner
+_MAX_BACKOFF = 5.0
+
+
+class PostgresListener:
+    def __init__(
+        self,
+        *,
+        connection_string: str,
+        channel: str,
+        environment: str,
+        on_wake: Callable[[str | None], None],
+        name: str,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self._conninfo = connection_string
+        self._channel = channel
+        self._environment = environment
+        self._on_wake = on_wake
+        self._name = name
+        self._connect_timeout = connect_timeout
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()  # set while LISTEN is active; for tests and status
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            _interrupt(conn)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
+        conn = psycopg.connect(
+            self._conninfo,
+            autocommit=True,
+            connect_timeout=max(1, int(self._connect_timeout)),
+            application_name=self._name[:63],
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=3,
+        )
+        conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
+        return conn
+
+    def _loop(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                conn = self._connect()
+            except psycopg.Error as exc:
+                log.warning("runlane listener: connect failed (%s); retrying", exc)
+                self._stop.wait(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
+            with self._lock:
+                self._conn = conn
+            self.connected.set()
+            backoff = 0.05
+            try:
+                self._on_wake(None)  # whatever was sent while we were away is lost
+                self._listen(conn)
+            except psycopg.Error as exc:
+                if not self._stop.is_set():
+                    log.warning("runlane listener: connection lost (%s); reconnecting", exc)
+            finally:
+                self.connected.clear()
+                with self._lock:
+                    self._conn = None
+                conn.close()
+
+    def _listen(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        prefix = f"{self._environment}|"
+        quiet_since = time.monotonic()
+        while not self._stop.is_set():
+            for notify in conn.notifies(timeout=_WAIT_SLICE):
+                quiet_since = time.monotonic()
+                if notify.payload.startswith(prefix):
+                    self._on_wake(notify.payload[len(prefix) :])
+            if time.monotonic() - quiet_since >= _PROBE_EVERY and not self._stop.is_set():
+                conn.execute("select 1")
+                quiet_since = time.monotonic()
+
+
+def _interrupt(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """End a notifies() wait in another thread now: shut the socket down under it."""
+    try:
+        fd = os.dup(conn.fileno())
+    except (OSError, psycopg.Error):
+        return  # already closed
+    try:
+        with socket.socket(fileno=fd) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        log.debug("shutting the listener socket down failed", exc_info=True)

@@ -1,0 +1,230 @@
+"""The lifecycle-write thread: one writer for the completions, failures, hand-backs and lease
+extensions of every slot in a worker.
+
+Slots ``submit`` a finished attempt's write and go back to work; the writer swaps the pending
+list out under its lock and writes it outside the lock, one statement per kind, each row
+still fenced by run, attempt and lease token. It flushes when ``batch_size`` writes are
+pending, every ``tick``, and on close. Submitters wait while ``max_backlog`` writes are
+pending, so a slow database slows the handlers instead of growing memory without bound.
+A connection lost mid-batch is retried with backoff; nothing pending is dropped until close
+gives up at its deadline, and an attempt whose write was never made is recovered by
+maintenance when its lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import attrs
+import psycopg
+
+from runlane._execution import timeout_failure
+from runlane._leases import LeaseTracker, Tracked
+from runlane.storage import Completion, Failure, LeaseRef, Storage
+
+__all__ = ["LifecycleStats", "LifecycleWriter"]
+
+log = logging.getLogger("runlane.lifecycle")
+
+_MAX_BACKOFF = 5.0
+
+
+@attrs.define
+class LifecycleStats:
+    """Counters of one writer, for tests and metrics."""
+
+    completed: int = 0
+    failed: int = 0
+    released: int = 0
+    stale: int = 0
+    batches: int = 0
+
+
+@attrs.define
+class _Pending:
+    completions: list[Completion] = attrs.Factory(list)
+    failures: list[Failure] = attrs.Factory(list)
+    releases: list[LeaseRef] = attrs.Factory(list)
+
+    def __len__(self) -> int:
+        return len(self.completions) + len(self.failures) + len(self.releases)
+
+
+class LifecycleWriter:
+    def __init__(
+        self,
+        storage: Storage,
+        tracker: LeaseTracker,
+        *,
+        environment: str,
+        name: str,
+        on_timeout: Callable[[Tracked], None],
+        on_fatal: Callable[[BaseException], None],
+        tick: float = 0.02,
+        batch_size: int = 500,
+        max_backlog: int = 10_000,
+    ) -> None:
+        self._storage = storage
+        self._tracker = tracker
+        self._environment = environment
+        self._name = name
+        self._on_timeout = on_timeout
+        self._on_fatal = on_fatal
+        self._tick = tick
+        self._batch_size = batch_size
+        self._max_backlog = max_backlog
+        self._cond = threading.Condition()
+        self._pending = _Pending()
+        self._in_flight = 0
+        self._closing = False
+        self._deadline: float | None = None
+        self._thread: threading.Thread | None = None
+        self.stats = LifecycleStats()
+
+    # -- producers -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._thread.start()
+
+    def submit(self, write: Completion | Failure) -> None:
+        with self._cond:
+            while len(self._pending) + self._in_flight >= self._max_backlog and not self._closing:
+                self._cond.wait(timeout=1.0)
+            if isinstance(write, Completion):
+                self._pending.completions.append(write)
+            else:
+                self._pending.failures.append(write)
+            if len(self._pending) in (1, self._batch_size):
+                self._cond.notify_all()
+
+    def release(self, ref: LeaseRef) -> None:
+        """Hand an attempt back unconsumed (its handler did not finish before close)."""
+        with self._cond:
+            self._pending.releases.append(ref)
+            self._cond.notify_all()
+
+    def backlog(self) -> int:
+        with self._cond:
+            return len(self._pending) + self._in_flight
+
+    def close(self, timeout: float | None) -> None:
+        """Write everything pending, then stop; give up at ``timeout`` seconds from now."""
+        with self._cond:
+            self._closing = True
+            self._deadline = None if timeout is None else time.monotonic() + timeout
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _lease_wait(self) -> float:
+        """Seconds until lease work (an extension or a timeout) is due; at most one."""
+        deadline = self._tracker.next_deadline()
+        if deadline is None:
+            return 1.0
+        return min(1.0, max(0.0, deadline - time.monotonic()))
+
+    def _loop(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            log.exception("runlane: the lifecycle writer failed")
+            self._on_fatal(exc)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                # idle: sleep until a write arrives or lease work is due
+                while not self._closing and not self._pending:
+                    wait = self._lease_wait()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(timeout=wait)
+                # a write arrived: give others one tick to join its batch
+                if not self._closing and 0 < len(self._pending) < self._batch_size:
+                    self._cond.wait(timeout=min(self._tick, self._lease_wait()))
+                batch, self._pending = self._pending, _Pending()
+                self._in_flight = len(batch)
+                closing = self._closing
+            self._write_until_done(batch)
+            with self._cond:
+                self._in_flight = 0
+                self._cond.notify_all()
+                if closing and not self._pending:
+                    return
+            self._keep_leases()
+
+    def _keep_leases(self) -> None:
+        now = time.monotonic()
+        for item in self._tracker.expire_timeouts(now):
+            with self._cond:
+                self._pending.failures.append(timeout_failure(item.claimed, item.task))
+            self._on_timeout(item)
+        if self._tracker.extension_due(now):
+            try:
+                self._tracker.extend(self._storage)
+            except psycopg.OperationalError as exc:
+                log.warning("runlane: extending leases failed (%s); retrying next tick", exc)
+
+    def _past_deadline(self) -> bool:
+        with self._cond:
+            return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def _write_until_done(self, batch: _Pending) -> None:
+        backoff = 0.05
+        while len(batch):
+            try:
+                self._write(batch)
+            except psycopg.OperationalError as exc:
+                if self._past_deadline():
+                    log.error(  # noqa: TRY400 - an expected outage, not a bug: no traceback
+                        "runlane: closing with %d lifecycle writes unwritten (%s); their "
+                        "attempts are recovered by maintenance when their leases expire",
+                        len(batch),
+                        exc,
+                    )
+                    return
+                log.warning("runlane: lifecycle write failed (%s); retrying", exc)
+                time.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+            else:
+                return
+
+    def _write(self, batch: _Pending) -> None:
+        """Write each kind in one statement; a kind written is removed, so a retry after a
+        lost connection repeats only what may not have been applied (and fencing makes a
+        repeat of an applied write a harmless no-op)."""
+        if batch.completions:
+            applied = self._storage.run_complete_many(batch.completions)
+            self._count_stale("completion", [c.run_id for c in batch.completions], applied)
+            self.stats.completed += len(applied)
+            batch.completions = []
+        if batch.failures:
+            failed = {row.run_id for row in self._storage.run_fail_many(batch.failures)}
+            self._count_stale("failure", [f.run_id for f in batch.failures], failed)
+            self.stats.failed += len(failed)
+            batch.failures = []
+        if batch.releases:
+            released = self._storage.run_release_many(self._environment, batch.releases)
+            self._count_stale("hand-back", [r.run_id for r in batch.releases], released)
+            self.stats.released += len(released)
+            batch.releases = []
+        self.stats.batches += 1
+
+    def _count_stale(self, kind: str, wanted: list[uuid.UUID], applied: set[uuid.UUID]) -> None:
+        stale = [run_id for run_id in wanted if run_id not in applied]
+        if stale:
+            self.stats.stale += len(stale)
+            log.warning(
+                "runlane: %d %s write(s) rejected as stale (lease lost): %s",
+                len(stale),
+                kind,
+                ", ".join(str(run_id) for run_id in stale[:10]),
+            )
