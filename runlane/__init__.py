@@ -14,11 +14,20 @@ from runlane.errors import (
     TaskNotFound,
     WorkerFailed,
 )
-from runlane.maintenance import MaintenanceLimits, MaintenancePhase, MaintenanceResult
-from runlane.models import DrainResult, RunError, RunHandle, RunSnapshot, RunStatus
+from runlane.maintenance import (
+    MaintenanceLimits,
+    MaintenancePhase,
+    MaintenanceResult,
+    RetentionPolicy,
+    ServiceErrorInfo,
+)
+from runlane.maintenance._services import Services
+from runlane.models import DrainResult, RunError, RunHandle, RunSnapshot, RunStatus, StatusReport
 from runlane.retry import RetryPolicy
 from runlane.runtime import Runlane, create_runlane
+from runlane.schedules import Schedule, schedule
 from runlane.tasks import Queue, Task, queue, task
+from runlane.worker import Worker
 
 __all__ = [
     "ConfigurationError",
@@ -30,6 +39,7 @@ __all__ = [
     "NonRetryableError",
     "PayloadValidationError",
     "Queue",
+    "RetentionPolicy",
     "RetryPolicy",
     "RunContext",
     "RunError",
@@ -39,13 +49,19 @@ __all__ = [
     "RunStatus",
     "Runlane",
     "RunlaneError",
+    "Schedule",
     "SchemaNotMigrated",
+    "ServiceErrorInfo",
     "ServiceFailed",
+    "Services",
     "StaleLease",
+    "StatusReport",
     "Task",
     "TaskNotFound",
+    "Worker",
     "WorkerFailed",
     "create_runlane",
     "queue",
+    "schedule",
     "task",
 ]

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 from runlane._demo import run_demo
 from runlane.errors import RunlaneError
@@ -81,6 +83,42 @@ def _cmd_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _on_stop_signals(close: Callable[[], None]) -> None:
+    """Run ``close`` in a fresh thread on the first SIGTERM or SIGINT."""
+    fired = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        if fired.is_set():
+            return
+        fired.set()
+        print(f"runlane: {signal.Signals(signum).name} received; closing", file=sys.stderr)
+        threading.Thread(target=close, name="runlane-cli-closer", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    runlane = load_app(args.app)
+    try:
+        worker = runlane.create_delivery_worker(
+            concurrency=args.concurrency, queues=_queues(args.queues)
+        )
+        _on_stop_signals(lambda: worker.close(timeout=args.shutdown_timeout))
+        print(
+            f"runlane: {worker.name} running {args.concurrency} slots "
+            f"(environment {runlane.environment!r}); SIGTERM or Ctrl-C stops it",
+            file=sys.stderr,
+        )
+        try:
+            worker.wait_until_closed()
+        finally:
+            worker.close(timeout=args.shutdown_timeout)
+    finally:
+        runlane.close()
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     run_demo(database_url=args.database_url, schema=args.schema, count=args.runs)
     return 0
@@ -102,6 +140,18 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("--max-runs", type=int, default=None, help="stop after this many runs")
     drain.add_argument("--queues", default=None, help="comma-separated queue names")
     drain.set_defaults(handler=_cmd_drain)
+
+    worker = commands.add_parser("worker", help="execute runs until SIGTERM or SIGINT")
+    worker.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
+    worker.add_argument("--concurrency", type=int, default=4, help="handler threads (default 4)")
+    worker.add_argument("--queues", default=None, help="comma-separated queue names (default: all)")
+    worker.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds handlers get to return after a stop signal (default 30)",
+    )
+    worker.set_defaults(handler=_cmd_worker)
 
     demo = commands.add_parser(
         "demo", help="trigger and drain a few runs on a throw-away (or given) database"

@@ -9,7 +9,15 @@ from typing import Any
 
 import attrs
 
-__all__ = ["DrainResult", "RunError", "RunHandle", "RunSnapshot", "RunStatus"]
+__all__ = [
+    "DrainResult",
+    "MaintenanceLeaseStatus",
+    "RunError",
+    "RunHandle",
+    "RunSnapshot",
+    "RunStatus",
+    "StatusReport",
+]
 
 
 class RunStatus(enum.StrEnum):
@@ -89,3 +97,33 @@ class DrainResult:
     """What one :meth:`Runlane.drain` call did."""
 
     runs_executed: int
+
+
+@attrs.frozen
+class MaintenanceLeaseStatus:
+    band: str
+    owner: uuid.UUID
+    fencing: int
+    expires_at: datetime
+    live: bool
+
+
+@attrs.frozen
+class StatusReport:
+    """Progress signals of one environment (``Runlane.status()``, ``runlane status APP``).
+
+    Each count should fall over time when workers and maintenance are healthy; a process
+    that is up but whose counts only grow is not healthy.
+    """
+
+    environment: str
+    queued_due: int
+    running: int
+    deferred_past_due: int  # retrying or released runs whose due time passed
+    oldest_deferred_due_at: datetime | None
+    expired_leases: int  # running attempts whose lease lapsed, not yet finalized
+    stuck_cancellations: int  # cancellation_requested runs whose attempt is gone
+    tombstones_with_children: int
+    maintenance_leases: tuple[MaintenanceLeaseStatus, ...]
+    # The Postgres polling lane delivers without a transport, so it keeps no outbox.
+    outbox_pending: int | None = None

@@ -13,9 +13,30 @@ from runlane._codec import encode_payload
 from runlane._execution import execute_attempt, make_context
 from runlane._ids import new_run_id
 from runlane._leases import LeaseKeeper, LeaseTracker
-from runlane.errors import ConfigurationError, RunNotFound, StaleLease, TaskNotFound
-from runlane.maintenance import MaintenanceLimits, MaintenanceResult, run_maintenance_pass
-from runlane.models import DrainResult, RunHandle, RunSnapshot
+from runlane.errors import (
+    ConfigurationError,
+    PayloadValidationError,
+    RunNotFound,
+    StaleLease,
+    TaskNotFound,
+)
+from runlane.maintenance import (
+    MaintenanceLimits,
+    MaintenanceResult,
+    MaintenanceScope,
+    RetentionPolicy,
+    ScheduleEntry,
+    run_maintenance_pass,
+)
+from runlane.maintenance._services import ServiceErrorCallback, Services
+from runlane.models import (
+    DrainResult,
+    MaintenanceLeaseStatus,
+    RunHandle,
+    RunSnapshot,
+    StatusReport,
+)
+from runlane.schedules import Schedule
 from runlane.storage import Completion, NewRuns, Storage
 from runlane.tasks import Queue, Task, _check_name
 from runlane.worker import Worker
@@ -71,6 +92,8 @@ class Runlane:
         lane: Lane,
         queues: Sequence[Queue],
         tasks: Sequence[Task[Any, Any]],
+        schedules: Sequence[Schedule],
+        retention: RetentionPolicy,
         environment: str,
     ) -> None:
         self.environment = environment
@@ -79,9 +102,38 @@ class Runlane:
         self._default_queue = next(q.name for q in queues if q.default)
         self._tasks = {t.id: t for t in tasks}
         self._storage = lane.create_storage()
+        self._schedules = [self._schedule_entry(s) for s in schedules]
+        self._scope = MaintenanceScope(
+            storage=self._storage,
+            environment=environment,
+            tasks=self._tasks,
+            schedules=self._schedules,
+            retention=retention,
+        )
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
+
+    def _schedule_entry(self, sched: Schedule) -> ScheduleEntry:
+        if not isinstance(sched, Schedule):
+            raise ConfigurationError(f"schedules takes schedule(...) definitions, got {sched!r}")
+        try:
+            task = self._resolve_task(sched.task)
+        except TaskNotFound as exc:
+            raise ConfigurationError(
+                f"schedule {sched.id!r} runs task {sched.task.id!r}, which is not registered: "
+                "add it to create_runlane(tasks=[...])"
+            ) from exc
+        try:
+            payload = encode_payload(task.id, task.schema, sched.payload)
+        except PayloadValidationError as exc:
+            raise ConfigurationError(f"schedule {sched.id!r}: {exc}") from exc
+        return ScheduleEntry(
+            schedule=sched,
+            queue=self._resolve_queue(task, sched.queue),
+            payload=payload,
+            max_attempts=task.retry.max_attempts,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -434,33 +486,56 @@ class Runlane:
     # -- maintenance ---------------------------------------------------------------------
 
     def run_maintenance_once(self, limits: MaintenanceLimits | None = None) -> MaintenanceResult:
-        """One bounded maintenance pass for this environment (see MaintenancePhase)."""
+        """One bounded maintenance pass for this environment, every phase of
+        ``MaintenancePhase`` in order; the first failure propagates."""
         if limits is None:
             limits = MaintenanceLimits()
         elif not isinstance(limits, MaintenanceLimits):
             raise ConfigurationError(f"limits must be MaintenanceLimits, got {limits!r}")
         self._ensure_started()
-        return run_maintenance_pass(self._storage, self.environment, limits)
+        return run_maintenance_pass(self._scope, limits)
 
-
-def create_runlane(
-    *,
-    lane: Lane,
-    queues: Sequence[Queue] = (),
-    tasks: Sequence[Task[Any, Any]] = (),
-    schedules: Sequence[object] = (),
-    environment: str = "default",
-) -> Runlane:
-    """Build a runtime. Nothing connects until ``start()`` or the first call that needs it.
-
-    When no queue is marked ``default=True``, a queue named ``"default"`` is added and used
-    for tasks that name no queue.
-    """
-    _check_name("environment", environment)
-    if schedules:
-        raise ConfigurationError(
-            "schedules are not supported by this runlane release yet; pass schedules=[]"
+    def start_services(
+        self,
+        *,
+        on_service_error: ServiceErrorCallback | None = None,
+        limits: MaintenanceLimits | None = None,
+        lease_duration: timedelta = timedelta(seconds=30),
+    ) -> Services:
+        """Run maintenance as supervised loops in background threads, one per band; each band
+        is owned by one replica at a time through a durable lease. ``on_service_error(error,
+        info)`` receives every failed pass (``info.phase``); without it failures are logged."""
+        if limits is not None and not isinstance(limits, MaintenanceLimits):
+            raise ConfigurationError(f"limits must be MaintenanceLimits, got {limits!r}")
+        if not isinstance(lease_duration, timedelta):
+            raise ConfigurationError(f"lease_duration must be a timedelta, got {lease_duration!r}")
+        self._ensure_started()
+        services = Services(
+            self._scope,
+            limits=limits or MaintenanceLimits(),
+            lease=lease_duration,
+            on_service_error=on_service_error,
         )
+        services.start()
+        return services
+
+    def status(self) -> StatusReport:
+        """The progress signals an operator should alert on (see StatusReport)."""
+        self._ensure_started()
+        counts = self._storage.status_counts(self.environment)
+        leases = self._storage.maintenance_lease_list(self.environment)
+        return StatusReport(
+            environment=self.environment,
+            maintenance_leases=tuple(
+                MaintenanceLeaseStatus(r.band, r.owner, r.fencing, r.expires_at, r.live)
+                for r in leases
+            ),
+            **counts,
+        )
+
+
+def _with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
+    """Check the queue definitions; mark or add the default queue."""
     queue_list = list(queues)
     for q in queue_list:
         if not isinstance(q, Queue):
@@ -472,14 +547,38 @@ def create_runlane(
     defaults = [q.name for q in queue_list if q.default]
     if len(defaults) > 1:
         raise ConfigurationError(f"only one queue may be the default, got {defaults}")
-    if not defaults:
-        if _DEFAULT_QUEUE in names:
-            queue_list = [
-                Queue(q.name, True, q.concurrency_limit) if q.name == _DEFAULT_QUEUE else q
-                for q in queue_list
-            ]
-        else:
-            queue_list.append(Queue(name=_DEFAULT_QUEUE, default=True))
+    if defaults:
+        return queue_list
+    if _DEFAULT_QUEUE in names:
+        return [
+            Queue(q.name, True, q.concurrency_limit) if q.name == _DEFAULT_QUEUE else q
+            for q in queue_list
+        ]
+    return [*queue_list, Queue(name=_DEFAULT_QUEUE, default=True)]
+
+
+def create_runlane(
+    *,
+    lane: Lane,
+    queues: Sequence[Queue] = (),
+    tasks: Sequence[Task[Any, Any]] = (),
+    schedules: Sequence[Schedule] = (),
+    retention: RetentionPolicy | None = None,
+    environment: str = "default",
+) -> Runlane:
+    """Build a runtime. Nothing connects until ``start()`` or the first call that needs it.
+
+    When no queue is marked ``default=True``, a queue named ``"default"`` is added and used
+    for tasks that name no queue.
+    """
+    _check_name("environment", environment)
+    if retention is not None and not isinstance(retention, RetentionPolicy):
+        raise ConfigurationError(f"retention must be a RetentionPolicy, got {retention!r}")
+    schedule_ids = [getattr(s, "id", s) for s in schedules]
+    repeated = sorted({str(i) for i in schedule_ids if schedule_ids.count(i) > 1})
+    if repeated:
+        raise ConfigurationError(f"schedules registered twice: {repeated}")
+    queue_list = _with_default_queue(queues)
     registered = {q.name for q in queue_list}
     task_ids: set[str] = set()
     for t in tasks:
@@ -493,4 +592,11 @@ def create_runlane(
                 f"task {t.id!r} names queue {t.queue!r}, which is not registered: add "
                 f"queue({t.queue!r}) to create_runlane(queues=[...])"
             )
-    return Runlane(lane=lane, queues=queue_list, tasks=list(tasks), environment=environment)
+    return Runlane(
+        lane=lane,
+        queues=queue_list,
+        tasks=list(tasks),
+        schedules=list(schedules),
+        retention=retention or RetentionPolicy(),
+        environment=environment,
+    )

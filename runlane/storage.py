@@ -24,7 +24,13 @@ __all__ = [
     "FailureApplied",
     "InsertedRun",
     "LeaseRef",
+    "MaintenanceFence",
+    "MaintenanceLeaseRow",
     "NewRuns",
+    "PruneResult",
+    "RetryPolicyRow",
+    "ScheduleState",
+    "ScheduledRun",
     "Storage",
 ]
 
@@ -102,6 +108,65 @@ class FailureApplied:
     status: RunStatus
 
 
+@attrs.frozen
+class MaintenanceFence:
+    """The maintenance lease a band's writes present; checked inside each write transaction."""
+
+    environment: str
+    band: str
+    owner: uuid.UUID
+    fencing: int
+
+
+@attrs.frozen
+class MaintenanceLeaseRow:
+    band: str
+    owner: uuid.UUID
+    fencing: int
+    expires_at: datetime
+    live: bool
+
+
+@attrs.frozen
+class RetryPolicyRow:
+    """A task's backoff, handed to attempt expiry so lapsed attempts retry per policy."""
+
+    task_id: str
+    initial_seconds: float
+    multiplier: float
+    max_seconds: float
+    jitter: float
+
+
+@attrs.frozen
+class ScheduleState:
+    schedule_id: str
+    cron: str
+    timezone: str
+    next_slot_at: datetime
+
+
+@attrs.frozen
+class ScheduledRun:
+    """One schedule slot to fire: the slot row and its run, written together or not at all."""
+
+    environment: str
+    schedule_id: str
+    slot_at: datetime
+    run_id: uuid.UUID
+    task_id: str
+    queue: str
+    priority: int
+    payload: str  # JSON text
+    max_attempts: int
+
+
+@attrs.frozen
+class PruneResult:
+    deleted: int
+    tombstoned: int
+
+
 class Storage(Protocol):
     """What a runtime needs from its database. Implementations must be thread-safe."""
 
@@ -155,5 +220,73 @@ class Storage(Protocol):
         status (``cancellation_requested`` tells the holder to stop). An expired or lost
         lease is not extended."""
 
-    def run_deliver_due(self, environment: str, limit: int) -> int:
+    def run_deliver_due(
+        self, environment: str, limit: int, *, fence: MaintenanceFence | None = None
+    ) -> int:
         """Make up to ``limit`` due ``retrying``/``released`` runs ``queued``; returns the count."""
+
+    # -- maintenance ---------------------------------------------------------------------
+    # Every write below takes the band's fence when run by services: it is checked inside the
+    # write's own transaction, and a stale one raises StaleLease with nothing written.
+
+    def database_now(self) -> datetime: ...
+
+    def run_expire_attempts(
+        self,
+        environment: str,
+        limit: int,
+        policies: Sequence[RetryPolicyRow],
+        default_policy: RetryPolicyRow,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> list[FailureApplied]:
+        """Finalize attempts whose lease lapsed: retry, fail, or cancel."""
+
+    def run_wake_due_queues(self, environment: str, window: timedelta, limit: int) -> list[str]:
+        """Notify queues whose delayed runs came due within ``window``; returns them."""
+
+    def run_prune(
+        self,
+        environment: str,
+        retention: dict[RunStatus, timedelta],
+        limit: int,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> PruneResult: ...
+
+    def schedule_state_list(
+        self, environment: str, schedule_ids: Sequence[str]
+    ) -> list[ScheduleState]: ...
+
+    def schedule_state_reset(
+        self,
+        environment: str,
+        state: ScheduleState,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> None: ...
+
+    def schedule_fire(
+        self,
+        run: ScheduledRun,
+        next_slot_at: datetime,
+        expected_slot_at: datetime,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> bool:
+        """Record the slot and create its run (False when another pass already did), and
+        advance the schedule's next slot if it still expects ``expected_slot_at``."""
+
+    def maintenance_lease_acquire(
+        self, environment: str, band: str, owner: uuid.UUID, lease: timedelta
+    ) -> int | None:
+        """The new fencing number, or None when another owner's lease is live."""
+
+    def maintenance_lease_refresh(self, fence: MaintenanceFence, lease: timedelta) -> bool: ...
+
+    def maintenance_lease_release(self, fence: MaintenanceFence) -> bool: ...
+
+    def maintenance_lease_list(self, environment: str) -> list[MaintenanceLeaseRow]: ...
+
+    def status_counts(self, environment: str) -> dict[str, Any]:
+        """The counts behind ``StatusReport`` (see its fields)."""

@@ -1,6 +1,27 @@
 """Maintenance: the bounded passes that move due, deferred and interrupted work onward."""
 
-from runlane.maintenance._pass import run_maintenance_pass
-from runlane.maintenance._types import MaintenanceLimits, MaintenancePhase, MaintenanceResult
+from runlane.maintenance._pass import (
+    MaintenanceScope,
+    ScheduleEntry,
+    run_maintenance_pass,
+    run_phase,
+)
+from runlane.maintenance._types import (
+    MaintenanceLimits,
+    MaintenancePhase,
+    MaintenanceResult,
+    RetentionPolicy,
+    ServiceErrorInfo,
+)
 
-__all__ = ["MaintenanceLimits", "MaintenancePhase", "MaintenanceResult", "run_maintenance_pass"]
+__all__ = [
+    "MaintenanceLimits",
+    "MaintenancePhase",
+    "MaintenanceResult",
+    "MaintenanceScope",
+    "RetentionPolicy",
+    "ScheduleEntry",
+    "ServiceErrorInfo",
+    "run_maintenance_pass",
+    "run_phase",
+]

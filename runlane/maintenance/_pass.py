@@ -1,24 +1,195 @@
-"""One bounded maintenance pass over the phases this release implements."""
+"""The maintenance phases, each one bounded, and one pass over all of them.
+
+Every write goes through the storage in a statement that re-checks its own condition, so a
+run that changed between a candidate being found and written is left alone. When run by the
+services, each write also carries the band's fence (see ``_services.py``).
+"""
 
 from __future__ import annotations
 
-from runlane.maintenance._types import MaintenanceLimits, MaintenanceResult
-from runlane.storage import Storage
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
 
-__all__ = ["run_maintenance_pass"]
+import attrs
+
+from runlane._ids import new_run_id
+from runlane.maintenance._types import (
+    MaintenanceLimits,
+    MaintenancePhase,
+    MaintenanceResult,
+    RetentionPolicy,
+)
+from runlane.models import RunStatus
+from runlane.retry import RetryPolicy
+from runlane.schedules import Schedule, due_slots, next_slot
+from runlane.storage import (
+    MaintenanceFence,
+    RetryPolicyRow,
+    ScheduledRun,
+    ScheduleState,
+    Storage,
+)
+from runlane.tasks import Task
+
+__all__ = ["MaintenanceScope", "ScheduleEntry", "run_maintenance_pass", "run_phase"]
+
+_PRUNE_BATCH = 500
 
 
-def run_maintenance_pass(
-    storage: Storage, environment: str, limits: MaintenanceLimits
-) -> MaintenanceResult:
-    """Run each phase once within its limit.
+@attrs.frozen
+class ScheduleEntry:
+    """A registered schedule with what its runs need, resolved once at start-up."""
 
-    DUE_DELIVERY: retrying and released runs whose due time has passed (by database time)
-    become ``queued``, so workers and drains can claim them.
-    """
-    delivered = (
-        storage.run_deliver_due(environment, limits.due_delivery_limit)
-        if limits.due_delivery_limit
-        else 0
+    schedule: Schedule
+    queue: str
+    payload: str  # JSON text, validated against the task's schema
+    max_attempts: int
+
+
+@attrs.frozen
+class MaintenanceScope:
+    """What maintenance of one environment works with."""
+
+    storage: Storage
+    environment: str
+    tasks: Mapping[str, Task[Any, Any]]
+    schedules: Sequence[ScheduleEntry]
+    retention: RetentionPolicy
+    # delayed runs that came due within this window get their queue woken
+    wake_window: timedelta = timedelta(minutes=1)
+
+
+def _policy_row(task_id: str, policy: RetryPolicy) -> RetryPolicyRow:
+    return RetryPolicyRow(
+        task_id=task_id,
+        initial_seconds=policy.initial_delay.total_seconds(),
+        multiplier=policy.multiplier,
+        max_seconds=policy.max_delay.total_seconds(),
+        jitter=policy.jitter,
     )
-    return MaintenanceResult(due_runs_delivered=delivered)
+
+
+def _schedules(scope: MaintenanceScope, limit: int, fence: MaintenanceFence | None) -> int:
+    if not scope.schedules or limit == 0:
+        return 0
+    storage = scope.storage
+    now = storage.database_now()
+    ids = [entry.schedule.id for entry in scope.schedules]
+    states = {s.schedule_id: s for s in storage.schedule_state_list(scope.environment, ids)}
+    created = 0
+    for entry in scope.schedules:
+        sched = entry.schedule
+        zone = sched.zone
+        state = states.get(sched.id)
+        following = next_slot(sched.cron, zone, now)
+        if state is None or (state.cron, state.timezone) != (sched.cron, sched.timezone):
+            # first sighting, or the definition changed: wait for the next slot
+            fresh = ScheduleState(sched.id, sched.cron, sched.timezone, following)
+            storage.schedule_state_reset(scope.environment, fresh, fence=fence)
+            continue
+        if state.next_slot_at > now:
+            continue
+        slots = due_slots(sched.cron, zone, state.next_slot_at, now, 1 + sched.catch_up)
+        for index, slot in enumerate(slots):
+            if created >= limit:
+                return created  # the next pass picks up where this one stopped
+            last = index == len(slots) - 1
+            run = ScheduledRun(
+                environment=scope.environment,
+                schedule_id=sched.id,
+                slot_at=slot,
+                run_id=new_run_id(),
+                task_id=sched.task.id,
+                queue=entry.queue,
+                priority=sched.priority,
+                payload=entry.payload,
+                max_attempts=entry.max_attempts,
+            )
+            created += storage.schedule_fire(
+                run,
+                next_slot_at=following if last else state.next_slot_at,
+                expected_slot_at=state.next_slot_at,
+                fence=fence,
+            )
+    return created
+
+
+def _expire(
+    scope: MaintenanceScope, limit: int, fence: MaintenanceFence | None
+) -> MaintenanceResult:
+    if limit == 0:
+        return MaintenanceResult()
+    policies = [_policy_row(task_id, t.retry) for task_id, t in scope.tasks.items()]
+    applied = scope.storage.run_expire_attempts(
+        scope.environment, limit, policies, _policy_row("", RetryPolicy()), fence=fence
+    )
+    cancelled = sum(1 for row in applied if row.status is RunStatus.CANCELLED)
+    return MaintenanceResult(
+        attempts_expired=len(applied) - cancelled, cancellations_finalized=cancelled
+    )
+
+
+def _cleanup(
+    scope: MaintenanceScope, limit: int, fence: MaintenanceFence | None
+) -> MaintenanceResult:
+    retention = {
+        RunStatus.COMPLETED: scope.retention.completed,
+        RunStatus.FAILED: scope.retention.failed,
+        RunStatus.CANCELLED: scope.retention.cancelled,
+    }
+    deleted = tombstoned = 0
+    remaining = limit
+    while remaining > 0:
+        batch = min(remaining, _PRUNE_BATCH)
+        result = scope.storage.run_prune(scope.environment, retention, batch, fence=fence)
+        deleted += result.deleted
+        tombstoned += result.tombstoned
+        done = result.deleted + result.tombstoned
+        remaining -= done
+        if done < batch:
+            break
+    return MaintenanceResult(runs_pruned=deleted, runs_tombstoned=tombstoned)
+
+
+def run_phase(
+    scope: MaintenanceScope,
+    phase: MaintenancePhase,
+    limits: MaintenanceLimits,
+    fence: MaintenanceFence | None = None,
+) -> MaintenanceResult:
+    """Run one phase within its limit; returns what it changed."""
+    storage = scope.storage
+    env = scope.environment
+    if phase is MaintenancePhase.SCHEDULES:
+        return MaintenanceResult(schedules_created=_schedules(scope, limits.schedule_limit, fence))
+    if phase is MaintenancePhase.DUE_DELIVERY:
+        delivered = (
+            storage.run_deliver_due(env, limits.due_delivery_limit, fence=fence)
+            if limits.due_delivery_limit
+            else 0
+        )
+        return MaintenanceResult(due_runs_delivered=delivered)
+    if phase is MaintenancePhase.WAIT_TOKEN_RESOLUTION:
+        # wait tokens arrive with the waits feature; until then there is nothing to resolve
+        return MaintenanceResult()
+    if phase is MaintenancePhase.ATTEMPT_EXPIRY:
+        return _expire(scope, limits.attempt_expiry_limit, fence)
+    if phase is MaintenancePhase.DELIVERY_RECOVERY:
+        woken = (
+            storage.run_wake_due_queues(env, scope.wake_window, limits.delivery_recovery_limit)
+            if limits.delivery_recovery_limit
+            else []
+        )
+        return MaintenanceResult(queues_woken=len(woken))
+    if phase is MaintenancePhase.CLEANUP:
+        return _cleanup(scope, limits.cleanup_limit, fence)
+    raise AssertionError(f"unknown phase {phase!r}")
+
+
+def run_maintenance_pass(scope: MaintenanceScope, limits: MaintenanceLimits) -> MaintenanceResult:
+    """Run every phase once, in order; the first failure propagates (nothing is swallowed)."""
+    result = MaintenanceResult()
+    for phase in MaintenancePhase:
+        result += run_phase(scope, phase, limits)
+    return result

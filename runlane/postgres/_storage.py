@@ -8,13 +8,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import attrs
 import psycopg
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
-from runlane.errors import IncompatibleSchema, SchemaNotMigrated
+from runlane.errors import IncompatibleSchema, SchemaNotMigrated, StaleLease
 from runlane.models import RunError, RunSnapshot, RunStatus
 from runlane.postgres._connections import Conn, ConnectionSource, DedicatedSource, PoolSource
 from runlane.postgres._migrations import latest_version
@@ -26,7 +27,13 @@ from runlane.storage import (
     FailureApplied,
     InsertedRun,
     LeaseRef,
+    MaintenanceFence,
+    MaintenanceLeaseRow,
     NewRuns,
+    PruneResult,
+    RetryPolicyRow,
+    ScheduledRun,
+    ScheduleState,
 )
 
 __all__ = ["PostgresStorage"]
@@ -368,11 +375,196 @@ class PostgresStorage:
 
         return self._with_conn(extend)
 
-    def run_deliver_due(self, environment: str, limit: int) -> int:
+    def run_deliver_due(
+        self, environment: str, limit: int, *, fence: MaintenanceFence | None = None
+    ) -> int:
         params = {"environment": environment, "limit": limit, "channel": self.channel}
-        return self._with_conn(
-            lambda conn: len(conn.execute(self._sql["run_deliver_due"], params).fetchall())
+        return self._fenced(
+            fence, lambda conn: len(conn.execute(self._sql["run_deliver_due"], params).fetchall())
         )
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def _fenced(self, fence: MaintenanceFence | None, fn: Callable[[Conn], T]) -> T:
+        """Run ``fn`` in a transaction that first checks the band's lease is still current."""
+
+        def run(conn: Conn) -> T:
+            if fence is None:
+                return fn(conn)
+            with conn.transaction():
+                held = conn.execute(self._sql["maintenance_fence"], attrs.asdict(fence)).fetchone()
+                if held is None:
+                    raise StaleLease(
+                        f"maintenance lease of band {fence.band!r} (fencing {fence.fencing}) is "
+                        "no longer held by this replica; another replica owns the band now"
+                    )
+                return fn(conn)
+
+        return self._with_conn(run)
+
+    def database_now(self) -> datetime:
+        def now(conn: Conn) -> datetime:
+            row = conn.execute(self._sql["database_now"]).fetchone()
+            assert row is not None
+            value: datetime = row[0]
+            return value
+
+        return self._with_conn(now)
+
+    def run_expire_attempts(
+        self,
+        environment: str,
+        limit: int,
+        policies: Sequence[RetryPolicyRow],
+        default_policy: RetryPolicyRow,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> list[FailureApplied]:
+        params = {
+            "environment": environment,
+            "limit": limit,
+            "task_ids": [p.task_id for p in policies],
+            "initial_seconds": [p.initial_seconds for p in policies],
+            "multipliers": [p.multiplier for p in policies],
+            "max_seconds": [p.max_seconds for p in policies],
+            "jitters": [p.jitter for p in policies],
+            "default_initial_seconds": default_policy.initial_seconds,
+            "default_multiplier": default_policy.multiplier,
+            "default_max_seconds": default_policy.max_seconds,
+            "default_jitter": default_policy.jitter,
+        }
+
+        def expire(conn: Conn) -> list[FailureApplied]:
+            rows = conn.execute(self._sql["run_expire_attempts"], params).fetchall()
+            return [FailureApplied(run_id=row[0], status=RunStatus(row[1])) for row in rows]
+
+        return self._fenced(fence, expire)
+
+    def run_wake_due_queues(self, environment: str, window: timedelta, limit: int) -> list[str]:
+        params = {
+            "environment": environment,
+            "window_seconds": window.total_seconds(),
+            "limit": limit,
+            "channel": self.channel,
+        }
+        return self._with_conn(
+            lambda conn: [row[1] for row in conn.execute(self._sql["run_wake_due_queues"], params)]
+        )
+
+    def run_prune(
+        self,
+        environment: str,
+        retention: dict[RunStatus, timedelta],
+        limit: int,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> PruneResult:
+        params = {
+            "environment": environment,
+            "limit": limit,
+            "completed_seconds": retention[RunStatus.COMPLETED].total_seconds(),
+            "failed_seconds": retention[RunStatus.FAILED].total_seconds(),
+            "cancelled_seconds": retention[RunStatus.CANCELLED].total_seconds(),
+        }
+
+        def prune(conn: Conn) -> PruneResult:
+            row = conn.execute(self._sql["run_prune"], params).fetchone()
+            assert row is not None
+            return PruneResult(deleted=row[0], tombstoned=row[1])
+
+        return self._fenced(fence, prune)
+
+    def schedule_state_list(
+        self, environment: str, schedule_ids: Sequence[str]
+    ) -> list[ScheduleState]:
+        params = {"environment": environment, "schedule_ids": list(schedule_ids)}
+        return self._with_conn(
+            lambda conn: [
+                ScheduleState(*row)
+                for row in conn.execute(self._sql["schedule_state_list"], params)
+            ]
+        )
+
+    def schedule_state_reset(
+        self, environment: str, state: ScheduleState, *, fence: MaintenanceFence | None = None
+    ) -> None:
+        params = {"environment": environment, **attrs.asdict(state)}
+        self._fenced(fence, lambda conn: conn.execute(self._sql["schedule_state_reset"], params))
+
+    def schedule_fire(
+        self,
+        run: ScheduledRun,
+        next_slot_at: datetime,
+        expected_slot_at: datetime,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> bool:
+        params = {**attrs.asdict(run), "channel": self.channel}
+        advance = {
+            "environment": run.environment,
+            "schedule_id": run.schedule_id,
+            "next_slot_at": next_slot_at,
+            "expected_slot_at": expected_slot_at,
+        }
+
+        def fire(conn: Conn) -> bool:
+            with conn.transaction():
+                created = conn.execute(self._sql["schedule_fire"], params).fetchone() is not None
+                conn.execute(self._sql["schedule_advance"], advance)
+            return created
+
+        return self._fenced(fence, fire)
+
+    def maintenance_lease_acquire(
+        self, environment: str, band: str, owner: uuid.UUID, lease: timedelta
+    ) -> int | None:
+        params = {
+            "environment": environment,
+            "band": band,
+            "owner": owner,
+            "lease_seconds": lease.total_seconds(),
+        }
+
+        def acquire(conn: Conn) -> int | None:
+            row = conn.execute(self._sql["maintenance_lease_acquire"], params).fetchone()
+            return None if row is None else int(row[0])
+
+        return self._with_conn(acquire)
+
+    def maintenance_lease_refresh(self, fence: MaintenanceFence, lease: timedelta) -> bool:
+        params = {**attrs.asdict(fence), "lease_seconds": lease.total_seconds()}
+        return self._with_conn(
+            lambda conn: (
+                conn.execute(self._sql["maintenance_lease_refresh"], params).fetchone() is not None
+            )
+        )
+
+    def maintenance_lease_release(self, fence: MaintenanceFence) -> bool:
+        params = attrs.asdict(fence)
+        return self._with_conn(
+            lambda conn: (
+                conn.execute(self._sql["maintenance_lease_release"], params).fetchone() is not None
+            )
+        )
+
+    def maintenance_lease_list(self, environment: str) -> list[MaintenanceLeaseRow]:
+        params = {"environment": environment}
+        return self._with_conn(
+            lambda conn: [
+                MaintenanceLeaseRow(*row)
+                for row in conn.execute(self._sql["maintenance_lease_list"], params)
+            ]
+        )
+
+    def status_counts(self, environment: str) -> dict[str, Any]:
+        def counts(conn: Conn) -> dict[str, Any]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["status_counts"], {"environment": environment})
+                row = cur.fetchone()
+            assert row is not None
+            return dict(row)
+
+        return self._with_conn(counts)
 
 
 def _lease_params(leases: Sequence[LeaseRef]) -> dict[str, Any]:

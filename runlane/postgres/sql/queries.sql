@@ -248,3 +248,253 @@ where r.id = i.id
   and r.status in ('running', 'cancellation_requested')
   and r.lease_expires_at > now()
 returning r.id, r.status;
+
+-- name: database_now
+select now();
+
+-- name: maintenance_fence
+-- First statement of a band's write transaction: the lease must still be this owner's and
+-- live. FOR SHARE makes a takeover (an UPDATE of the row) wait until this transaction ends,
+-- so an old owner can never write after a new one has begun.
+select 1
+from {schema}.maintenance_leases
+where environment = %(environment)s
+  and band = %(band)s
+  and owner = %(owner)s
+  and fencing = %(fencing)s
+  and expires_at > clock_timestamp()
+for share;
+
+-- name: maintenance_lease_acquire
+-- Succeeds only when the band has no lease row or its lease has expired; a takeover bumps
+-- the fencing number. Times come from clock_timestamp(), read after the row is locked.
+insert into {schema}.maintenance_leases as l (
+    environment, band, owner, fencing, expires_at, acquired_at)
+values (%(environment)s, %(band)s, %(owner)s, 1,
+        clock_timestamp() + %(lease_seconds)s * interval '1 second', clock_timestamp())
+on conflict (environment, band) do update
+set owner = excluded.owner,
+    fencing = l.fencing + 1,
+    expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
+    acquired_at = clock_timestamp()
+where l.expires_at <= clock_timestamp()
+returning fencing;
+
+-- name: maintenance_lease_refresh
+update {schema}.maintenance_leases
+set expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
+where environment = %(environment)s
+  and band = %(band)s
+  and owner = %(owner)s
+  and fencing = %(fencing)s
+  and expires_at > clock_timestamp()
+returning fencing;
+
+-- name: maintenance_lease_release
+update {schema}.maintenance_leases
+set expires_at = clock_timestamp()
+where environment = %(environment)s
+  and band = %(band)s
+  and owner = %(owner)s
+  and fencing = %(fencing)s
+  and expires_at > clock_timestamp()
+returning fencing;
+
+-- name: maintenance_lease_list
+select band, owner, fencing, expires_at, expires_at > clock_timestamp() as live
+from {schema}.maintenance_leases
+where environment = %(environment)s
+order by band;
+
+-- name: schedule_state_list
+select schedule_id, cron, timezone, next_slot_at
+from {schema}.schedules
+where environment = %(environment)s and schedule_id = any(%(schedule_ids)s::text[]);
+
+-- name: schedule_state_reset
+-- First sighting of a schedule, or its cron/timezone changed: wait for the next slot.
+insert into {schema}.schedules as s (environment, schedule_id, cron, timezone, next_slot_at)
+values (%(environment)s, %(schedule_id)s, %(cron)s, %(timezone)s, %(next_slot_at)s)
+on conflict (environment, schedule_id) do update
+set cron = excluded.cron,
+    timezone = excluded.timezone,
+    next_slot_at = excluded.next_slot_at,
+    updated_at = now()
+where s.cron is distinct from excluded.cron or s.timezone is distinct from excluded.timezone;
+
+-- name: schedule_fire
+-- Records one slot and creates its run in one statement. The slot's primary key makes a
+-- second replica firing the same slot create nothing.
+with slot as (
+    insert into {schema}.schedule_slots (environment, schedule_id, slot_at, run_id)
+    values (%(environment)s, %(schedule_id)s, %(slot_at)s, %(run_id)s)
+    on conflict do nothing
+    returning run_id
+), inserted as (
+    insert into {schema}.runs (
+        id, environment, task_id, queue, status, priority, payload, max_attempts, due_at)
+    select slot.run_id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
+           %(payload)s::jsonb, %(max_attempts)s, now()
+    from slot
+    returning id
+), wake as (
+    select pg_notify(%(channel)s, %(environment)s || '|' || %(queue)s)
+    from inserted limit 1
+)
+select id from inserted where (select count(*) from wake) >= 0;
+
+-- name: schedule_advance
+update {schema}.schedules
+set next_slot_at = %(next_slot_at)s, updated_at = now()
+where environment = %(environment)s
+  and schedule_id = %(schedule_id)s
+  and next_slot_at = %(expected_slot_at)s;
+
+-- name: run_expire_attempts
+-- Finalizes attempts whose lease lapsed by database time: the run retries per its task's
+-- policy (passed as arrays; unknown tasks use the default policy), fails when its attempts
+-- are spent, and a run whose cancellation was requested becomes cancelled. The condition is
+-- re-checked in the update, so an attempt that completed meanwhile is left alone.
+with policies as (
+    select *
+    from unnest(%(task_ids)s::text[], %(initial_seconds)s::float8[],
+                %(multipliers)s::float8[], %(max_seconds)s::float8[], %(jitters)s::float8[])
+        as p(task_id, initial_seconds, multiplier, max_seconds, jitter)
+), expired as materialized (
+    select id
+    from {schema}.runs
+    where environment = %(environment)s
+      and status in ('running', 'cancellation_requested')
+      and lease_expires_at < now()
+    order by lease_expires_at
+    limit %(limit)s
+    for update skip locked
+), decided as (
+    select r.id,
+           r.lease_token as old_token,
+           case when r.status = 'cancellation_requested' then 'cancelled'
+                when r.attempt - r.releases >= r.max_attempts then 'failed'
+                else 'retrying' end as new_status,
+           least(coalesce(p.max_seconds, %(default_max_seconds)s),
+                 coalesce(p.initial_seconds, %(default_initial_seconds)s)
+                 * power(coalesce(p.multiplier, %(default_multiplier)s),
+                         least(greatest(r.attempt - r.releases - 1, 0), 64)))
+           * (1 + coalesce(p.jitter, %(default_jitter)s) * (2 * random() - 1)) as delay_seconds
+    from expired as e
+    join {schema}.runs as r on r.id = e.id
+    left join policies as p on p.task_id = r.task_id
+), done as (
+    update {schema}.runs as r
+    set status = d.new_status,
+        due_at = case when d.new_status = 'retrying'
+                      then now() + greatest(d.delay_seconds, 0) * interval '1 second'
+                      else r.due_at end,
+        finished_at = case when d.new_status <> 'retrying' then now() end,
+        error = case when d.new_status = 'cancelled' then r.error
+                     else jsonb_build_object(
+                         'type', 'runlane.LeaseExpired',
+                         'message', 'attempt ' || r.attempt || ' lost its lease (expired at '
+                             || r.lease_expires_at || '): its worker crashed, froze, or lost '
+                             || 'its database connection',
+                         'traceback', null,
+                         'retryable', true) end,
+        lease_token = null,
+        lease_expires_at = null,
+        updated_at = now()
+    from decided as d
+    where r.id = d.id
+      and r.status in ('running', 'cancellation_requested')
+      and r.lease_expires_at < now()
+    returning r.id, r.attempt, r.status, r.error, r.attempt_started_at, d.old_token
+), recorded as (
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at)
+    select id, attempt, old_token, 'expired', error, attempt_started_at
+    from done
+)
+select id, status from done;
+
+-- name: run_wake_due_queues
+-- Delivery recovery for the polling lane: wake workers of queues whose delayed runs came due
+-- within the last window (they were triggered without a wake-up because they were not due).
+with recent as (
+    select distinct queue
+    from {schema}.runs
+    where environment = %(environment)s
+      and status = 'queued'
+      and due_at <= now()
+      and due_at > now() - %(window_seconds)s * interval '1 second'
+    limit %(limit)s
+)
+select pg_notify(%(channel)s, %(environment)s || '|' || queue), queue from recent;
+
+-- name: run_prune
+-- Cleanup: deletes terminal runs past retention; one that still has children becomes a
+-- tombstone counting them, and each deleted child lowers its tombstoned parent's count.
+-- Tombstones whose count reached zero are deleted like any other run.
+with doomed as materialized (
+    select id, parent_run_id, pruned_at is not null as was_tombstone
+    from {schema}.runs
+    where environment = %(environment)s
+      and ((pruned_at is null
+            and status in ('completed', 'failed', 'cancelled')
+            and finished_at < now() - case status
+                when 'completed' then %(completed_seconds)s
+                when 'failed' then %(failed_seconds)s
+                else %(cancelled_seconds)s end * interval '1 second')
+           or (pruned_at is not null and remaining_children <= 0))
+    order by finished_at
+    limit %(limit)s
+    for update skip locked
+), child_counts as (
+    select c.parent_run_id as id, count(*) as n
+    from {schema}.runs as c
+    where c.parent_run_id in (select id from doomed)
+    group by c.parent_run_id
+), tombstoned as (
+    update {schema}.runs as r
+    set pruned_at = now(), remaining_children = cc.n, payload = 'null'::jsonb,
+        output = null, updated_at = now()
+    from child_counts as cc
+    join doomed as d on d.id = cc.id
+    where r.id = cc.id and not d.was_tombstone
+    returning r.id
+), deleted as (
+    delete from {schema}.runs as r
+    using doomed as d
+    where r.id = d.id and d.id not in (select id from child_counts)
+    returning r.id, r.parent_run_id
+), parents as (
+    update {schema}.runs as p
+    set remaining_children = p.remaining_children - g.n, updated_at = now()
+    from (select parent_run_id, count(*) as n from deleted
+          where parent_run_id is not null group by parent_run_id) as g
+    where p.id = g.parent_run_id and p.pruned_at is not null
+    returning p.id
+)
+select (select count(*) from deleted) as deleted,
+       (select count(*) from tombstoned) as tombstoned,
+       (select count(*) from parents) as parents_updated;
+
+-- name: status_counts
+-- The "monitor progress" view: counts that must keep falling when maintenance is healthy.
+select
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'queued' and due_at <= now())
+        as queued_due,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'running') as running,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status in ('retrying', 'released')
+        and due_at < now()) as deferred_past_due,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status in ('running', 'cancellation_requested')
+        and lease_expires_at < now()) as expired_leases,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'cancellation_requested'
+        and (lease_expires_at is null or lease_expires_at < now())) as stuck_cancellations,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and pruned_at is not null
+        and remaining_children > 0) as tombstones_with_children,
+    (select min(due_at) from {schema}.runs
+      where environment = %(environment)s and status in ('retrying', 'released')
+        and due_at < now()) as oldest_deferred_due_at;

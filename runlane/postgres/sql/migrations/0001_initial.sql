@@ -1,9 +1,9 @@
--- runlane schema version 1: runs and their attempts.
+-- runlane schema version 1: runs and their attempts, schedules, maintenance leases.
 --
 -- A run's current attempt and its lease live on the run row, so a claim and every fenced
--- write touch one row; finished attempts are kept in "attempts" for history. Later features
--- (wait tokens, steps, schedule slots, outbox, maintenance leases, tombstones) arrive as
--- their own tables in later migrations and refer to runs by id.
+-- write touch one row; finished attempts are kept in "attempts" for history. A pruned run
+-- that still has children stays as a tombstone (pruned_at set, payload dropped) counting
+-- its remaining children.
 
 create table {schema}.runs (
     id                 uuid primary key,
@@ -32,6 +32,10 @@ create table {schema}.runs (
     updated_at         timestamptz not null default now(),
     started_at         timestamptz,
     finished_at        timestamptz,
+    -- tombstone: pruned by cleanup while children remained
+    pruned_at          timestamptz,
+    remaining_children integer,
+    constraint runs_tombstone_shape check ((pruned_at is null) = (remaining_children is null)),
     constraint runs_status_known check (status in (
         'queued', 'running', 'retrying', 'released', 'waiting',
         'cancellation_requested', 'completed', 'failed', 'cancelled')),
@@ -70,10 +74,14 @@ create index runs_live_by_queue
     on {schema}.runs (environment, queue, lease_expires_at)
     where status in ('running', 'cancellation_requested');
 
--- cleanup: terminal runs by age
+-- cleanup: terminal runs by age, and tombstones whose children are all gone
 create index runs_finished
     on {schema}.runs (environment, finished_at)
-    where status in ('completed', 'failed', 'cancelled');
+    where status in ('completed', 'failed', 'cancelled') and pruned_at is null;
+
+create index runs_tombstones
+    on {schema}.runs (environment, remaining_children)
+    where pruned_at is not null;
 
 create index runs_parent
     on {schema}.runs (parent_run_id)
@@ -90,4 +98,37 @@ create table {schema}.attempts (
     primary key (run_id, attempt),
     constraint attempts_outcome_known check (outcome in (
         'completed', 'failed', 'retrying', 'released', 'suspended', 'cancelled', 'expired'))
+);
+
+-- Schedules: the next slot each schedule waits for, and one row per slot that made a run.
+-- The primary key of schedule_slots is what makes racing maintenance replicas harmless.
+create table {schema}.schedules (
+    environment   text not null,
+    schedule_id   text not null,
+    cron          text not null,
+    timezone      text not null,
+    next_slot_at  timestamptz not null,
+    updated_at    timestamptz not null default now(),
+    primary key (environment, schedule_id)
+);
+
+create table {schema}.schedule_slots (
+    environment   text not null,
+    schedule_id   text not null,
+    slot_at       timestamptz not null,
+    run_id        uuid not null,
+    created_at    timestamptz not null default now(),
+    primary key (environment, schedule_id, slot_at)
+);
+
+-- Maintenance ownership: one row per band. "fencing" only grows (a logged table, so a crash
+-- cannot reset it); expires_at is always computed by the database.
+create table {schema}.maintenance_leases (
+    environment   text not null,
+    band          text not null,
+    owner         uuid not null,
+    fencing       bigint not null,
+    expires_at    timestamptz not null,
+    acquired_at   timestamptz not null,
+    primary key (environment, band)
 );
