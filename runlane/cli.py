@@ -1,4 +1,4 @@
-"""The ``runlane`` command line: migrate, drain and demo.
+"""The ``runlane`` command line: migrate, worker, maintenance, drain, status and demo.
 
 ``APP`` arguments name a :class:`~runlane.Runlane` as ``module:attribute`` (for example
 ``myapp.runlane:runlane``), imported the way ``python -c "import module"`` would from the
@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 
+import attrs
+
 from runlane._demo import run_demo
 from runlane.errors import RunlaneError
+from runlane.maintenance import MaintenanceResult, ServiceErrorInfo
 from runlane.postgres import apply_postgres_storage_migrations
 from runlane.runtime import Runlane
 
@@ -119,6 +123,76 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_maintenance(args: argparse.Namespace) -> int:
+    runlane = load_app(args.app)
+
+    def report(error: BaseException, info: ServiceErrorInfo) -> None:
+        print(f"runlane: {info.phase} ({info.operation}): {error}", file=sys.stderr)
+
+    try:
+        if args.once:
+            print(_describe(runlane.run_maintenance_once()))
+            return 0
+        services = runlane.start_services(on_service_error=report)
+        _on_stop_signals(lambda: services.close(timeout=args.shutdown_timeout))
+        print(
+            f"runlane: {services.name} maintaining environment {runlane.environment!r}; "
+            "SIGTERM or Ctrl-C stops it",
+            file=sys.stderr,
+        )
+        try:
+            services.wait_until_closed()
+        finally:
+            services.close(timeout=args.shutdown_timeout)
+    finally:
+        runlane.close()
+    return 0
+
+
+def _describe(result: MaintenanceResult) -> str:
+    return "\n".join(f"{name:<24} {value}" for name, value in attrs.asdict(result).items())
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    runlane = load_app(args.app)
+    try:
+        report = runlane.status()
+    finally:
+        runlane.close()
+    if args.json:
+        print(json.dumps(attrs.asdict(report), default=str, indent=2))
+        return 0
+    rows = [
+        ("queued and due", report.queued_due),
+        ("running", report.running),
+        ("retrying/released past due", report.deferred_past_due),
+        ("expired active leases", report.expired_leases),
+        ("stuck in cancellation_requested", report.stuck_cancellations),
+        ("tombstones with children", report.tombstones_with_children),
+        (
+            "pending outbox work",
+            "n/a (the polling lane has no outbox)"
+            if report.outbox_pending is None
+            else report.outbox_pending,
+        ),
+    ]
+    print(f"environment {report.environment!r}")
+    for label, value in rows:
+        print(f"  {label:<34} {value}")
+    if report.oldest_deferred_due_at is not None:
+        print(f"  {'oldest deferred due at':<34} {report.oldest_deferred_due_at.isoformat()}")
+    print("maintenance bands")
+    if not report.maintenance_leases:
+        print("  (no band has been owned yet: is `runlane maintenance` running?)")
+    for lease in report.maintenance_leases:
+        state = "live" if lease.live else "EXPIRED"
+        print(
+            f"  {lease.band:<12} fencing {lease.fencing:<6} {state:<8} "
+            f"until {lease.expires_at.isoformat()}  owner {lease.owner}"
+        )
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     run_demo(database_url=args.database_url, schema=args.schema, count=args.runs)
     return 0
@@ -152,6 +226,23 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds handlers get to return after a stop signal (default 30)",
     )
     worker.set_defaults(handler=_cmd_worker)
+
+    maintenance = commands.add_parser(
+        "maintenance", help="run maintenance services until SIGTERM or SIGINT"
+    )
+    maintenance.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
+    maintenance.add_argument(
+        "--once", action="store_true", help="run one bounded pass, print what it changed, exit"
+    )
+    maintenance.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds to wait for the bands"
+    )
+    maintenance.set_defaults(handler=_cmd_maintenance)
+
+    status = commands.add_parser("status", help="print the progress signals to alert on")
+    status.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(handler=_cmd_status)
 
     demo = commands.add_parser(
         "demo", help="trigger and drain a few runs on a throw-away (or given) database"
