@@ -2,6 +2,7 @@
 
 from runlane.context import RunContext
 from runlane.errors import (
+    ChildRunFailed,
     ConfigurationError,
     IncompatibleSchema,
     NonRetryableError,
@@ -12,6 +13,8 @@ from runlane.errors import (
     ServiceFailed,
     StaleLease,
     TaskNotFound,
+    WaitTokenNotFound,
+    WaitTokenTimedOut,
     WorkerFailed,
 )
 from runlane.maintenance import (
@@ -22,7 +25,17 @@ from runlane.maintenance import (
     ServiceErrorInfo,
 )
 from runlane.maintenance._services import Services
-from runlane.models import DrainResult, RunError, RunHandle, RunSnapshot, RunStatus, StatusReport
+from runlane.models import (
+    CancelResult,
+    DrainResult,
+    RunError,
+    RunHandle,
+    RunSnapshot,
+    RunStatus,
+    StatusReport,
+    WaitToken,
+    WaitTokenStatus,
+)
 from runlane.retry import RetryPolicy
 from runlane.runtime import Runlane, create_runlane
 from runlane.schedules import Schedule, schedule
@@ -30,6 +43,8 @@ from runlane.tasks import Queue, Task, queue, task
 from runlane.worker import Worker
 
 __all__ = [
+    "CancelResult",
+    "ChildRunFailed",
     "ConfigurationError",
     "DrainResult",
     "IncompatibleSchema",
@@ -58,6 +73,10 @@ __all__ = [
     "StatusReport",
     "Task",
     "TaskNotFound",
+    "WaitToken",
+    "WaitTokenNotFound",
+    "WaitTokenStatus",
+    "WaitTokenTimedOut",
     "Worker",
     "WorkerFailed",
     "create_runlane",

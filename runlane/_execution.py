@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from runlane._codec import OutputNotSerializable, decode_payload, dump_json, encode_output
-from runlane.context import RunContext
+from runlane.context import ContextBackend, RunContext, Suspended
 from runlane.errors import NonRetryableError, PayloadValidationError, TaskNotFound
 from runlane.models import RunError
 from runlane.storage import ClaimedRun, Completion, Failure
@@ -36,11 +36,11 @@ TaskTimeout.__module__ = "runlane"
 class Outcome:
     """The write that finishes an attempt, and whether a handler actually ran."""
 
-    write: Completion | Failure
+    write: Completion | Failure | None  # None: the run was suspended, already written
     handler_ran: bool
 
 
-def make_context(claimed: ClaimedRun, environment: str) -> RunContext:
+def make_context(claimed: ClaimedRun, environment: str, backend: ContextBackend) -> RunContext:
     return RunContext(
         run_id=claimed.id,
         task_id=claimed.task_id,
@@ -48,6 +48,8 @@ def make_context(claimed: ClaimedRun, environment: str) -> RunContext:
         attempt=claimed.attempt,
         max_attempts=claimed.max_attempts,
         environment=environment,
+        backend=backend,
+        lease_token=claimed.lease_token,
     )
 
 
@@ -120,6 +122,8 @@ def execute_attempt(
         return Outcome(_failure(claimed, exc, retry=None, with_tb=False), handler_ran=False)
     try:
         result = task.fn(payload, context)
+    except Suspended:
+        return Outcome(None, handler_ran=True)
     except NonRetryableError as exc:
         return Outcome(_failure(claimed, exc, retry=None), handler_ran=True)
     except Exception as exc:

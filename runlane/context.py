@@ -1,21 +1,92 @@
-"""The context a handler receives with its payload."""
+"""The context a handler receives with its payload, and the durable operations on it.
+
+Steps, waits, sleeps, releases and child runs are durable: their effects are stored under
+the attempt's fence, so when the run is resumed or retried the handler re-runs from the top
+and each operation answers from storage instead of acting again. A handler is therefore
+replayed, and must reach its durable operations in the same order each time (name steps
+and sleeps explicitly when that order could change).
+"""
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, overload
 
 import attrs
 
-__all__ = ["RunContext"]
+from runlane._codec import OutputNotSerializable, converter, encode_output
+from runlane.errors import (
+    ChildRunFailed,
+    ConfigurationError,
+    RunNotFound,
+    StaleLease,
+    WaitTokenNotFound,
+    WaitTokenTimedOut,
+)
+from runlane.models import RunHandle, RunStatus, WaitTokenStatus
+from runlane.storage import LeaseRef, Storage
+
+if TYPE_CHECKING:
+    from runlane.tasks import Task
+
+__all__ = ["ContextBackend", "RunContext", "Suspended"]
+
+T = TypeVar("T")
+
+
+class Suspended(BaseException):
+    """Unwinds a handler whose run was suspended (waiting, sleeping or released).
+
+    A ``BaseException``, so ``except Exception`` in user code lets it pass; do not catch it.
+    """
+
+
+class ContextBackend(Protocol):
+    """What a context needs from the runtime executing it."""
+
+    @property
+    def storage(self) -> Storage: ...
+
+    def trigger_child(
+        self,
+        task: Task[Any, Any] | str,
+        payload: Any,
+        *,
+        parent_run_id: uuid.UUID,
+        idempotency_key: str,
+        options: dict[str, Any],
+    ) -> RunHandle: ...
+
+
+def _as_delta(name: str, value: timedelta | float | None) -> timedelta:
+    if value is None:
+        return timedelta(0)
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise ConfigurationError(f"{name} must be a timedelta or seconds, got {value!r}")
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if delta < timedelta(0):
+        raise ConfigurationError(f"{name} must not be negative, got {delta}")
+    return delta
+
+
+def _check_step_name(name: str) -> str:
+    if not isinstance(name, str) or not name or len(name) > 500:
+        raise ConfigurationError(f"step names are non-empty strings (<= 500 chars), got {name!r}")
+    if name.startswith("runlane."):
+        raise ConfigurationError(f"step names starting with 'runlane.' are reserved: {name!r}")
+    return name
 
 
 @attrs.define(eq=False)
 class RunContext:
-    """What a handler knows about the attempt it runs in.
+    """What a handler knows about the attempt it runs in, and its durable operations.
 
-    ``cancelled`` is set when the run is cancelled, the worker shuts down, or the attempt's
-    lease could not be kept; long handlers should check it (or wait on it) and return.
+    ``cancelled`` is set when the run is cancelled, the worker shuts down, the attempt's lease
+    could not be kept, or its task timeout passed; long handlers should check it (or wait on
+    it) and return.
     """
 
     run_id: uuid.UUID
@@ -25,3 +96,161 @@ class RunContext:
     max_attempts: int
     environment: str
     cancelled: threading.Event = attrs.field(factory=threading.Event)
+    _backend: ContextBackend | None = attrs.field(default=None, alias="backend", repr=False)
+    _lease_token: uuid.UUID | None = attrs.field(default=None, alias="lease_token", repr=False)
+    _sleeps: int = attrs.field(default=0, init=False, repr=False)
+    _children: int = attrs.field(default=0, init=False, repr=False)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _attached(self) -> tuple[ContextBackend, LeaseRef]:
+        if self._backend is None or self._lease_token is None:
+            raise RuntimeError(
+                "this RunContext is not attached to a run attempt; durable operations work "
+                "only inside a handler executed by a worker or drain"
+            )
+        return self._backend, LeaseRef(self.run_id, self.attempt, self._lease_token)
+
+    def _stale(self, what: str) -> NoReturn:
+        self.cancelled.set()
+        raise StaleLease(
+            f"run {self.run_id} attempt {self.attempt} no longer holds its lease; {what} was "
+            "not recorded. Return from the handler: another attempt owns the run now."
+        )
+
+    def _store_step(self, name: str, encoded: str) -> Any:
+        backend, lease = self._attached()
+        stored = backend.storage.step_store(lease, name, encoded)
+        if not stored.fenced:
+            self._stale(f"step {name!r}")
+        return stored.output
+
+    # -- steps ---------------------------------------------------------------------------
+
+    @overload
+    def step(self, name: str, fn: Callable[[], Any]) -> Any: ...
+
+    @overload
+    def step(self, name: str, fn: Callable[[], Any], *, output_type: type[T]) -> T: ...
+
+    def step(self, name: str, fn: Callable[[], Any], *, output_type: Any = None) -> Any:
+        """Run ``fn`` once per run and store its output; on a later attempt or resume, return
+        the stored output without calling ``fn``.
+
+        The output is stored as JSON through cattrs; the step returns the stored form (the
+        same on first run and replay), structured into ``output_type`` when given. The first
+        attempt to store a step wins; a stale attempt cannot store (``StaleLease``).
+        """
+        _check_step_name(name)
+        backend, _ = self._attached()
+        found, output = backend.storage.step_get(self.run_id, name)
+        if not found:
+            value = fn()
+            try:
+                encoded = encode_output(value)
+            except OutputNotSerializable as exc:
+                raise ConfigurationError(f"step {name!r}: {exc}") from exc
+            output = self._store_step(name, encoded)
+        return output if output_type is None else converter.structure(output, output_type)
+
+    # -- waits ---------------------------------------------------------------------------
+
+    def wait_for_token(self, token_id: uuid.UUID | str, *, output_type: Any = None) -> Any:
+        """The token's output once it is completed; raises ``WaitTokenTimedOut`` when it
+        timed out. While it is pending the run is suspended (``waiting``) and the handler
+        unwinds; the run re-runs from the top when the token is resolved."""
+        backend, lease = self._attached()
+        key = _uuid(token_id, "wait token id")
+        while True:
+            token = backend.storage.wait_token_get(self.environment, key)
+            if token is None:
+                raise WaitTokenNotFound(f"no wait token {key} in environment {self.environment!r}")
+            if token.status is WaitTokenStatus.COMPLETED:
+                out = token.output
+                return out if output_type is None else converter.structure(out, output_type)
+            if token.status is WaitTokenStatus.TIMED_OUT:
+                raise WaitTokenTimedOut(key, f"wait token {key} timed out at {token.timeout_at}")
+            result = backend.storage.run_suspend(lease, self.environment, token_id=key)
+            if result.suspended:
+                raise Suspended
+            if result.target_open:
+                self._stale("the wait")
+            # resolved between the read and the suspension: read it again
+
+    def wait_for_run(self, run_id: uuid.UUID | str, *, output_type: Any = None) -> Any:
+        """The output of another run of this environment once it completed; raises
+        ``ChildRunFailed`` when it failed or was cancelled. Until then the run waits."""
+        backend, lease = self._attached()
+        key = _uuid(run_id, "run id")
+        if key == self.run_id:
+            raise ConfigurationError("a run cannot wait for itself")
+        while True:
+            snap = backend.storage.run_get(self.environment, key)
+            if snap is None:
+                raise RunNotFound(f"no run {key} in environment {self.environment!r}")
+            if snap.status is RunStatus.COMPLETED:
+                out = snap.output
+                return out if output_type is None else converter.structure(out, output_type)
+            if snap.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+                detail = f": {snap.error.type}: {snap.error.message}" if snap.error else ""
+                raise ChildRunFailed(
+                    key, snap.status.value, snap.error, f"run {key} ended {snap.status}{detail}"
+                )
+            result = backend.storage.run_suspend(lease, self.environment, run_id=key)
+            if result.suspended:
+                raise Suspended
+            if result.target_open:
+                self._stale("the wait")
+
+    def sleep(self, duration: timedelta | float, *, name: str | None = None) -> None:
+        """Suspend the run for ``duration`` (database time); maintenance makes it runnable
+        when due. On the re-run the sleep is already over and returns at once."""
+        delta = _as_delta("duration", duration)
+        backend, lease = self._attached()
+        self._sleeps += 1
+        key = f"runlane.sleep:{name if name is not None else self._sleeps}"
+        found, stored = backend.storage.step_get(self.run_id, key)
+        now = backend.storage.database_now()
+        if not found:
+            wake = now + delta
+            stored = self._store_step(key, encode_output({"wake_at": wake.isoformat()}))
+        wake_at = datetime.fromisoformat(stored["wake_at"])
+        if wake_at <= now:
+            return
+        result = backend.storage.run_suspend(lease, self.environment, wake_at=wake_at)
+        if not result.suspended:
+            self._stale("the sleep")
+        raise Suspended
+
+    def release(self, delay: timedelta | float | None = None) -> NoReturn:
+        """Hand the run back as ``released`` without consuming an attempt; it is delivered
+        again after ``delay`` (by maintenance). Unwinds the handler."""
+        delta = _as_delta("delay", delay)
+        backend, lease = self._attached()
+        if not backend.storage.run_release(lease, delta):
+            self._stale("the release")
+        raise Suspended
+
+    # -- child runs ----------------------------------------------------------------------
+
+    def trigger_child(self, task: Task[Any, Any] | str, payload: Any, **options: Any) -> RunHandle:
+        """Trigger a run linked to this one as its parent. Durable: on a re-run, the n-th
+        call returns the child the first run created (its idempotency key defaults to one
+        derived from this run and the call's position)."""
+        backend, _ = self._attached()
+        self._children += 1
+        key = (
+            options.pop("idempotency_key", None) or f"runlane.child:{self.run_id}:{self._children}"
+        )
+        return backend.trigger_child(
+            task, payload, parent_run_id=self.run_id, idempotency_key=key, options=options
+        )
+
+
+def _uuid(value: uuid.UUID | str, what: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError as exc:
+        raise ConfigurationError(f"{value!r} is not a {what} (a UUID)") from exc

@@ -8,6 +8,7 @@ already catch ``ValueError`` or ``LookupError`` keep working.
 from __future__ import annotations
 
 __all__ = [
+    "ChildRunFailed",
     "ConfigurationError",
     "IncompatibleSchema",
     "NonRetryableError",
@@ -18,6 +19,8 @@ __all__ = [
     "ServiceFailed",
     "StaleLease",
     "TaskNotFound",
+    "WaitTokenNotFound",
+    "WaitTokenTimedOut",
     "WorkerFailed",
 ]
 
@@ -68,6 +71,28 @@ class ServiceFailed(RunlaneError):
     """A maintenance service failed fatally."""
 
 
+class WaitTokenNotFound(RunlaneError, LookupError):
+    """No wait token with that id exists in this environment."""
+
+
+class WaitTokenTimedOut(RunlaneError):
+    """The awaited wait token timed out before anyone completed it."""
+
+    def __init__(self, token_id: object, message: str) -> None:
+        self.token_id = token_id
+        super().__init__(message)
+
+
+class ChildRunFailed(RunlaneError):
+    """The awaited run ended failed or cancelled; ``status`` and ``error`` say how."""
+
+    def __init__(self, run_id: object, status: str, error: object, message: str) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+        super().__init__(message)
+
+
 class NonRetryableError(Exception):
     """Raise from a handler to fail the run at once, without further attempts.
 
@@ -86,6 +111,9 @@ for _cls in (
     StaleLease,
     WorkerFailed,
     ServiceFailed,
+    WaitTokenNotFound,
+    WaitTokenTimedOut,
+    ChildRunFailed,
     NonRetryableError,
 ):
     _cls.__module__ = "runlane"

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 __all__ = [
+    "CancelResult",
     "DrainResult",
     "MaintenanceLeaseStatus",
     "RunError",
@@ -17,6 +18,8 @@ __all__ = [
     "RunSnapshot",
     "RunStatus",
     "StatusReport",
+    "WaitToken",
+    "WaitTokenStatus",
 ]
 
 
@@ -90,6 +93,37 @@ class RunSnapshot:
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+
+class WaitTokenStatus(enum.StrEnum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TIMED_OUT = "timed_out"
+
+
+@attrs.frozen
+class WaitToken:
+    """A point-in-time read of a wait token. ``waiting_runs`` counts runs suspended on it."""
+
+    id: uuid.UUID
+    status: WaitTokenStatus
+    output: Any
+    idempotency_key: str | None
+    timeout_at: datetime | None
+    created_at: datetime
+    resolved_at: datetime | None
+    waiting_runs: int
+
+
+@attrs.frozen
+class CancelResult:
+    """What ``Runlane.cancel`` did. ``changed`` is False when the run was already terminal or
+    its cancellation was already requested; ``status`` is where the run stands now."""
+
+    run_id: uuid.UUID
+    previous: RunStatus
+    status: RunStatus
+    changed: bool
 
 
 @attrs.frozen

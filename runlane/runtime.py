@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from runlane._codec import encode_payload
+from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._execution import execute_attempt, make_context
 from runlane._ids import new_run_id
 from runlane._leases import LeaseKeeper, LeaseTracker
@@ -19,6 +20,7 @@ from runlane.errors import (
     RunNotFound,
     StaleLease,
     TaskNotFound,
+    WaitTokenNotFound,
 )
 from runlane.maintenance import (
     MaintenanceLimits,
@@ -30,11 +32,13 @@ from runlane.maintenance import (
 )
 from runlane.maintenance._services import ServiceErrorCallback, Services
 from runlane.models import (
+    CancelResult,
     DrainResult,
     MaintenanceLeaseStatus,
     RunHandle,
     RunSnapshot,
     StatusReport,
+    WaitToken,
 )
 from runlane.schedules import Schedule
 from runlane.storage import Completion, NewRuns, Storage
@@ -47,6 +51,7 @@ __all__ = ["Lane", "Runlane", "create_runlane"]
 log = logging.getLogger("runlane")
 
 _DEFAULT_QUEUE = "default"
+_EAGER_RESUME_LIMIT = 100
 _INT32 = 2**31 - 1
 
 
@@ -77,6 +82,40 @@ def _seconds(name: str, value: timedelta | float | int | None) -> timedelta:
     if delta < timedelta(0):
         raise ConfigurationError(f"{name} must not be negative, got {delta}")
     return delta
+
+
+class _Backend:
+    """What a handler's context uses: a storage (a worker slot's own connection, or the
+    runtime's pool) and the runtime for child triggers."""
+
+    def __init__(self, runtime: Runlane, storage: Storage) -> None:
+        self._runtime = runtime
+        self.storage = storage
+
+    def trigger_child(
+        self,
+        task: Task[Any, Any] | str,
+        payload: Any,
+        *,
+        parent_run_id: uuid.UUID,
+        idempotency_key: str,
+        options: dict[str, Any],
+    ) -> RunHandle:
+        (handle,) = self._runtime._trigger(
+            task,
+            [payload],
+            [idempotency_key],
+            parent_run_id=parent_run_id,
+            queue=options.pop("queue", None),
+            delay=options.pop("delay", None),
+            run_at=options.pop("run_at", None),
+            priority=options.pop("priority", 0),
+            max_attempts=options.pop("max_attempts", None),
+            connection=None,
+        )
+        if options:
+            raise ConfigurationError(f"trigger_child got unknown options {sorted(options)}")
+        return handle
 
 
 class Runlane:
@@ -210,6 +249,7 @@ class Runlane:
         run_at: datetime | None,
         priority: int,
         max_attempts: int | None,
+        parent_run_id: uuid.UUID | None = None,
     ) -> NewRuns:
         resolved = self._resolve_task(task)
         queue_name = self._resolve_queue(resolved, queue)
@@ -256,6 +296,7 @@ class Runlane:
             max_attempts=attempts,
             delay=delay_delta,
             run_at=run_at,
+            parent_run_id=parent_run_id,
         )
 
     def trigger(
@@ -334,6 +375,7 @@ class Runlane:
         priority: int,
         max_attempts: int | None,
         connection: Any,
+        parent_run_id: uuid.UUID | None = None,
     ) -> list[RunHandle]:
         runs = self._new_runs(
             task,
@@ -344,6 +386,7 @@ class Runlane:
             run_at=run_at,
             priority=priority,
             max_attempts=max_attempts,
+            parent_run_id=parent_run_id,
         )
         if not runs.ids:
             return []
@@ -358,10 +401,7 @@ class Runlane:
 
     def get_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
         """The run's current state; raises RunNotFound when this environment has no such run."""
-        try:
-            key = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-        except ValueError as exc:
-            raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from exc
+        key = _run_key(run_id)
         self._ensure_started()
         snapshot = self._storage.run_get(self.environment, key)
         if snapshot is None:
@@ -370,6 +410,97 @@ class Runlane:
                 "here, its trigger's transaction did not commit, or it was pruned"
             )
         return snapshot
+
+    def wait_for_run(
+        self, run_id: uuid.UUID | str, timeout: timedelta | float | None = None
+    ) -> RunSnapshot:
+        """Block until the run is terminal and return it; raises TimeoutError after
+        ``timeout``. Polls with a capped backoff (10 ms growing to 250 ms)."""
+        limit = None if timeout is None else _seconds("timeout", timeout).total_seconds()
+        deadline = None if limit is None else time.monotonic() + limit
+        pause = 0.01
+        while True:
+            snapshot = self.get_run(run_id)
+            if snapshot.is_terminal:
+                return snapshot
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {snapshot.id} is still {snapshot.status} after {timeout}")
+            wait = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
+            time.sleep(wait)
+            pause = min(pause * 2, 0.25)
+
+    def cancel(self, run_id: uuid.UUID | str) -> CancelResult:
+        """Cancel a run: queued, retrying, released and waiting runs are cancelled at once; a
+        running run becomes ``cancellation_requested``, its handler's ``context.cancelled``
+        is set (NOTIFY, or its next lease extension), and it ends ``cancelled``. Cancelling a
+        terminal run changes nothing and says so (``changed=False``)."""
+        key = _run_key(run_id)
+        self._ensure_started()
+        answer = self._storage.run_cancel(self.environment, key)
+        if answer is None:
+            raise RunNotFound(f"no run {key} in environment {self.environment!r}")
+        previous, current = answer
+        return CancelResult(
+            run_id=key, previous=previous, status=current, changed=previous != current
+        )
+
+    # -- wait tokens ---------------------------------------------------------------------
+
+    def create_wait_token(
+        self,
+        *,
+        timeout: timedelta | float | None = None,
+        idempotency_key: str | None = None,
+    ) -> WaitToken:
+        """A pending token that a handler can wait on (``context.wait_for_token``); it times
+        out after ``timeout`` (database time) unless completed first. With an
+        ``idempotency_key``, a second call returns the first token."""
+        delta = None if timeout is None else _seconds("timeout", timeout)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise ConfigurationError(
+                f"idempotency_key must be a non-empty string, got {idempotency_key!r}"
+            )
+        self._ensure_started()
+        return self._storage.wait_token_create(
+            self.environment, new_run_id(), delta, idempotency_key
+        )
+
+    def get_wait_token(self, token_id: uuid.UUID | str) -> WaitToken:
+        key = _token_key(token_id)
+        self._ensure_started()
+        token = self._storage.wait_token_get(self.environment, key)
+        if token is None:
+            raise WaitTokenNotFound(f"no wait token {key} in environment {self.environment!r}")
+        return token
+
+    def complete_wait_token(self, token_id: uuid.UUID | str, output: Any = None) -> WaitToken:
+        """Complete a pending token with ``output`` and return its state. Completing a token
+        that is already completed or timed out changes nothing and returns its state.
+
+        The completion commits first; then one small pass resumes the runs waiting on the
+        token. If that pass fails the completion still stands and maintenance resumes them.
+        """
+        key = _token_key(token_id)
+        try:
+            encoded = encode_output(output)
+        except OutputNotSerializable as exc:
+            raise ConfigurationError(f"wait token output: {exc}") from exc
+        self._ensure_started()
+        if self._storage.wait_token_complete(self.environment, key, encoded):
+            try:
+                self._storage.run_resume_waiters(
+                    self.environment, _EAGER_RESUME_LIMIT, token_ids=[key], run_ids=[]
+                )
+            except Exception:
+                log.warning(
+                    "runlane: resuming runs waiting on token %s failed; the completion stands "
+                    "and maintenance will resume them",
+                    key,
+                    exc_info=True,
+                )
+        return self.get_wait_token(key)
 
     # -- executing -----------------------------------------------------------------------
 
@@ -413,6 +544,7 @@ class Runlane:
             self._storage, tracker, name=f"runlane-drain-leases-{self.environment}"
         )
         keeper.start()
+        backend = _Backend(self, self._storage)
         executed = 0
         try:
             while max_runs is None or executed < max_runs:
@@ -422,7 +554,7 @@ class Runlane:
                 if not claimed:
                     break
                 for run in claimed:
-                    context = make_context(run, self.environment)
+                    context = make_context(run, self.environment, backend)
                     tracker.track(run, context, self._tasks.get(run.task_id))
                     keeper.poke()
                     try:
@@ -431,7 +563,7 @@ class Runlane:
                         still_ours = tracker.untrack(run.id) is not None
                         keeper.poke()
                     executed += outcome.handler_ran
-                    if still_ours:
+                    if still_ours and outcome.write is not None:
                         self._record(outcome.write)
         finally:
             keeper.close()
@@ -479,6 +611,7 @@ class Runlane:
             make_listener=lambda on_wake, name: self._lane.create_listener(
                 self.environment, on_wake, name
             ),
+            make_backend=lambda storage: _Backend(self, storage),
         )
         worker.start()
         return worker
@@ -532,6 +665,20 @@ class Runlane:
             ),
             **counts,
         )
+
+
+def _run_key(run_id: uuid.UUID | str) -> uuid.UUID:
+    try:
+        return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    except ValueError as exc:
+        raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from exc
+
+
+def _token_key(token_id: uuid.UUID | str) -> uuid.UUID:
+    try:
+        return token_id if isinstance(token_id, uuid.UUID) else uuid.UUID(str(token_id))
+    except ValueError as exc:
+        raise WaitTokenNotFound(f"{token_id!r} is not a wait token id (a UUID)") from exc
 
 
 def _with_default_queue(queues: Sequence[Queue]) -> list[Queue]:

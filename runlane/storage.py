@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from runlane.models import RunSnapshot, RunStatus
+from runlane.models import RunSnapshot, RunStatus, WaitToken
 
 __all__ = [
     "ClaimedRun",
@@ -31,7 +31,9 @@ __all__ = [
     "RetryPolicyRow",
     "ScheduleState",
     "ScheduledRun",
+    "StepStored",
     "Storage",
+    "SuspendResult",
 ]
 
 
@@ -159,6 +161,24 @@ class ScheduledRun:
     priority: int
     payload: str  # JSON text
     max_attempts: int
+
+
+@attrs.frozen
+class StepStored:
+    """The answer to a step write: ``fenced`` is False for a stale attempt (nothing written);
+    ``output`` is what storage holds now (an earlier writer's output when it won)."""
+
+    fenced: bool
+    output: Any
+
+
+@attrs.frozen
+class SuspendResult:
+    """``target_open``: the awaited token or run was still unresolved; ``suspended``: the
+    run now waits (False with an open target means the attempt lost its lease)."""
+
+    target_open: bool
+    suspended: bool
 
 
 @attrs.frozen
@@ -290,3 +310,56 @@ class Storage(Protocol):
 
     def status_counts(self, environment: str) -> dict[str, Any]:
         """The counts behind ``StatusReport`` (see its fields)."""
+
+    # -- steps, waits, cancellation ------------------------------------------------------
+
+    def step_get(self, run_id: uuid.UUID, name: str) -> tuple[bool, Any]:
+        """``(found, output)`` of a stored step."""
+
+    def step_store(self, lease: LeaseRef, name: str, output: str) -> StepStored: ...
+
+    def run_suspend(
+        self,
+        lease: LeaseRef,
+        environment: str,
+        *,
+        token_id: uuid.UUID | None = None,
+        run_id: uuid.UUID | None = None,
+        wake_at: datetime | None = None,
+    ) -> SuspendResult:
+        """Suspend the attempt's run on exactly one of a token, a run, or a wake-up time."""
+
+    def run_release(self, lease: LeaseRef, delay: timedelta) -> bool: ...
+
+    def run_resume_waiters(
+        self,
+        environment: str,
+        limit: int,
+        *,
+        token_ids: Sequence[uuid.UUID] | None = None,
+        run_ids: Sequence[uuid.UUID] | None = None,
+        fence: MaintenanceFence | None = None,
+    ) -> int:
+        """Queue runs waiting on resolved tokens or ended runs (narrowed to the given ids
+        when given); returns how many resumed."""
+
+    def wait_token_create(
+        self,
+        environment: str,
+        token_id: uuid.UUID,
+        timeout: timedelta | None,
+        idempotency_key: str | None,
+    ) -> WaitToken:
+        """Create a pending token, or return the one holding ``idempotency_key``."""
+
+    def wait_token_get(self, environment: str, token_id: uuid.UUID) -> WaitToken | None: ...
+
+    def wait_token_complete(self, environment: str, token_id: uuid.UUID, output: str) -> bool:
+        """Complete a pending token; False when it was not pending (or does not exist)."""
+
+    def wait_token_time_out_due(
+        self, environment: str, limit: int, *, fence: MaintenanceFence | None = None
+    ) -> int: ...
+
+    def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
+        """``(previous, current)`` status, or None when there is no such run."""

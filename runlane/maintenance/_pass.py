@@ -171,8 +171,18 @@ def run_phase(
         )
         return MaintenanceResult(due_runs_delivered=delivered)
     if phase is MaintenancePhase.WAIT_TOKEN_RESOLUTION:
-        # wait tokens arrive with the waits feature; until then there is nothing to resolve
-        return MaintenanceResult()
+        timed_out = (
+            storage.wait_token_time_out_due(env, limits.wait_token_timeout_limit, fence=fence)
+            if limits.wait_token_timeout_limit
+            else 0
+        )
+        # runs linked to resolved tokens, and runs waiting on runs that ended
+        resumed = (
+            storage.run_resume_waiters(env, limits.wait_token_resume_limit, fence=fence)
+            if limits.wait_token_resume_limit
+            else 0
+        )
+        return MaintenanceResult(wait_tokens_timed_out=timed_out, wait_token_runs_resumed=resumed)
     if phase is MaintenancePhase.ATTEMPT_EXPIRY:
         return _expire(scope, limits.attempt_expiry_limit, fence)
     if phase is MaintenancePhase.DELIVERY_RECOVERY:

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
 from runlane.errors import IncompatibleSchema, SchemaNotMigrated, StaleLease
-from runlane.models import RunError, RunSnapshot, RunStatus
+from runlane.models import RunError, RunSnapshot, RunStatus, WaitToken, WaitTokenStatus
 from runlane.postgres._connections import Conn, ConnectionSource, DedicatedSource, PoolSource
 from runlane.postgres._migrations import latest_version
 from runlane.postgres._sql import statements, validate_schema_name
@@ -34,6 +34,8 @@ from runlane.storage import (
     RetryPolicyRow,
     ScheduledRun,
     ScheduleState,
+    StepStored,
+    SuspendResult,
 )
 
 __all__ = ["PostgresStorage"]
@@ -565,6 +567,165 @@ class PostgresStorage:
             return dict(row)
 
         return self._with_conn(counts)
+
+    # -- steps, waits, cancellation ------------------------------------------------------
+
+    def step_get(self, run_id: uuid.UUID, name: str) -> tuple[bool, Any]:
+        params = {"run_id": run_id, "name": name}
+
+        def get(conn: Conn) -> tuple[bool, Any]:
+            row = conn.execute(self._sql["step_get"], params).fetchone()
+            return (False, None) if row is None else (True, row[0])
+
+        return self._with_conn(get)
+
+    def step_store(self, lease: LeaseRef, name: str, output: str) -> StepStored:
+        params = {**_one_lease(lease), "name": name, "output": output}
+
+        def store(conn: Conn) -> StepStored:
+            row = conn.execute(self._sql["step_store"], params).fetchone()
+            assert row is not None
+            fenced, stored = bool(row[0]), row[1]
+            if fenced and stored is None:  # an earlier writer won: answer with its output
+                found = conn.execute(
+                    self._sql["step_get"], {"run_id": lease.run_id, "name": name}
+                ).fetchone()
+                stored = None if found is None else found[0]
+            return StepStored(fenced=fenced, output=stored)
+
+        return self._with_conn(store)
+
+    def run_suspend(
+        self,
+        lease: LeaseRef,
+        environment: str,
+        *,
+        token_id: uuid.UUID | None = None,
+        run_id: uuid.UUID | None = None,
+        wake_at: datetime | None = None,
+    ) -> SuspendResult:
+        if sum(x is not None for x in (token_id, run_id, wake_at)) != 1:
+            raise ValueError("suspend on exactly one of token_id, run_id, wake_at")
+        if token_id is not None:
+            name, target = "run_suspend_on_token", token_id
+        elif run_id is not None:
+            name, target = "run_suspend_on_run", run_id
+        else:
+            name, target = "run_suspend_sleep", None
+        params = {
+            **_one_lease(lease),
+            "environment": environment,
+            "target_id": target,
+            "wake_at": wake_at,
+        }
+
+        def suspend(conn: Conn) -> SuspendResult:
+            row = conn.execute(self._sql[name], params).fetchone()
+            assert row is not None
+            return SuspendResult(target_open=bool(row[0]), suspended=bool(row[1]))
+
+        return self._with_conn(suspend)
+
+    def run_release(self, lease: LeaseRef, delay: timedelta) -> bool:
+        params = {**_one_lease(lease), "delay_seconds": delay.total_seconds()}
+
+        def release(conn: Conn) -> bool:
+            row = conn.execute(self._sql["run_release"], params).fetchone()
+            return row is not None and row[0] > 0
+
+        return self._with_conn(release)
+
+    def run_resume_waiters(
+        self,
+        environment: str,
+        limit: int,
+        *,
+        token_ids: Sequence[uuid.UUID] | None = None,
+        run_ids: Sequence[uuid.UUID] | None = None,
+        fence: MaintenanceFence | None = None,
+    ) -> int:
+        narrowed = token_ids is not None or run_ids is not None
+        params = {
+            "environment": environment,
+            "limit": limit,
+            "channel": self.channel,
+            "token_ids": list(token_ids or []) if narrowed else None,
+            "run_ids": list(run_ids or []) if narrowed else None,
+        }
+        return self._fenced(
+            fence,
+            lambda conn: len(conn.execute(self._sql["run_resume_waiters"], params).fetchall()),
+        )
+
+    def wait_token_create(
+        self,
+        environment: str,
+        token_id: uuid.UUID,
+        timeout: timedelta | None,
+        idempotency_key: str | None,
+    ) -> WaitToken:
+        params = {
+            "environment": environment,
+            "id": token_id,
+            "idempotency_key": idempotency_key,
+            "timeout_seconds": None if timeout is None else timeout.total_seconds(),
+        }
+
+        def create(conn: Conn) -> WaitToken:
+            conn.execute(self._sql["wait_token_insert"], params)
+            token = self._token_row(conn, environment, token_id, idempotency_key)
+            if token is None:
+                raise RuntimeError(f"wait token {token_id} was neither created nor found")
+            return token
+
+        return self._with_conn(create)
+
+    def _token_row(
+        self, conn: Conn, environment: str, token_id: uuid.UUID, key: str | None = None
+    ) -> WaitToken | None:
+        params = {"environment": environment, "id": token_id, "idempotency_key": key}
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(self._sql["wait_token_get"], params)
+            row = cur.fetchone()
+        if row is None:
+            return None
+        return WaitToken(**{**row, "status": WaitTokenStatus(row["status"])})
+
+    def wait_token_get(self, environment: str, token_id: uuid.UUID) -> WaitToken | None:
+        return self._with_conn(lambda conn: self._token_row(conn, environment, token_id))
+
+    def wait_token_complete(self, environment: str, token_id: uuid.UUID, output: str) -> bool:
+        params = {"environment": environment, "id": token_id, "output": output}
+        return self._with_conn(
+            lambda conn: (
+                conn.execute(self._sql["wait_token_complete"], params).fetchone() is not None
+            )
+        )
+
+    def wait_token_time_out_due(
+        self, environment: str, limit: int, *, fence: MaintenanceFence | None = None
+    ) -> int:
+        params = {"environment": environment, "limit": limit}
+        return self._fenced(
+            fence,
+            lambda conn: len(conn.execute(self._sql["wait_token_time_out_due"], params).fetchall()),
+        )
+
+    def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
+        params = {"environment": environment, "id": run_id, "channel": self.channel}
+
+        def cancel(conn: Conn) -> tuple[RunStatus, RunStatus] | None:
+            row = conn.execute(self._sql["run_cancel"], params).fetchone()
+            if row is None:
+                return None
+            previous = RunStatus(row[0])
+            return previous, RunStatus(row[1]) if row[1] is not None else previous
+
+        return self._with_conn(cancel)
+
+
+def _one_lease(lease: LeaseRef) -> dict[str, Any]:
+    return {"id": lease.run_id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 
 
 def _lease_params(leases: Sequence[LeaseRef]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import psycopg
 
 from runlane._execution import execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
+from runlane.context import ContextBackend
 from runlane.errors import ConfigurationError, WorkerFailed
 from runlane.storage import ClaimedRun, LeaseRef, Storage
 from runlane.tasks import Queue, Task
@@ -64,6 +65,7 @@ class _Slot:
         self.index = index
         self.name = f"{worker.name}-slot-{index}"
         self.storage: Storage = worker.storage.dedicated(self.name)
+        self.backend = worker._make_backend(self.storage)
         self.abandoned = False
         self.thread = threading.Thread(target=worker._slot_main, args=(self,), name=self.name)
         self.thread.daemon = True
@@ -86,6 +88,7 @@ class Worker:
         queues: Sequence[Queue],
         options: WorkerOptions,
         make_listener: Callable[[Callable[[str | None], None], str], Listener | None],
+        make_backend: Callable[[Storage], ContextBackend],
     ) -> None:
         self.name = f"runlane-worker-{next(_numbers)}"
         self.storage = storage
@@ -105,6 +108,7 @@ class Worker:
             on_fatal=self._fail,
         )
         self._listener = make_listener(self._on_wake, f"{self.name}-listener")
+        self._make_backend = make_backend
         self._cond = threading.Condition()
         self._handoff: deque[ClaimedRun] = deque()
         self._idle = 0
@@ -234,8 +238,16 @@ class Worker:
 
     # -- wake-ups --------------------------------------------------------------------------
 
-    def _on_wake(self, queue: str | None) -> None:
-        if queue is None or queue in self._queue_names:
+    def _on_wake(self, message: str | None) -> None:
+        """A notification: ``queue`` (work arrived), ``cancel|<run id>``, or None (the
+        listener reconnected and may have missed some)."""
+        if message is not None and message.startswith("cancel|"):
+            run_id = message.partition("|")[2]
+            for item in self._tracker.tracked():
+                if str(item.claimed.id) == run_id:
+                    item.context.cancelled.set()
+            return
+        if message is None or message in self._queue_names:
             self._wake.set()
 
     # -- slots -----------------------------------------------------------------------------
@@ -329,7 +341,7 @@ class Worker:
             # claimed just before close: give it straight back
             self._writer.release(_ref(claimed))
             return
-        context = make_context(claimed, self.environment)
+        context = make_context(claimed, self.environment, slot.backend)
         task = self._tasks.get(claimed.task_id)
         with self._cond:
             self._running[claimed.id] = (claimed, slot)
@@ -341,6 +353,8 @@ class Worker:
                 self._running.pop(claimed.id, None)
             still_ours = self._tracker.untrack(claimed.id) is not None
         self.runs_executed += outcome.handler_ran
+        if outcome.write is None:
+            return  # suspended: its write was made on the slot's connection
         if still_ours:
             self._writer.submit(outcome.write)
         else:

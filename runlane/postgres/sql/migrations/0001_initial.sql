@@ -1,4 +1,5 @@
--- runlane schema version 1: runs and their attempts, schedules, maintenance leases.
+-- runlane schema version 1: runs and their attempts, durable steps, wait tokens, schedules,
+-- maintenance leases.
 --
 -- A run's current attempt and its lease live on the run row, so a claim and every fenced
 -- write touch one row; finished attempts are kept in "attempts" for history. A pruned run
@@ -32,9 +33,17 @@ create table {schema}.runs (
     updated_at         timestamptz not null default now(),
     started_at         timestamptz,
     finished_at        timestamptz,
+    -- a waiting run waits on one of: a wait token, another run, or its due time (sleep)
+    wait_kind          text,
+    wait_token_id      uuid,
+    wait_run_id        uuid,
     -- tombstone: pruned by cleanup while children remained
     pruned_at          timestamptz,
     remaining_children integer,
+    constraint runs_wait_shape check (
+        (status = 'waiting') = (wait_kind is not null)
+        and (wait_kind is distinct from 'token' or wait_token_id is not null)
+        and (wait_kind is distinct from 'run' or wait_run_id is not null)),
     constraint runs_tombstone_shape check ((pruned_at is null) = (remaining_children is null)),
     constraint runs_status_known check (status in (
         'queued', 'running', 'retrying', 'released', 'waiting',
@@ -63,6 +72,20 @@ create index runs_claimable
 create index runs_deferred_due
     on {schema}.runs (environment, due_at)
     where status in ('retrying', 'released');
+
+-- waits: runs to resume when their token or awaited run becomes terminal
+create index runs_waiting_on_token
+    on {schema}.runs (wait_token_id)
+    where status = 'waiting' and wait_kind = 'token';
+
+create index runs_waiting_on_run
+    on {schema}.runs (wait_run_id)
+    where status = 'waiting' and wait_kind = 'run';
+
+-- durable sleeps that have come due
+create index runs_sleeping_due
+    on {schema}.runs (environment, due_at)
+    where status = 'waiting' and wait_kind = 'sleep';
 
 -- maintenance: leases that have lapsed
 create index runs_lease_expiry
@@ -99,6 +122,39 @@ create table {schema}.attempts (
     constraint attempts_outcome_known check (outcome in (
         'completed', 'failed', 'retrying', 'released', 'suspended', 'cancelled', 'expired'))
 );
+
+-- Durable steps: one stored output per run and step name; the first writer wins.
+create table {schema}.steps (
+    run_id      uuid not null references {schema}.runs (id) on delete cascade,
+    name        text not null,
+    output      jsonb not null,
+    attempt     integer not null,
+    created_at  timestamptz not null default now(),
+    primary key (run_id, name)
+);
+
+-- Wait tokens: pending, then exactly one of completed or timed_out.
+create table {schema}.wait_tokens (
+    id               uuid primary key,
+    environment      text not null,
+    status           text not null,
+    output           jsonb,
+    idempotency_key  text,
+    timeout_at       timestamptz,
+    created_at       timestamptz not null default now(),
+    resolved_at      timestamptz,
+    constraint wait_tokens_status_known check (status in ('pending', 'completed', 'timed_out')),
+    constraint wait_tokens_resolved_when_terminal check (
+        (status = 'pending') = (resolved_at is null))
+);
+
+create unique index wait_tokens_idempotency_key
+    on {schema}.wait_tokens (environment, idempotency_key)
+    where idempotency_key is not null;
+
+create index wait_tokens_due
+    on {schema}.wait_tokens (environment, timeout_at)
+    where status = 'pending' and timeout_at is not null;
 
 -- Schedules: the next slot each schedule waits for, and one row per slot that made a run.
 -- The primary key of schedule_slots is what makes racing maintenance replicas harmless.
