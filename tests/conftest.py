@@ -12,8 +12,8 @@ import pytest
 from psycopg import sql
 
 from runlane import Runlane, create_runlane
-from runlane.testing import start_embedded_postgres
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
+from runlane.testing import start_embedded_postgres
 
 RunlaneFactory = Callable[..., Runlane]
 

@@ -69,7 +69,9 @@ class MaintenanceResult:
 
     @property
     def total(self) -> int:
-        return sum(attrs.astuple(self))
+        """Records changed in all phases (wake-up notifications are not records)."""
+        changed: int = sum(attrs.astuple(self)) - self.queues_woken
+        return changed
 
     def __add__(self, other: MaintenanceResult) -> MaintenanceResult:
         return MaintenanceResult(

@@ -35,7 +35,7 @@ class PoolSource:
             max_size=max_size,
             open=False,
             name=name,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, "application_name": name[:63]},
             timeout=timeout,
         )
 

@@ -76,7 +76,11 @@ class PostgresListener:
             keepalives_interval=2,
             keepalives_count=3,
         )
-        conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
+        try:
+            conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _loop(self) -> None:

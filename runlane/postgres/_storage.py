@@ -15,7 +15,7 @@ import attrs
 import psycopg
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
-from runlane.errors import IncompatibleSchema, SchemaNotMigrated, StaleLease
+from runlane.errors import ConfigurationError, IncompatibleSchema, SchemaNotMigrated, StaleLease
 from runlane.models import RunError, RunSnapshot, RunStatus, WaitToken, WaitTokenStatus
 from runlane.postgres._connections import Conn, ConnectionSource, DedicatedSource, PoolSource
 from runlane.postgres._migrations import latest_version
@@ -230,7 +230,7 @@ class PostgresStorage:
         if connection is None:
             return self._with_conn(insert)
         if not isinstance(connection, psycopg.Connection):
-            raise TypeError(
+            raise ConfigurationError(
                 f"connection= takes a psycopg.Connection, got {type(connection).__name__}"
             )
         if not self._gate.checked:

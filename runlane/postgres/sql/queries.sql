@@ -19,6 +19,9 @@ with inserted as (
            coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second')
     from unnest(%(ids)s::uuid[], %(payloads)s::text[], %(idempotency_keys)s::text[])
         as i(id, payload, idempotency_key)
+    -- one lock order for every caller, so batches sharing keys cannot deadlock; ids grow
+    -- in payload order, so a key repeated in a batch still goes to its first payload
+    order by i.idempotency_key, i.id
     -- no conflict target: an idempotency key match and a repeated id (a statement retried
     -- after its first answer was lost) both leave the existing row alone
     on conflict do nothing
