@@ -58,7 +58,7 @@ def schedule(
     in ``timezone``. ``catch_up`` is how many missed slots before the latest one also run
     after downtime (default 0: only the latest). Bad input is a ConfigurationError here.
     """
-    if not isinstance(id, str) or not _ID.match(id):
+    if not isinstance(id, str) or not _ID.fullmatch(id):
         raise ConfigurationError(
             f"schedule id {id!r} is not valid: use 1-200 characters from letters, digits and "
             "'_.:-/', starting with a letter or digit"

@@ -24,7 +24,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-/]{0,199}$")
 
 
 def _check_name(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ConfigurationError(
             f"{kind} {value!r} is not valid: use 1-200 characters from letters, digits and "
             "'_.:-/', starting with a letter or digit"

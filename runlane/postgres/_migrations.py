@@ -11,7 +11,13 @@ from psycopg import sql
 from runlane.errors import IncompatibleSchema
 from runlane.postgres._sql import load_migration_files, render, validate_schema_name
 
-__all__ = ["LEDGER_TABLE", "MigrationResult", "apply_postgres_storage_migrations", "latest_version"]
+__all__ = [
+    "LEDGER_TABLE",
+    "MigrationResult",
+    "apply_postgres_storage_migrations",
+    "known_checksums",
+    "latest_version",
+]
 
 LEDGER_TABLE = "runlane_migrations"
 _LEDGER_COLUMNS = {"version", "name", "checksum", "applied_at"}
@@ -37,16 +43,35 @@ def latest_version() -> int:
     return len(load_migration_files())
 
 
+def known_checksums() -> dict[int, str]:
+    """The checksum of each migration this release ships, by version."""
+    return {version: _checksum(text) for version, _, text in load_migration_files()}
+
+
 def _check_ledger_shape(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> bool:
     """True when a ledger exists; raise when something else holds its name."""
-    rows = conn.execute(
-        "select column_name from information_schema.columns "
-        "where table_schema = %s and table_name = %s",
+    row = conn.execute(
+        "select c.oid, c.relkind from pg_class as c "
+        "join pg_namespace as n on n.oid = c.relnamespace "
+        "where n.nspname = %s and c.relname = %s",
         (schema, LEDGER_TABLE),
-    ).fetchall()
-    if not rows:
+    ).fetchone()
+    if row is None:
         return False
-    columns = {str(row[0]) for row in rows}
+    oid, relkind = row
+    if relkind not in ("r", b"r"):
+        raise IncompatibleSchema(
+            f"schema {schema!r} has a relation {LEDGER_TABLE!r} that is not a table; runlane "
+            "did not create it: migrate into a fresh schema instead"
+        )
+    columns = {
+        str(name)
+        for (name,) in conn.execute(
+            "select attname from pg_attribute "
+            "where attrelid = %s and attnum > 0 and not attisdropped",
+            (oid,),
+        )
+    }
     if columns != _LEDGER_COLUMNS:
         raise IncompatibleSchema(
             f"schema {schema!r} has a table {LEDGER_TABLE!r} that runlane did not create "

@@ -18,7 +18,7 @@ _BLOCK_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 
 def validate_schema_name(schema: str) -> str:
     """Accept only plain lowercase identifiers that need no quoting tricks and are not reserved."""
-    if not isinstance(schema, str) or not _SCHEMA_NAME.match(schema):
+    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
         raise ConfigurationError(
             f"schema name {schema!r} is not valid: use 1-63 lowercase letters, digits and "
             "underscores, starting with a letter or underscore"

@@ -18,7 +18,7 @@ from psycopg.rows import TupleRow, dict_row, tuple_row
 from runlane.errors import ConfigurationError, IncompatibleSchema, SchemaNotMigrated, StaleLease
 from runlane.models import RunError, RunSnapshot, RunStatus, WaitToken, WaitTokenStatus
 from runlane.postgres._connections import Conn, ConnectionSource, DedicatedSource, PoolSource
-from runlane.postgres._migrations import latest_version
+from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._sql import statements, validate_schema_name
 from runlane.storage import (
     ClaimedRun,
@@ -165,18 +165,24 @@ class PostgresStorage:
         if self._gate.checked:
             return
         with self._translated():
-            row = conn.execute(self._sql["schema_version"]).fetchone()
-        version = int(row[0]) if row else 0
+            rows = conn.execute(self._sql["schema_version"]).fetchall()
+        known = known_checksums()
+        version = max((int(row[0]) for row in rows), default=0)
         latest = latest_version()
-        if version < latest:
-            raise SchemaNotMigrated(
-                f"schema {self.schema!r} is at version {version}, this runlane needs "
-                f"{latest}: {_migrate_hint(self.schema)}"
-            )
         if version > latest:
             raise IncompatibleSchema(
                 f"schema {self.schema!r} is at version {version}, newer than this runlane "
                 f"knows ({latest}): upgrade runlane in this application"
+            )
+        if any(known.get(int(v)) != checksum for v, checksum in rows):
+            raise IncompatibleSchema(
+                f"schema {self.schema!r} was made by another runlane release (its migration "
+                "ledger's checksums differ); migrate into a fresh schema"
+            )
+        if version < latest:
+            raise SchemaNotMigrated(
+                f"schema {self.schema!r} is at version {version}, this runlane needs "
+                f"{latest}: {_migrate_hint(self.schema)}"
             )
         self._gate.checked = True
 

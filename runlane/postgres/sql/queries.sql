@@ -5,7 +5,7 @@
 -- in the statement that changes the row.
 
 -- name: schema_version
-select coalesce(max(version), 0) as version from {schema}.runlane_migrations;
+select version, checksum from {schema}.runlane_migrations order by version;
 
 -- name: run_insert_many
 -- Wakes listening workers (NOTIFY is sent at commit, so only for runs that exist) when a

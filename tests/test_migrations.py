@@ -1,0 +1,534 @@
+"""Migrations: install, idempotence, concurrent deployers, ledger checks, schema names, and
+what a runtime does on a schema that was never migrated (or was migrated by someone else)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+from psycopg import sql
+
+from runlane import (
+    ConfigurationError,
+    IncompatibleSchema,
+    RunContext,
+    Runlane,
+    SchemaNotMigrated,
+    create_runlane,
+    task,
+)
+from runlane.postgres import (
+    MigrationResult,
+    PostgresStorage,
+    apply_postgres_storage_migrations,
+    postgres_polling_lane,
+)
+from runlane.postgres._migrations import _LOCK_CLASS, latest_version
+from runlane.postgres._sql import load_migration_files
+
+Conn = psycopg.Connection[Any]
+
+# A connection string that fails at once if anything tries to use it.
+UNREACHABLE = "host=/nonexistent/runlane-test dbname=nothing connect_timeout=1"
+
+
+@attrs.frozen
+class Ping:
+    n: int
+
+
+@task(id="ping", schema=Ping)
+def ping(payload: Ping, context: RunContext) -> int:
+    return payload.n
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def schema_exists(db: Conn, name: str) -> bool:
+    row = db.execute("select count(*) from pg_namespace where nspname = %s", (name,)).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def relations(db: Conn, name: str) -> dict[str, str]:
+    """Every relation (tables, indexes, sequences...) in the schema, by name -> relkind."""
+    rows = db.execute(
+        "select c.relname, c.relkind::text from pg_class c "
+        "join pg_namespace n on n.oid = c.relnamespace where n.nspname = %s",
+        (name,),
+    ).fetchall()
+    return {str(r[0]): str(r[1]) for r in rows}
+
+
+def tables(db: Conn, name: str) -> set[str]:
+    return {rel for rel, kind in relations(db, name).items() if kind == "r"}
+
+
+def columns(db: Conn, name: str, table: str) -> list[str]:
+    rows = db.execute(
+        "select column_name from information_schema.columns "
+        "where table_schema = %s and table_name = %s order by ordinal_position",
+        (name, table),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def ledger(db: Conn, name: str) -> list[tuple[Any, ...]]:
+    return db.execute(
+        sql.SQL(
+            "select version, name, checksum, applied_at from {}.runlane_migrations order by version"
+        ).format(sql.Identifier(name))
+    ).fetchall()
+
+
+def run_count(db: Conn, name: str) -> int:
+    row = db.execute(
+        sql.SQL("select count(*) from {}.runs").format(sql.Identifier(name))
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def migrate(database_url: str, name: str) -> MigrationResult:
+    return apply_postgres_storage_migrations(connection_string=database_url, schema=name)
+
+
+def create_ledger(db: Conn, name: str, rows: list[tuple[int, str, str]]) -> None:
+    """A ledger as runlane would have made it, holding ``rows``."""
+    db.execute(sql.SQL("create schema {}").format(sql.Identifier(name)))
+    db.execute(
+        sql.SQL(
+            "create table {}.runlane_migrations (version integer primary key, name text not "
+            "null, checksum text not null, applied_at timestamptz not null default now())"
+        ).format(sql.Identifier(name))
+    )
+    for row in rows:
+        db.execute(
+            sql.SQL(
+                "insert into {}.runlane_migrations (version, name, checksum) values (%s, %s, %s)"
+            ).format(sql.Identifier(name)),
+            row,
+        )
+
+
+def shipped_checksum() -> str:
+    (_, _, text), *_ = load_migration_files()
+    return hashlib.sha256(text.replace("\r\n", "\n").encode("utf-8")).hexdigest()
+
+
+@pytest.fixture
+def make_runtime(database_url: str) -> Iterator[Any]:
+    """Runtimes on an arbitrary (possibly unmigrated) schema; closed at teardown."""
+    made: list[Runlane] = []
+
+    def make(schema_name: str) -> Runlane:
+        lane = postgres_polling_lane(connection_string=database_url, schema=schema_name)
+        runtime = create_runlane(lane=lane, tasks=[ping])
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime.close()
+
+
+# -- applying ---------------------------------------------------------------------------------
+
+
+def test_apply_to_fresh_schema_creates_tables_and_ledger(
+    database_url: str, fresh_schema: str, db: Conn
+) -> None:
+    assert not schema_exists(db, fresh_schema)
+    result = migrate(database_url, fresh_schema)
+    assert result == MigrationResult(schema=fresh_schema, applied=(1,), version=1)
+    assert latest_version() == 1
+    assert {"runs", "attempts", "runlane_migrations"} <= tables(db, fresh_schema)
+    (row,) = ledger(db, fresh_schema)
+    assert row[:3] == (1, "initial", shipped_checksum())
+    assert "lease_token" in columns(db, fresh_schema, "runs")
+    assert columns(db, fresh_schema, "runlane_migrations") == [
+        "version",
+        "name",
+        "checksum",
+        "applied_at",
+    ]
+
+
+def test_reapplying_is_a_no_op(database_url: str, schema: str, db: Conn) -> None:
+    before_ledger = ledger(db, schema)
+    before_relations = relations(db, schema)
+    for _ in range(2):
+        result = migrate(database_url, schema)
+        assert result == MigrationResult(schema=schema, applied=(), version=1)
+    assert ledger(db, schema) == before_ledger  # same row, same applied_at
+    assert relations(db, schema) == before_relations
+
+
+def test_concurrent_migrators_settle_on_one_owner(
+    database_url: str, fresh_schema: str, db: Conn
+) -> None:
+    threads = 6
+    barrier = threading.Barrier(threads)
+    results: list[MigrationResult] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def deploy() -> None:
+        try:
+            barrier.wait(timeout=30)
+            result = migrate(database_url, fresh_schema)
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+        else:
+            with lock:
+                results.append(result)
+
+    workers = [threading.Thread(target=deploy) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers)
+    assert errors == []
+    assert len(results) == threads
+    assert sorted(r.applied for r in results) == [(), (), (), (), (), (1,)]
+    assert all(r.version == 1 and r.schema == fresh_schema for r in results)
+    assert len(ledger(db, fresh_schema)) == 1
+    assert {"runs", "attempts", "runlane_migrations"} <= tables(db, fresh_schema)
+
+
+def test_different_schemas_migrate_independently(database_url: str, db: Conn) -> None:
+    """A migrator holding one schema's lock does not hold up another schema's migrator."""
+    first, second = (f"t_{uuid.uuid4().hex[:16]}" for _ in range(2))
+    try:
+        with psycopg.connect(database_url) as holder:
+            # hold the first schema's migration lock the way a running deployer would
+            holder.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, first))
+
+            second_result = migrate(database_url, second)  # would hang if it waited on `first`
+            assert second_result.applied == (1,)
+
+            blocked: list[MigrationResult] = []
+            done = threading.Event()
+
+            def deploy_first() -> None:
+                blocked.append(migrate(database_url, first))
+                done.set()
+
+            thread = threading.Thread(target=deploy_first)
+            thread.start()
+            # the first schema's migrator must queue behind the holder
+            deadline = time.monotonic() + 30
+            while not _advisory_waiter(db):
+                assert time.monotonic() < deadline, "first migrator never waited on its lock"
+                assert not done.is_set(), "first migrator did not wait for its schema's lock"
+                time.sleep(0.01)
+            assert not done.is_set()
+            assert not schema_exists(db, first)
+        # the holder's transaction ended: the waiting migrator proceeds
+        thread.join(timeout=30)
+        assert done.is_set()
+        assert blocked == [MigrationResult(schema=first, applied=(1,), version=1)]
+        assert len(ledger(db, first)) == 1
+        assert len(ledger(db, second)) == 1
+        db.execute(
+            sql.SQL(
+                "insert into {}.runs (id, environment, task_id, queue, status, payload, "
+                "max_attempts, due_at) values (gen_random_uuid(), 'e', 't', 'q', 'queued', "
+                "'{{}}', 1, now())"
+            ).format(sql.Identifier(first))
+        )
+        assert (run_count(db, first), run_count(db, second)) == (1, 0)
+    finally:
+        for name in (first, second):
+            db.execute(sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(name)))
+
+
+def _advisory_waiter(db: Conn) -> bool:
+    row = db.execute(
+        "select count(*) from pg_locks where locktype = 'advisory' and not granted "
+        "and classid = %s::oid",
+        (_LOCK_CLASS,),
+    ).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+# -- schema names -----------------------------------------------------------------------------
+
+BAD_NAMES: list[Any] = [
+    "Runlane",
+    "a-b",
+    "x; drop table y",
+    "",
+    "pg_x",
+    "pg_catalog",
+    "information_schema",
+    "a" * 64,
+    "1abc",
+    "caf\u00e9",
+    'a"b',
+    None,
+    42,
+    b"runlane",
+]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+def test_bad_schema_names_are_rejected_before_connecting(
+    database_url: str, db: Conn, name: Any
+) -> None:
+    watched = [name, name.lower(), "x"] if isinstance(name, str) else []
+    existed = {n: (schema_exists(db, n), relations(db, n)) for n in watched}
+    # an unreachable server proves the name is checked before any connection is attempted
+    with pytest.raises(ConfigurationError, match="schema name"):
+        apply_postgres_storage_migrations(connection_string=UNREACHABLE, schema=name)
+    with pytest.raises(ConfigurationError, match="schema name"):
+        apply_postgres_storage_migrations(connection_string=database_url, schema=name)
+    with pytest.raises(ConfigurationError, match="schema name"):
+        postgres_polling_lane(connection_string=database_url, schema=name)
+    with pytest.raises(ConfigurationError, match="schema name"):
+        PostgresStorage(connection_string=database_url, schema=name)
+    # nothing was created, in the named schema or in a lowercased or truncated look-alike
+    assert {n: (schema_exists(db, n), relations(db, n)) for n in watched} == existed
+
+
+@pytest.mark.parametrize("name", ["runlane", "_private", "a" * 63, "r2_d2"])
+def test_good_schema_names_are_accepted(database_url: str, db: Conn, name: str) -> None:
+    existed = schema_exists(db, name)
+    try:
+        assert migrate(database_url, name).version == 1
+        assert "runs" in tables(db, name)
+    finally:
+        if not existed:
+            db.execute(sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(name)))
+
+
+@pytest.mark.parametrize("name", ["runlane\n", "a" * 63 + "\n"], ids=["short", "long"])
+def test_schema_name_with_trailing_newline_is_rejected(database_url: str, name: str) -> None:
+    with pytest.raises(ConfigurationError, match="schema name"):
+        apply_postgres_storage_migrations(connection_string=UNREACHABLE, schema=name)
+
+
+# -- ledgers this release does not recognise --------------------------------------------------
+
+
+def test_unknown_newer_version_is_rejected_and_changes_nothing(
+    database_url: str, schema: str, db: Conn
+) -> None:
+    db.execute(
+        sql.SQL(
+            "insert into {}.runlane_migrations (version, name, checksum) "
+            "values (99, 'future', 'abc')"
+        ).format(sql.Identifier(schema))
+    )
+    before_ledger = ledger(db, schema)
+    before_relations = relations(db, schema)
+    with pytest.raises(IncompatibleSchema, match="99"):
+        migrate(database_url, schema)
+    assert ledger(db, schema) == before_ledger
+    assert relations(db, schema) == before_relations
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        (1, "initial", "0" * 64),  # an older release shipped different SQL as version 1
+        (1, "bootstrap", None),  # same SQL recorded under another name
+    ],
+    ids=["checksum", "name"],
+)
+def test_ledger_from_another_release_is_rejected(
+    database_url: str, fresh_schema: str, db: Conn, row: tuple[int, str, str | None]
+) -> None:
+    version, name, checksum = row
+    create_ledger(db, fresh_schema, [(version, name, checksum or shipped_checksum())])
+    before_ledger = ledger(db, fresh_schema)
+    with pytest.raises(IncompatibleSchema, match="fresh schema"):
+        migrate(database_url, fresh_schema)
+    assert ledger(db, fresh_schema) == before_ledger
+    assert tables(db, fresh_schema) == {"runlane_migrations"}
+
+
+def test_tampered_checksum_after_migrating_is_rejected(
+    database_url: str, schema: str, db: Conn
+) -> None:
+    db.execute(
+        sql.SQL("update {}.runlane_migrations set checksum = 'older'").format(
+            sql.Identifier(schema)
+        )
+    )
+    before = relations(db, schema)
+    with pytest.raises(IncompatibleSchema, match="checksum"):
+        migrate(database_url, schema)
+    assert relations(db, schema) == before
+
+
+def test_foreign_table_named_like_the_ledger_is_rejected(
+    database_url: str, fresh_schema: str, db: Conn
+) -> None:
+    db.execute(sql.SQL("create schema {}").format(sql.Identifier(fresh_schema)))
+    db.execute(
+        sql.SQL("create table {}.runlane_migrations (id serial primary key, note text)").format(
+            sql.Identifier(fresh_schema)
+        )
+    )
+    before = relations(db, fresh_schema)
+    with pytest.raises(IncompatibleSchema, match="did not create"):
+        migrate(database_url, fresh_schema)
+    assert relations(db, fresh_schema) == before
+    assert columns(db, fresh_schema, "runlane_migrations") == ["id", "note"]
+
+
+@pytest.mark.parametrize(
+    "ddl",
+    [
+        "create table {}.runlane_migrations ()",
+        "create sequence {}.runlane_migrations",
+        "create materialized view {}.runlane_migrations as select 1 as version",
+    ],
+    ids=["zero-column table", "sequence", "materialized view"],
+)
+def test_foreign_relation_without_columns_named_like_the_ledger_is_rejected(
+    database_url: str, fresh_schema: str, db: Conn, ddl: str
+) -> None:
+    db.execute(sql.SQL("create schema {}").format(sql.Identifier(fresh_schema)))
+    db.execute(sql.SQL(ddl).format(sql.Identifier(fresh_schema)))
+    before = relations(db, fresh_schema)
+    with pytest.raises(IncompatibleSchema, match="runlane_migrations"):
+        migrate(database_url, fresh_schema)
+    assert relations(db, fresh_schema) == before
+
+
+@pytest.mark.parametrize("existing", ["runs", "attempts"])
+def test_existing_runlane_table_without_ledger_is_rejected_and_rolled_back(
+    database_url: str, fresh_schema: str, db: Conn, existing: str
+) -> None:
+    db.execute(sql.SQL("create schema {}").format(sql.Identifier(fresh_schema)))
+    db.execute(
+        sql.SQL("create table {}.{} (something text)").format(
+            sql.Identifier(fresh_schema), sql.Identifier(existing)
+        )
+    )
+    before = relations(db, fresh_schema)
+    with pytest.raises(IncompatibleSchema, match="no ledger"):
+        migrate(database_url, fresh_schema)
+    # the whole transaction rolled back: no ledger, no half of migration 1
+    assert relations(db, fresh_schema) == before
+    assert columns(db, fresh_schema, existing) == ["something"]
+
+
+# -- runtimes on schemas that are not ready ---------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["missing", "empty", "empty_ledger"])
+def test_runtime_on_unmigrated_schema_names_the_migration_step(
+    database_url: str, fresh_schema: str, db: Conn, make_runtime: Any, state: str
+) -> None:
+    if state == "empty":
+        db.execute(sql.SQL("create schema {}").format(sql.Identifier(fresh_schema)))
+    elif state == "empty_ledger":
+        create_ledger(db, fresh_schema, [])
+    before = relations(db, fresh_schema)
+
+    runtime: Runlane = make_runtime(fresh_schema)
+    runtime.start()  # opens connections only; never inspects the schema
+    runtime.start()
+    assert schema_exists(db, fresh_schema) == (state != "missing")
+
+    calls: list[Any] = [
+        lambda: runtime.trigger(ping, Ping(n=1)),
+        lambda: runtime.trigger_many(ping, [Ping(n=1), Ping(n=2)]),
+        lambda: runtime.get_run(uuid.uuid4()),
+        runtime.drain,
+        runtime.run_maintenance_once,
+    ]
+    for call in calls:
+        with pytest.raises(SchemaNotMigrated, match="runlane migrate") as info:
+            call()
+        assert fresh_schema in str(info.value)
+
+    with psycopg.connect(database_url) as own:
+        with pytest.raises(SchemaNotMigrated, match="runlane migrate"):
+            runtime.trigger(ping, Ping(n=1), connection=own)
+        own.rollback()
+
+    assert not [t for t in threading.enumerate() if t.name.startswith("runlane-drain-leases")]
+    assert relations(db, fresh_schema) == before  # nothing was created on the way
+    assert schema_exists(db, fresh_schema) == (state != "missing")
+
+    # once the deployment step has run, the same runtime works without a restart
+    migrate(database_url, fresh_schema)
+    handle = runtime.trigger(ping, Ping(n=7))
+    assert runtime.get_run(handle.id).payload == {"n": 7}
+    assert runtime.drain().runs_executed == 1
+
+
+def test_trigger_with_connection_on_unmigrated_schema_before_any_other_use(
+    database_url: str, fresh_schema: str, make_runtime: Any
+) -> None:
+    runtime: Runlane = make_runtime(fresh_schema)
+    with psycopg.connect(database_url) as own:
+        with pytest.raises(SchemaNotMigrated, match="runlane migrate"):
+            runtime.trigger(ping, Ping(n=1), connection=own)
+        # the caller's transaction was not touched and is still usable
+        row = own.execute("select 1").fetchone()
+        assert row == (1,)
+
+
+def test_runtime_on_newer_schema_is_incompatible(
+    database_url: str, schema: str, db: Conn, make_runtime: Any
+) -> None:
+    db.execute(
+        sql.SQL(
+            "insert into {}.runlane_migrations (version, name, checksum) "
+            "values (99, 'future', 'abc')"
+        ).format(sql.Identifier(schema))
+    )
+    runtime: Runlane = make_runtime(schema)
+    runtime.start()
+    calls: list[Any] = [
+        lambda: runtime.trigger(ping, Ping(n=1)),
+        lambda: runtime.get_run(uuid.uuid4()),
+        runtime.drain,
+        runtime.run_maintenance_once,
+    ]
+    for call in calls:
+        with pytest.raises(IncompatibleSchema, match="upgrade runlane"):
+            call()
+    with psycopg.connect(database_url) as own:
+        with pytest.raises(IncompatibleSchema):
+            runtime.trigger(ping, Ping(n=1), connection=own)
+        own.rollback()
+    assert run_count(db, schema) == 0
+
+
+def test_runtime_on_foreign_ledger_is_incompatible(
+    fresh_schema: str, db: Conn, make_runtime: Any
+) -> None:
+    db.execute(sql.SQL("create schema {}").format(sql.Identifier(fresh_schema)))
+    db.execute(
+        sql.SQL("create table {}.runlane_migrations (id integer)").format(
+            sql.Identifier(fresh_schema)
+        )
+    )
+    runtime: Runlane = make_runtime(fresh_schema)
+    with pytest.raises(IncompatibleSchema):
+        runtime.trigger(ping, Ping(n=1))
+
+
+def test_start_does_not_create_the_schema(fresh_schema: str, db: Conn, make_runtime: Any) -> None:
+    runtime: Runlane = make_runtime(fresh_schema)
+    runtime.start()
+    assert not schema_exists(db, fresh_schema)
+    runtime.close()
+    assert not schema_exists(db, fresh_schema)
