@@ -35,9 +35,15 @@ _EXTENSIONS_PER_LEASE = 3
 @attrs.define(eq=False)
 class Tracked:
     claimed: ClaimedRun
-    context: RunContext
+    context: RunContext | None  # None while claimed but not started (prefetched)
     task: Task[object, object] | None
     deadline: float | None  # time.monotonic() past which the attempt has timed out
+    cancel_requested: bool = False
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        if self.context is not None:
+            self.context.cancelled.set()
 
     @property
     def ref(self) -> LeaseRef:
@@ -57,10 +63,29 @@ class LeaseTracker:
     def track(
         self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
     ) -> None:
+        """Track an attempt that starts executing now."""
+        self.hold(claimed)
+        self.begin(claimed, context, task)
+
+    def hold(self, claimed: ClaimedRun) -> None:
+        """Keep the lease of a run claimed ahead of a free slot (its timeout starts later)."""
+        with self._lock:
+            self._tracked[claimed.id] = Tracked(claimed, None, None, None)
+
+    def begin(
+        self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
+    ) -> bool:
+        """The held run starts executing; False when its lease was lost meanwhile."""
         timeout = task.timeout if task is not None else None
         deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         with self._lock:
-            self._tracked[claimed.id] = Tracked(claimed, context, task, deadline)
+            item = self._tracked.get(claimed.id)
+            if item is None:
+                return False
+            item.context, item.task, item.deadline = context, task, deadline
+            if item.cancel_requested:
+                context.cancelled.set()
+        return True
 
     def untrack(self, run_id: uuid.UUID) -> Tracked | None:
         """Stop tracking; returns the entry, or None when it was already taken (timed out)."""
@@ -98,7 +123,7 @@ class LeaseTracker:
                 item.claimed.attempt,
                 item.claimed.task_id,
             )
-            item.context.cancelled.set()
+            item.cancel()
         return late
 
     def extension_due(self, now: float) -> bool:
@@ -121,9 +146,9 @@ class LeaseTracker:
                     item.claimed.id,
                     item.claimed.attempt,
                 )
-                item.context.cancelled.set()
+                item.cancel()
             elif status is RunStatus.CANCELLATION_REQUESTED:
-                item.context.cancelled.set()
+                item.cancel()
 
 
 class LeaseKeeper:

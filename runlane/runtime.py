@@ -605,9 +605,14 @@ class Runlane:
     ) -> Worker:
         """Start a worker executing runs of ``queues`` (default: every registered queue) in
         ``concurrency`` threads. Close it with ``close()`` or use it as a context manager;
-        ``wait_until_closed()`` observes it."""
+        ``wait_until_closed()`` observes it.
+
+        ``claim_batch`` (default four times ``concurrency``) caps one claim. While a backlog
+        lasts and handlers are short (under 20 ms on average), the worker claims up to
+        ``claim_batch - concurrency`` runs ahead of free slots, which saves claims; their
+        leases are kept alive, and bounded queues never claim ahead."""
         polled = check_worker_arguments(concurrency, queues, self._queues)
-        batch = concurrency if claim_batch is None else claim_batch
+        batch = 4 * concurrency if claim_batch is None else claim_batch
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ConfigurationError(f"claim_batch must be a positive integer, got {batch!r}")
         self._ensure_started()
@@ -621,6 +626,7 @@ class Runlane:
                 poll_interval=self._lane.poll_interval,
                 lease=self._lane.lease_duration,
                 claim_batch=batch,
+                prefetch=max(0, batch - concurrency),
             ),
             make_listener=lambda on_wake, name: self._lane.create_listener(
                 self.environment, on_wake, name

@@ -44,6 +44,8 @@ log = logging.getLogger("runlane.worker")
 
 _numbers = itertools.count(1)
 _MAX_BACKOFF = 5.0
+# claim ahead of free slots only while handlers take less than this on average
+_PREFETCH_BELOW_SECONDS = 0.02
 
 
 class Listener(Protocol):
@@ -58,6 +60,7 @@ class WorkerOptions:
     poll_interval: timedelta
     lease: timedelta
     claim_batch: int
+    prefetch: int = 0  # runs claimed ahead of free slots while a backlog lasts
     acquirers: int = 1
 
 
@@ -117,8 +120,9 @@ class Worker:
         self._unbounded = sorted(q.name for q in queues if q.concurrency_limit is None)
         self._bounded = [q for q in queues if q.concurrency_limit is not None]
         self._tracker = LeaseTracker(options.lease)
+        self._writer_storage = storage.dedicated(f"{self.name}-writer")
         self._writer = LifecycleWriter(
-            storage.dedicated(f"{self.name}-writer"),
+            self._writer_storage,
             self._tracker,
             environment=environment,
             name=f"{self.name}-writer",
@@ -135,6 +139,8 @@ class Worker:
         # one acquirer claims for every waiting slot at once: measured on 2 cores, two
         # overlapping acquirers halve the batch and double the claims for no gain
         self._max_acquirers = options.acquirers
+        self._backlog = False
+        self._handler_seconds = 0.0  # moving average of handler durations
         self._backoff = _Backoff()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -220,7 +226,7 @@ class Worker:
             self._cond.notify_all()
             slots = list(self._slots)
         for item in self._tracker.tracked():
-            item.context.cancelled.set()
+            item.cancel()
         for slot in slots:
             if slot.thread is threading.current_thread():
                 continue
@@ -228,9 +234,10 @@ class Worker:
             slot.thread.join(remaining)
         with self._cond:
             unfinished = list(self._running.values())
-            # claimed for slots that stopped before taking them
+            # claimed ahead of slots that stopped before taking them
             for claimed in self._handoff:
-                self._writer.release(_ref(claimed))
+                if self._tracker.untrack(claimed.id) is not None:
+                    self._writer.release(_ref(claimed))
             self._handoff.clear()
         for claimed, _ in unfinished:
             if self._tracker.untrack(claimed.id) is not None:
@@ -243,6 +250,7 @@ class Worker:
         self._writer.close(remaining)
         if self._listener is not None:
             self._listener.close(remaining)
+        self._writer_storage.close()
         for slot in slots + self._abandoned:
             slot.storage.close()
 
@@ -268,7 +276,7 @@ class Worker:
             run_id = message.partition("|")[2]
             for item in self._tracker.tracked():
                 if str(item.claimed.id) == run_id:
-                    item.context.cancelled.set()
+                    item.cancel()
             return
         if message is None or message in self._queue_names:
             self._wake.set()
@@ -289,6 +297,16 @@ class Worker:
     def _unserved(self) -> int:
         """Slots waiting for a run that neither the hand-off nor a claim in flight covers."""
         return self._waiting - len(self._handoff) - self._reserved
+
+    def _wanted(self) -> int:
+        """How many runs the next claim asks for: the waiting slots not yet covered, plus,
+        while the last claim found a backlog and handlers are short, enough to refill the
+        prefetch buffer (with long handlers a prefetched run would wait while another
+        worker idles)."""
+        short = self._handler_seconds < _PREFETCH_BELOW_SECONDS
+        prefetch = self._options.prefetch if self._backlog and short else 0
+        want = self._waiting + prefetch - len(self._handoff) - self._reserved
+        return min(want, self._options.claim_batch)
 
     def _next_run(self, slot: _Slot) -> ClaimedRun | None:
         """The next run for ``slot``: from the hand-off, or by becoming an acquirer and
@@ -323,13 +341,15 @@ class Worker:
         """Claim for the waiting slots not yet covered; keep one run, hand off the rest.
         When nothing is due, wait for a wake-up or the poll interval and return None."""
         with self._cond:
-            want = min(self._unserved(), self._options.claim_batch)
+            want = self._wanted()
             if want <= 0:
                 return None
+            # bounded queues never prefetch: a waiting lease would hold a scarce slot
+            for_bounded = max(1, min(want, self._unserved()))
             self._reserved += want
         self._wake.clear()
         try:
-            claimed = self._claim(slot.storage, want)
+            claimed = self._claim(slot.storage, want, for_bounded)
         except psycopg.OperationalError as exc:
             log.warning("runlane: %s could not claim (%s); retrying", slot.name, exc)
             self._stopping.wait(self._backoff.next())
@@ -338,6 +358,9 @@ class Worker:
             with self._cond:
                 self._reserved -= want
         self._backoff.reset()
+        self._backlog = len(claimed) == want
+        for run in claimed:
+            self._tracker.hold(run)  # leases are kept from the claim on
         if claimed:
             if len(claimed) > 1:
                 with self._cond:
@@ -349,18 +372,19 @@ class Worker:
         self._wake.wait(poll * random.uniform(0.9, 1.1))
         return None
 
-    def _claim(self, storage: Storage, want: int) -> list[ClaimedRun]:
+    def _claim(self, storage: Storage, want: int, for_bounded: int) -> list[ClaimedRun]:
         lease = self._options.lease
         claimed: list[ClaimedRun] = []
         # bounded queues first, in a rotating order, so no bounded queue starves
         bounded = list(self._bounded)
         random.shuffle(bounded)
         for q in bounded:
-            if len(claimed) >= want:
+            room = min(want, for_bounded) - len(claimed)
+            if room <= 0:
                 break
             assert q.concurrency_limit is not None
             claimed += storage.run_claim_bounded(
-                self.environment, q.name, q.concurrency_limit, want - len(claimed), lease
+                self.environment, q.name, q.concurrency_limit, room, lease
             )
         if self._unbounded and len(claimed) < want:
             claimed += storage.run_claim(
@@ -371,16 +395,22 @@ class Worker:
     def _execute(self, slot: _Slot, claimed: ClaimedRun) -> None:
         if self._stopping.is_set():
             # claimed just before close: give it straight back
-            self._writer.release(_ref(claimed))
+            if self._tracker.untrack(claimed.id) is not None:
+                self._writer.release(_ref(claimed))
             return
         context = make_context(claimed, self.environment, slot.backend)
         task = self._tasks.get(claimed.task_id)
+        if not self._tracker.begin(claimed, context, task):
+            log.warning("run %s lost its lease while waiting for a slot; skipped", claimed.id)
+            return
         with self._cond:
             self._running[claimed.id] = (claimed, slot)
-        self._tracker.track(claimed, context, task)
+        started = time.perf_counter()
         try:
             outcome = execute_attempt(claimed, self._tasks, context)
         finally:
+            elapsed = time.perf_counter() - started
+            self._handler_seconds += (elapsed - self._handler_seconds) * 0.1
             with self._cond:
                 self._running.pop(claimed.id, None)
             still_ours = self._tracker.untrack(claimed.id) is not None
