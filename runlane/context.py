@@ -160,7 +160,10 @@ class RunContext:
         timed out. While it is pending the run is suspended (``waiting``) and the handler
         unwinds; the run re-runs from the top when the token is resolved."""
         backend, lease = self._attached()
-        key = _uuid(token_id, "wait token id")
+        try:
+            key = _uuid(token_id)
+        except ValueError as exc:
+            raise WaitTokenNotFound(f"{token_id!r} is not a wait token id (a UUID)") from exc
         while True:
             token = backend.storage.wait_token_get(self.environment, key)
             if token is None:
@@ -181,7 +184,10 @@ class RunContext:
         """The output of another run of this environment once it completed; raises
         ``ChildRunFailed`` when it failed or was cancelled. Until then the run waits."""
         backend, lease = self._attached()
-        key = _uuid(run_id, "run id")
+        try:
+            key = _uuid(run_id)
+        except ValueError as exc:
+            raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from exc
         if key == self.run_id:
             raise ConfigurationError("a run cannot wait for itself")
         while True:
@@ -247,10 +253,5 @@ class RunContext:
         )
 
 
-def _uuid(value: uuid.UUID | str, what: str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError as exc:
-        raise ConfigurationError(f"{value!r} is not a {what} (a UUID)") from exc
+def _uuid(value: uuid.UUID | str) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))

@@ -12,6 +12,9 @@ from runlane.errors import ConfigurationError
 
 __all__ = ["RetryPolicy"]
 
+# a private generator: the global one belongs to the application (and to test tools)
+_random = random.Random()
+
 
 def _check_types(policy: RetryPolicy) -> None:
     attempts = policy.max_attempts
@@ -85,6 +88,6 @@ class RetryPolicy:
         else:
             log_base = math.log(initial) + (attempt - 1) * math.log(self.multiplier)
             base = cap if log_base >= math.log(cap) else math.exp(log_base)
-        spread = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        spread = (rng or _random).uniform(1 - self.jitter, 1 + self.jitter)
         seconds = min(base * spread, cap)
         return timedelta(seconds=max(seconds, 0.0))

@@ -53,6 +53,7 @@ log = logging.getLogger("runlane")
 
 _DEFAULT_QUEUE = "default"
 _EAGER_RESUME_LIMIT = 100
+_CHILD_OPTIONS = frozenset({"queue", "delay", "run_at", "priority", "max_attempts"})
 _INT32 = 2**31 - 1
 
 
@@ -107,6 +108,11 @@ class _Backend:
         idempotency_key: str,
         options: dict[str, Any],
     ) -> RunHandle:
+        unknown = sorted(set(options) - _CHILD_OPTIONS)
+        if unknown:
+            raise ConfigurationError(
+                f"trigger_child got unknown options {unknown}; it takes {sorted(_CHILD_OPTIONS)}"
+            )
         (handle,) = self._runtime._trigger(
             task,
             [payload],
@@ -119,8 +125,6 @@ class _Backend:
             max_attempts=options.pop("max_attempts", None),
             connection=None,
         )
-        if options:
-            raise ConfigurationError(f"trigger_child got unknown options {sorted(options)}")
         return handle
 
 

@@ -35,6 +35,9 @@ from runlane.storage import MaintenanceFence
 
 __all__ = ["BANDS", "Band", "ServiceErrorCallback", "Services"]
 
+# a private generator: the global one belongs to the application (and to test tools)
+_random = random.Random()
+
 log = logging.getLogger("runlane.services")
 
 ServiceErrorCallback = Callable[[BaseException, ServiceErrorInfo], None]
@@ -91,7 +94,7 @@ class _BandLoop:
         s = self.services
         now = time.monotonic()
         if self.fence is None:
-            return s.acquire_interval * random.uniform(0.8, 1.2)
+            return s.acquire_interval * _random.uniform(0.8, 1.2)
         refresh_at = self.last_refresh + s.refresh_interval
         return max(0.0, min(self.next_pass, refresh_at) - now)
 

@@ -22,6 +22,9 @@ from psycopg import sql
 
 __all__ = ["PostgresListener"]
 
+# a private generator: the global one belongs to the application (and to test tools)
+_random = random.Random()
+
 log = logging.getLogger("runlane.listener")
 
 _PROBE_EVERY = 5.0  # seconds of silence before "select 1" checks the connection
@@ -90,7 +93,7 @@ class PostgresListener:
                 conn = self._connect()
             except psycopg.Error as exc:
                 log.warning("runlane listener: connect failed (%s); retrying", exc)
-                self._stop.wait(backoff * random.uniform(0.5, 1.0))
+                self._stop.wait(backoff * _random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
             with self._lock:

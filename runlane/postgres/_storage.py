@@ -334,6 +334,7 @@ class PostgresStorage:
             "attempts": [c.attempt for c in completions],
             "lease_tokens": [c.lease_token for c in completions],
             "outputs": [c.output for c in completions],
+            "channel": self.channel,
         }
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
@@ -350,6 +351,7 @@ class PostgresStorage:
             "retry_delay_seconds": [
                 None if f.retry_delay is None else f.retry_delay.total_seconds() for f in failures
             ],
+            "channel": self.channel,
         }
 
         def fail(conn: Conn) -> list[FailureApplied]:
@@ -440,6 +442,7 @@ class PostgresStorage:
             "default_multiplier": default_policy.multiplier,
             "default_max_seconds": default_policy.max_seconds,
             "default_jitter": default_policy.jitter,
+            "channel": self.channel,
         }
 
         def expire(conn: Conn) -> list[FailureApplied]:

@@ -29,6 +29,9 @@ from runlane.storage import Completion, Failure, LeaseRef, Storage
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
 
+# a private generator: the global one belongs to the application (and to test tools)
+_random = random.Random()
+
 log = logging.getLogger("runlane.lifecycle")
 
 _MAX_BACKOFF = 5.0
@@ -192,7 +195,7 @@ class LifecycleWriter:
                     )
                     return
                 log.warning("runlane: lifecycle write failed (%s); retrying", exc)
-                time.sleep(backoff * random.uniform(0.5, 1.0))
+                time.sleep(backoff * _random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, _MAX_BACKOFF)
             else:
                 return

@@ -40,6 +40,9 @@ from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
 
 __all__ = ["Listener", "Worker", "WorkerOptions"]
 
+# a private generator: the global one belongs to the application (and to test tools)
+_random = random.Random()
+
 log = logging.getLogger("runlane.worker")
 
 _numbers = itertools.count(1)
@@ -74,7 +77,7 @@ class _Backoff:
     def next(self) -> float:
         with self._lock:
             delay, self._delay = self._delay, min(self._delay * 2, _MAX_BACKOFF)
-        return delay * random.uniform(0.5, 1.0)
+        return delay * _random.uniform(0.5, 1.0)
 
     def reset(self) -> None:
         with self._lock:
@@ -369,7 +372,7 @@ class Worker:
             return claimed[0]
         self.idle_signal.set()
         poll = self._options.poll_interval.total_seconds()
-        self._wake.wait(poll * random.uniform(0.9, 1.1))
+        self._wake.wait(poll * _random.uniform(0.9, 1.1))
         return None
 
     def _claim(self, storage: Storage, want: int, for_bounded: int) -> list[ClaimedRun]:
@@ -377,7 +380,7 @@ class Worker:
         claimed: list[ClaimedRun] = []
         # bounded queues first, in a rotating order, so no bounded queue starves
         bounded = list(self._bounded)
-        random.shuffle(bounded)
+        _random.shuffle(bounded)
         for q in bounded:
             room = min(want, for_bounded) - len(claimed)
             if room <= 0:

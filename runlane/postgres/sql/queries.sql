@@ -122,7 +122,9 @@ with input as (
     update {schema}.runs as r
     set status = case when r.status = 'cancellation_requested' then 'cancelled'
                       else 'completed' end,
-        output = i.output::jsonb,
+        -- a run cancelled while its handler ran keeps no output
+        output = case when r.status = 'cancellation_requested' then null
+                      else i.output::jsonb end,
         error = null,
         lease_token = null,
         lease_expires_at = null,
@@ -144,9 +146,12 @@ with input as (
         updated_at = now()
     where p.status = 'waiting' and p.wait_kind = 'run'
       and p.wait_run_id in (select id from done)
-    returning p.id
+    returning p.environment, p.queue
+), wake as (
+    select pg_notify(%(channel)s, w.environment || '|' || w.queue)
+    from (select distinct environment, queue from parents) as w
 )
-select id from done where (select count(*) from parents) >= 0;
+select id from done where (select count(*) from wake) >= 0;
 
 -- name: run_fail_many
 with input as (
@@ -189,9 +194,12 @@ with input as (
         updated_at = now()
     where p.status = 'waiting' and p.wait_kind = 'run'
       and p.wait_run_id in (select id from done where status in ('failed', 'cancelled'))
-    returning p.id
+    returning p.environment, p.queue
+), wake as (
+    select pg_notify(%(channel)s, w.environment || '|' || w.queue)
+    from (select distinct environment, queue from parents) as w
 )
-select id, status from done where (select count(*) from parents) >= 0;
+select id, status from done where (select count(*) from wake) >= 0;
 
 -- name: run_deliver_due
 -- Retries, releases and durable sleeps whose due time has passed become queued.
@@ -430,8 +438,18 @@ with policies as (
     insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at)
     select id, attempt, old_token, 'expired', error, attempt_started_at
     from done
+), parents as (
+    update {schema}.runs as p
+    set status = 'queued', due_at = now(), wait_kind = null, wait_run_id = null,
+        updated_at = now()
+    where p.status = 'waiting' and p.wait_kind = 'run'
+      and p.wait_run_id in (select id from done where status in ('failed', 'cancelled'))
+    returning p.environment, p.queue
+), wake as (
+    select pg_notify(%(channel)s, w.environment || '|' || w.queue)
+    from (select distinct environment, queue from parents) as w
 )
-select id, status from done;
+select id, status from done where (select count(*) from wake) >= 0;
 
 -- name: run_wake_due_queues
 -- Delivery recovery for the polling lane: wake workers of queues whose delayed runs came due
@@ -762,11 +780,14 @@ with target as (
         updated_at = now()
     where p.status = 'waiting' and p.wait_kind = 'run'
       and p.wait_run_id in (select id from changed where status = 'cancelled')
-    returning p.id
+    returning p.environment, p.queue
 ), told as (
     select pg_notify(%(channel)s, %(environment)s || '|cancel|' || id)
     from changed where status = 'cancellation_requested'
+    union all
+    select pg_notify(%(channel)s, w.environment || '|' || w.queue)
+    from (select distinct environment, queue from parents) as w
 )
 select t.status as previous, (select status from changed) as current
 from target as t
-where (select count(*) from told) + (select count(*) from parents) >= 0;
+where (select count(*) from told) >= 0;
