@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 import attrs
@@ -38,6 +39,7 @@ class Tracked:
     context: RunContext | None  # None while claimed but not started (prefetched)
     task: Task[object, object] | None
     deadline: float | None  # time.monotonic() past which the attempt has timed out
+    held_at: float = 0.0  # time.monotonic() of the claim
     cancel_requested: bool = False
 
     def cancel(self) -> None:
@@ -59,6 +61,11 @@ class LeaseTracker:
         self._lock = threading.Lock()
         self._tracked: dict[uuid.UUID, Tracked] = {}
         self._last_extension = time.monotonic()
+        self.on_change: Callable[[], None] | None = None  # the owner re-reads deadlines
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def track(
         self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
@@ -70,7 +77,11 @@ class LeaseTracker:
     def hold(self, claimed: ClaimedRun) -> None:
         """Keep the lease of a run claimed ahead of a free slot (its timeout starts later)."""
         with self._lock:
-            self._tracked[claimed.id] = Tracked(claimed, None, None, None)
+            if not self._tracked:
+                # a lease granted now: the next extension is due a period from now
+                self._last_extension = time.monotonic()
+            self._tracked[claimed.id] = Tracked(claimed, None, None, None, time.monotonic())
+        self._changed()
 
     def begin(
         self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
@@ -85,12 +96,19 @@ class LeaseTracker:
             item.context, item.task, item.deadline = context, task, deadline
             if item.cancel_requested:
                 context.cancelled.set()
+        if deadline is not None:
+            self._changed()
         return True
 
     def untrack(self, run_id: uuid.UUID) -> Tracked | None:
         """Stop tracking; returns the entry, or None when it was already taken (timed out)."""
         with self._lock:
             return self._tracked.pop(run_id, None)
+
+    def held_since(self, before: float) -> list[Tracked]:
+        """Runs claimed ahead and still not started at ``before`` (monotonic)."""
+        with self._lock:
+            return [t for t in self._tracked.values() if t.context is None and t.held_at < before]
 
     def tracked(self) -> list[Tracked]:
         with self._lock:

@@ -219,10 +219,15 @@ class Storage(Protocol):
         """Claim from a bounded queue: at most ``concurrency_limit`` live leases in the queue
         across every claimer, enforced inside the claim (claimers of the queue serialise)."""
 
-    def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
-        """Complete the attempts that still hold their lease; returns the run ids applied."""
+    def run_complete_many(
+        self, completions: Sequence[Completion], wake_queues: Sequence[str] = ()
+    ) -> set[uuid.UUID]:
+        """Complete the attempts that still hold their lease; returns the run ids applied.
+        Workers of ``wake_queues`` (bounded queues whose capacity this frees) are woken."""
 
-    def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
+    def run_fail_many(
+        self, failures: Sequence[Failure], wake_queues: Sequence[str] = ()
+    ) -> list[FailureApplied]:
         """Fail the attempts that still hold their lease: ``retrying`` when a delay is given
         and attempts remain, else ``failed``; returns what was applied."""
 

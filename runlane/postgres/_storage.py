@@ -326,7 +326,9 @@ class PostgresStorage:
 
         return self._with_conn(claim)
 
-    def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
+    def run_complete_many(
+        self, completions: Sequence[Completion], wake_queues: Sequence[str] = ()
+    ) -> set[uuid.UUID]:
         if not completions:
             return set()
         params = {
@@ -335,12 +337,15 @@ class PostgresStorage:
             "lease_tokens": [c.lease_token for c in completions],
             "outputs": [c.output for c in completions],
             "channel": self.channel,
+            "wake_queues": list(wake_queues),
         }
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
         )
 
-    def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
+    def run_fail_many(
+        self, failures: Sequence[Failure], wake_queues: Sequence[str] = ()
+    ) -> list[FailureApplied]:
         if not failures:
             return []
         params = {
@@ -352,6 +357,7 @@ class PostgresStorage:
                 None if f.retry_delay is None else f.retry_delay.total_seconds() for f in failures
             ],
             "channel": self.channel,
+            "wake_queues": list(wake_queues),
         }
 
         def fail(conn: Conn) -> list[FailureApplied]:

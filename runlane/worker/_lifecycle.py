@@ -18,7 +18,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import psycopg
@@ -53,6 +53,7 @@ class _Pending:
     completions: list[Completion] = attrs.Factory(list)
     failures: list[Failure] = attrs.Factory(list)
     releases: list[LeaseRef] = attrs.Factory(list)
+    applied_any: bool = False
 
     def __len__(self) -> int:
         return len(self.completions) + len(self.failures) + len(self.releases)
@@ -68,6 +69,9 @@ class LifecycleWriter:
         name: str,
         on_timeout: Callable[[Tracked], None],
         on_fatal: Callable[[BaseException], None],
+        on_written: Callable[[], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
+        wake_queues: Sequence[str] = (),
         tick: float = 0.02,
         batch_size: int = 500,
         max_backlog: int = 10_000,
@@ -78,6 +82,10 @@ class LifecycleWriter:
         self._name = name
         self._on_timeout = on_timeout
         self._on_fatal = on_fatal
+        self._on_written = on_written
+        self._on_tick = on_tick
+        self._wake_queues = list(wake_queues)
+        tracker.on_change = self._poke
         self._tick = tick
         self._batch_size = batch_size
         self._max_backlog = max_backlog
@@ -85,6 +93,7 @@ class LifecycleWriter:
         self._pending = _Pending()
         self._in_flight = 0
         self._closing = False
+        self._finished = False  # the thread has made its final flush
         self._deadline: float | None = None
         self._thread: threading.Thread | None = None
         self.stats = LifecycleStats()
@@ -99,17 +108,32 @@ class LifecycleWriter:
         with self._cond:
             while len(self._pending) + self._in_flight >= self._max_backlog and not self._closing:
                 self._cond.wait(timeout=1.0)
+            finished = self._finished
+            if not finished:
+                if isinstance(write, Completion):
+                    self._pending.completions.append(write)
+                else:
+                    self._pending.failures.append(write)
+                if len(self._pending) in (1, self._batch_size):
+                    self._cond.notify_all()
+        if finished:
+            # the thread made its final flush already: write this one here, now
+            late = _Pending()
             if isinstance(write, Completion):
-                self._pending.completions.append(write)
+                late.completions.append(write)
             else:
-                self._pending.failures.append(write)
-            if len(self._pending) in (1, self._batch_size):
-                self._cond.notify_all()
+                late.failures.append(write)
+            self._write_until_done(late)
 
     def release(self, ref: LeaseRef) -> None:
         """Hand an attempt back unconsumed (its handler did not finish before close)."""
         with self._cond:
             self._pending.releases.append(ref)
+            self._cond.notify_all()
+
+    def _poke(self) -> None:
+        """Lease work changed (an attempt was claimed or started): re-read the deadlines."""
+        with self._cond:
             self._cond.notify_all()
 
     def backlog(self) -> int:
@@ -144,12 +168,12 @@ class LifecycleWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                # idle: sleep until a write arrives or lease work is due
-                while not self._closing and not self._pending:
+                # idle: sleep until a write arrives, lease work is due, or a second passes
+                # (the tick also hands back runs that waited too long for a slot)
+                if not self._closing and not self._pending:
                     wait = self._lease_wait()
-                    if wait <= 0:
-                        break
-                    self._cond.wait(timeout=wait)
+                    if wait > 0:
+                        self._cond.wait(timeout=wait)
                 # a write arrived: give others one tick to join its batch
                 if not self._closing and 0 < len(self._pending) < self._batch_size:
                     self._cond.wait(timeout=min(self._tick, self._lease_wait()))
@@ -161,10 +185,15 @@ class LifecycleWriter:
                 self._in_flight = 0
                 self._cond.notify_all()
                 if closing and not self._pending:
+                    self._finished = True
                     return
+            if batch.applied_any and self._on_written is not None:
+                self._on_written()
             self._keep_leases()
 
     def _keep_leases(self) -> None:
+        if self._on_tick is not None:
+            self._on_tick()
         now = time.monotonic()
         for item in self._tracker.expire_timeouts(now):
             with self._cond:
@@ -205,14 +234,18 @@ class LifecycleWriter:
         lost connection repeats only what may not have been applied (and fencing makes a
         repeat of an applied write a harmless no-op)."""
         if batch.completions:
-            applied = self._storage.run_complete_many(batch.completions)
+            applied = self._storage.run_complete_many(batch.completions, self._wake_queues)
             self._count_stale("completion", [c.run_id for c in batch.completions], applied)
             self.stats.completed += len(applied)
+            batch.applied_any = batch.applied_any or bool(applied)
             batch.completions = []
         if batch.failures:
-            failed = {row.run_id for row in self._storage.run_fail_many(batch.failures)}
+            failed = {
+                row.run_id for row in self._storage.run_fail_many(batch.failures, self._wake_queues)
+            }
             self._count_stale("failure", [f.run_id for f in batch.failures], failed)
             self.stats.failed += len(failed)
+            batch.applied_any = batch.applied_any or bool(failed)
             batch.failures = []
         if batch.releases:
             released = self._storage.run_release_many(self._environment, batch.releases)

@@ -49,6 +49,8 @@ _numbers = itertools.count(1)
 _MAX_BACKOFF = 5.0
 # claim ahead of free slots only while handlers take less than this on average
 _PREFETCH_BELOW_SECONDS = 0.02
+# a run claimed ahead that waited this long for a slot is handed back
+_PREFETCH_MAX_WAIT_SECONDS = 1.0
 
 
 class Listener(Protocol):
@@ -122,18 +124,6 @@ class Worker:
         self._queue_names = {q.name for q in queues}
         self._unbounded = sorted(q.name for q in queues if q.concurrency_limit is None)
         self._bounded = [q for q in queues if q.concurrency_limit is not None]
-        self._tracker = LeaseTracker(options.lease)
-        self._writer_storage = storage.dedicated(f"{self.name}-writer")
-        self._writer = LifecycleWriter(
-            self._writer_storage,
-            self._tracker,
-            environment=environment,
-            name=f"{self.name}-writer",
-            on_timeout=self._on_timeout,
-            on_fatal=self._fail,
-        )
-        self._listener = make_listener(self._on_wake, f"{self.name}-listener")
-        self._make_backend = make_backend
         self._cond = threading.Condition()
         self._handoff: deque[ClaimedRun] = deque()
         self._waiting = 0  # slots inside _next_run, acquirers included
@@ -143,7 +133,8 @@ class Worker:
         # overlapping acquirers halve the batch and double the claims for no gain
         self._max_acquirers = options.acquirers
         self._backlog = False
-        self._handler_seconds = 0.0  # moving average of handler durations
+        # moving average of handler durations; pessimistic until handlers have been seen
+        self._handler_seconds = 1.0
         self._backoff = _Backoff()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -153,11 +144,27 @@ class Worker:
         self._failure: BaseException | None = None
         self._slots: list[_Slot] = []
         self._abandoned: list[_Slot] = []
-        self._running: dict[Any, tuple[ClaimedRun, _Slot]] = {}
+        self._running: dict[Any, tuple[ClaimedRun, _Slot, float]] = {}
         self._slot_numbers = itertools.count(1)
         self.runs_executed = 0
-        # test hooks: set when a claim found nothing due / when a batch was claimed
+        # test hook: set when a claim found nothing due
         self.idle_signal = threading.Event()
+        self._tracker = LeaseTracker(options.lease)
+        self._writer_storage = storage.dedicated(f"{self.name}-writer")
+        self._writer = LifecycleWriter(
+            self._writer_storage,
+            self._tracker,
+            environment=environment,
+            name=f"{self.name}-writer",
+            on_timeout=self._on_timeout,
+            on_fatal=self._fail,
+            # freed capacity of a bounded queue: let the acquirer look again at once
+            on_written=self._wake.set if self._bounded else None,
+            wake_queues=[q.name for q in self._bounded],
+            on_tick=self._return_stale_prefetch,
+        )
+        self._listener = make_listener(self._on_wake, f"{self.name}-listener")
+        self._make_backend = make_backend
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -214,7 +221,7 @@ class Worker:
             first = not self._close_started
             self._close_started = True
         if not first:
-            self._closed.wait()
+            self._closed.wait(timeout)
             return
         try:
             self._shutdown(timeout)
@@ -242,7 +249,7 @@ class Worker:
                 if self._tracker.untrack(claimed.id) is not None:
                     self._writer.release(_ref(claimed))
             self._handoff.clear()
-        for claimed, _ in unfinished:
+        for claimed, _, _ in unfinished:
             if self._tracker.untrack(claimed.id) is not None:
                 log.warning(
                     "run %s is still executing at close; handing it back for another worker",
@@ -306,8 +313,7 @@ class Worker:
         while the last claim found a backlog and handlers are short, enough to refill the
         prefetch buffer (with long handlers a prefetched run would wait while another
         worker idles)."""
-        short = self._handler_seconds < _PREFETCH_BELOW_SECONDS
-        prefetch = self._options.prefetch if self._backlog and short else 0
+        prefetch = self._options.prefetch if self._backlog and self._handlers_short() else 0
         want = self._waiting + prefetch - len(self._handoff) - self._reserved
         return min(want, self._options.claim_batch)
 
@@ -340,6 +346,27 @@ class Worker:
             with self._cond:
                 self._waiting -= 1
 
+    def _handlers_short(self) -> bool:
+        """Handlers have been quick on average, and none running now has been slow."""
+        if self._handler_seconds >= _PREFETCH_BELOW_SECONDS:
+            return False
+        oldest = min((started for _, _, started in self._running.values()), default=None)
+        return oldest is None or time.perf_counter() - oldest < _PREFETCH_BELOW_SECONDS
+
+    def _return_stale_prefetch(self) -> None:
+        """Hand back runs claimed ahead that have waited too long for a slot (handlers turned
+        slow), so an idle worker elsewhere can take them."""
+        stale = self._tracker.held_since(time.monotonic() - _PREFETCH_MAX_WAIT_SECONDS)
+        if not stale:
+            return
+        ids = {item.claimed.id for item in stale}
+        with self._cond:
+            returned = [run for run in self._handoff if run.id in ids]
+            self._handoff = deque(run for run in self._handoff if run.id not in ids)
+        for run in returned:
+            if self._tracker.untrack(run.id) is not None:
+                self._writer.release(_ref(run))
+
     def _acquire_once(self, slot: _Slot) -> ClaimedRun | None:
         """Claim for the waiting slots not yet covered; keep one run, hand off the rest.
         When nothing is due, wait for a wake-up or the poll interval and return None."""
@@ -371,6 +398,8 @@ class Worker:
                     self._cond.notify(len(claimed) - 1)
             return claimed[0]
         self.idle_signal.set()
+        if self._stopping.is_set():  # close() may have set the wake-up before our clear()
+            return None
         poll = self._options.poll_interval.total_seconds()
         self._wake.wait(poll * _random.uniform(0.9, 1.1))
         return None
@@ -406,9 +435,9 @@ class Worker:
         if not self._tracker.begin(claimed, context, task):
             log.warning("run %s lost its lease while waiting for a slot; skipped", claimed.id)
             return
-        with self._cond:
-            self._running[claimed.id] = (claimed, slot)
         started = time.perf_counter()
+        with self._cond:
+            self._running[claimed.id] = (claimed, slot, started)
         try:
             outcome = execute_attempt(claimed, self._tasks, context)
         finally:

@@ -135,7 +135,8 @@ with input as (
       and r.attempt = i.attempt
       and r.lease_token = i.lease_token
       and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at
+    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at,
+              r.environment, r.queue
 ), recorded as (
     insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
     select id, attempt, lease_token, status, attempt_started_at from done
@@ -148,8 +149,12 @@ with input as (
       and p.wait_run_id in (select id from done)
     returning p.environment, p.queue
 ), wake as (
+    -- parents resumed, and bounded queues whose capacity these runs freed
     select pg_notify(%(channel)s, w.environment || '|' || w.queue)
-    from (select distinct environment, queue from parents) as w
+    from (select environment, queue from parents
+          union
+          select environment, queue from done
+          where queue = any(%(wake_queues)s::text[])) as w
 )
 select id from done where (select count(*) from wake) >= 0;
 
@@ -184,7 +189,8 @@ with input as (
       and r.attempt = i.attempt
       and r.lease_token = i.lease_token
       and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at
+    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at,
+              r.environment, r.queue
 ), recorded as (
     insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at)
     select id, attempt, lease_token, status, error, attempt_started_at from done
@@ -197,7 +203,10 @@ with input as (
     returning p.environment, p.queue
 ), wake as (
     select pg_notify(%(channel)s, w.environment || '|' || w.queue)
-    from (select distinct environment, queue from parents) as w
+    from (select environment, queue from parents
+          union
+          select environment, queue from done
+          where queue = any(%(wake_queues)s::text[])) as w
 )
 select id, status from done where (select count(*) from wake) >= 0;
 
