@@ -169,6 +169,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         ("expired active leases", report.expired_leases),
         ("stuck in cancellation_requested", report.stuck_cancellations),
         ("tombstones with children", report.tombstones_with_children),
+        ("pending tokens past timeout", report.tokens_past_timeout),
+        ("resolved tokens with waiting runs", report.resolved_tokens_with_waiting_runs),
         (
             "pending outbox work",
             "n/a (the polling lane has no outbox)"

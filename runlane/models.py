@@ -158,6 +158,8 @@ class StatusReport:
     expired_leases: int  # running attempts whose lease lapsed, not yet finalized
     stuck_cancellations: int  # cancellation_requested runs whose attempt is gone
     tombstones_with_children: int
+    tokens_past_timeout: int  # pending wait tokens whose timeout passed, not yet timed out
+    resolved_tokens_with_waiting_runs: int  # resolved tokens whose runs are not resumed yet
     maintenance_leases: tuple[MaintenanceLeaseStatus, ...]
     # The Postgres polling lane delivers without a transport, so it keeps no outbox.
     outbox_pending: int | None = None

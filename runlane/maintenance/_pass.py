@@ -64,9 +64,9 @@ def _policy_row(task_id: str, policy: RetryPolicy) -> RetryPolicyRow:
     return RetryPolicyRow(
         task_id=task_id,
         initial_seconds=policy.initial_delay.total_seconds(),
-        multiplier=policy.multiplier,
+        multiplier=float(policy.multiplier),
         max_seconds=policy.max_delay.total_seconds(),
-        jitter=policy.jitter,
+        jitter=float(policy.jitter),
     )
 
 

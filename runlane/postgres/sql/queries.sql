@@ -497,12 +497,20 @@ with doomed as materialized (
     from {schema}.runs as c
     where c.parent_run_id in (select id from doomed)
     group by c.parent_run_id
+), surviving as (
+    -- children that outlive this statement: not doomed, or doomed but tombstoned themselves
+    select c.parent_run_id as id, count(*) as n
+    from {schema}.runs as c
+    where c.parent_run_id in (select id from child_counts)
+      and (c.id not in (select id from doomed) or c.id in (select id from child_counts))
+    group by c.parent_run_id
 ), tombstoned as (
     update {schema}.runs as r
-    set pruned_at = now(), remaining_children = cc.n, payload = 'null'::jsonb,
+    set pruned_at = now(), remaining_children = coalesce(s.n, 0), payload = 'null'::jsonb,
         output = null, updated_at = now()
     from child_counts as cc
     join doomed as d on d.id = cc.id
+    left join surviving as s on s.id = cc.id
     where r.id = cc.id and not d.was_tombstone
     returning r.id
 ), deleted as (
@@ -544,7 +552,14 @@ select
         and remaining_children > 0) as tombstones_with_children,
     (select min(due_at) from {schema}.runs
       where environment = %(environment)s and status in ('retrying', 'released')
-        and due_at < now()) as oldest_deferred_due_at;
+        and due_at < now()) as oldest_deferred_due_at,
+    (select count(*) from {schema}.wait_tokens
+      where environment = %(environment)s and status = 'pending'
+        and timeout_at < now()) as tokens_past_timeout,
+    (select count(distinct r.wait_token_id) from {schema}.runs as r
+      join {schema}.wait_tokens as t on t.id = r.wait_token_id
+      where r.environment = %(environment)s and r.status = 'waiting'
+        and r.wait_kind = 'token' and t.status <> 'pending') as resolved_tokens_with_waiting_runs;
 
 -- name: step_get
 select output from {schema}.steps where run_id = %(run_id)s and name = %(name)s;

@@ -1,0 +1,840 @@
+"""Supervised maintenance services and the durable maintenance leases behind them.
+
+Two replicas split the bands and fail over; a frozen owner's old fence can change nothing;
+failed passes reach ``on_service_error``. A stateful property test then drives acquire,
+refresh, release, expiry and fenced writes by three actors in random interleavings and
+checks the lease table after every step, also with the process clock shifted by an hour;
+real threads race for one expired band.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any, ClassVar, TypeVar
+from unittest import mock
+
+import attrs
+import psycopg
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+from psycopg import sql
+
+from runlane import (
+    MaintenancePhase,
+    RetryPolicy,
+    RunContext,
+    Runlane,
+    RunlaneError,
+    RunSnapshot,
+    RunStatus,
+    ServiceErrorInfo,
+    ServiceFailed,
+    Services,
+    StaleLease,
+    task,
+)
+from runlane.postgres import PostgresStorage
+from runlane.postgres._sql import statements
+from runlane.storage import MaintenanceFence, NewRuns, RetryPolicyRow, ScheduledRun, ScheduleState
+from tests.conftest import RunlaneFactory
+
+Conn = psycopg.Connection[Any]
+T = TypeVar("T")
+
+BANDS = frozenset({"schedules", "delivery", "recovery", "cleanup"})
+SHORT = timedelta(seconds=1)
+
+NO_BACKOFF = RetryPolicy(
+    max_attempts=5, initial_delay=timedelta(0), max_delay=timedelta(0), jitter=0.0
+)
+
+
+@task(id="flaky", retry=NO_BACKOFF)
+def flaky(payload: Any, context: RunContext) -> None:
+    raise RuntimeError("boom")
+
+
+@task(id="ok")
+def ok(payload: Any, context: RunContext) -> None:
+    return None
+
+
+def eventually(check: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
+    """Poll ``check`` until it returns something other than None/False; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value is not None and value is not False:
+            return value
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what or check}"
+        time.sleep(0.02)
+
+
+class Observed:
+    """An ``on_service_error`` callback that remembers what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[BaseException, ServiceErrorInfo]] = []
+        self._changed = threading.Condition()
+
+    def __call__(self, error: BaseException, info: ServiceErrorInfo) -> None:
+        with self._changed:
+            self.seen.append((error, info))
+            self._changed.notify_all()
+
+    def wait_for(
+        self, match: Callable[[BaseException, ServiceErrorInfo], bool], timeout: float = 10.0
+    ) -> tuple[BaseException, ServiceErrorInfo]:
+        with self._changed:
+            found = self._changed.wait_for(
+                lambda: next(((e, i) for e, i in self.seen if match(e, i)), None),
+                timeout=timeout,
+            )
+        assert found is not None, f"no matching service error within {timeout}s: {self.seen}"
+        return found
+
+
+class Db:
+    def __init__(self, conn: Conn, schema: str) -> None:
+        self.conn = conn
+        self.schema = schema
+
+    def q(self, text: str) -> sql.Composed:
+        return sql.SQL(text).format(schema=sql.Identifier(self.schema))
+
+    def all(self, text: str, *params: Any) -> list[tuple[Any, ...]]:
+        return self.conn.execute(self.q(text), params).fetchall()
+
+    def run(self, text: str, *params: Any) -> int:
+        return self.conn.execute(self.q(text), params).rowcount
+
+    def leases(self, environment: str) -> dict[str, tuple[uuid.UUID, int, bool]]:
+        rows = self.all(
+            "select band, owner, fencing, expires_at > clock_timestamp() "
+            "from {schema}.maintenance_leases where environment = %s",
+            environment,
+        )
+        return {band: (owner, fencing, live) for band, owner, fencing, live in rows}
+
+    def make_due_retry(self, run_id: uuid.UUID) -> None:
+        assert self.run(
+            "update {schema}.runs set status = 'retrying', due_at = now() - interval '1 second', "
+            "lease_token = null, lease_expires_at = null, finished_at = null where id = %s",
+            run_id,
+        )
+
+    def status(self, run_id: uuid.UUID) -> str:
+        ((status,),) = self.all("select status from {schema}.runs where id = %s", run_id)
+        assert isinstance(status, str)
+        return status
+
+
+@pytest.fixture
+def dbx(db: Conn, schema: str) -> Db:
+    return Db(db, schema)
+
+
+@pytest.fixture
+def services() -> Iterator[Callable[[Runlane, Observed | None], Services]]:
+    """Start services on a runtime with 1-second leases; every one is closed at teardown."""
+    made: list[Services] = []
+
+    def start(runtime: Runlane, observed: Observed | None) -> Services:
+        started = runtime.start_services(lease_duration=SHORT, on_service_error=observed)
+        made.append(started)
+        return started
+
+    yield start
+    for started in made:
+        started.close(timeout=10)
+
+
+def all_owned(*replicas: Services) -> tuple[dict[str, int], ...] | None:
+    owned = tuple(r.owned_bands() for r in replicas)
+    covered: set[str] = set().union(*owned)
+    return owned if covered == BANDS else None
+
+
+# -- two replicas -----------------------------------------------------------------------------
+
+
+def test_two_replicas_split_the_bands_and_fail_over(
+    make_runlane: RunlaneFactory,
+    services: Callable[[Runlane, Observed | None], Services],
+    dbx: Db,
+) -> None:
+    rl_a, rl_b = make_runlane(tasks=[ok]), make_runlane(tasks=[ok])
+    observed = Observed()
+    a, b = services(rl_a, observed), services(rl_b, observed)
+    assert a.owner != b.owner
+    owned_a, owned_b = eventually(lambda: all_owned(a, b), what="every band owned")
+    assert not set(owned_a) & set(owned_b), "a band has two owners"
+    # the database agrees with each replica's view, and so does status()
+    rows = dbx.leases(rl_a.environment)
+    assert set(rows) == BANDS
+    for replica, owned in ((a, owned_a), (b, owned_b)):
+        for band, fencing in owned.items():
+            assert rows[band] == (replica.owner, fencing, True)
+    report = {lease.band: lease for lease in rl_a.status().maintenance_leases}
+    assert set(report) == BANDS
+    assert all(lease.live for lease in report.values())
+
+    # stop the replica that owns the delivery band: the other takes every band over
+    first, second = (a, b) if "delivery" in owned_a else (b, a)
+    old = first.owned_bands()
+    first.close()
+    assert first.owned_bands() == {}
+    taken = eventually(
+        lambda: second.owned_bands() if set(second.owned_bands()) == BANDS else None,
+        what="takeover",
+    )
+    for band, fencing in old.items():
+        assert taken[band] > fencing, "a takeover must bump the fencing number"
+    rows = dbx.leases(rl_a.environment)
+    assert {band: row[0] for band, row in rows.items()} == dict.fromkeys(BANDS, second.owner)
+
+    # the stopped owner's fences can no longer write or refresh
+    for band, fencing in old.items():
+        fence = MaintenanceFence(rl_a.environment, band, first.owner, fencing)
+        with pytest.raises(StaleLease):
+            rl_a.storage.run_deliver_due(rl_a.environment, 10, fence=fence)
+        assert not rl_a.storage.maintenance_lease_refresh(fence, SHORT)
+    assert observed.seen == []
+
+
+def test_services_do_the_work(
+    make_runlane: RunlaneFactory,
+    services: Callable[[Runlane, Observed | None], Services],
+    dbx: Db,
+) -> None:
+    runtime = make_runlane(tasks=[flaky, ok])
+    retry = runtime.trigger(flaky, None)
+    runtime.drain()
+    assert runtime.get_run(retry.id).status is RunStatus.RETRYING
+    expiring = runtime.trigger(ok, None)
+    (claimed,) = runtime.storage.run_claim(runtime.environment, ["default"], 1, SHORT)
+    assert claimed.id == expiring.id
+    observed = Observed()
+    running = services(runtime, observed)
+    # a due retry is delivered and an expired attempt finalized, without run_maintenance_once
+    eventually(lambda: runtime.get_run(retry.id).status is RunStatus.QUEUED, what="delivery")
+    dbx.run(
+        "update {schema}.runs set lease_expires_at = now() - interval '1 second' where id = %s",
+        expiring.id,
+    )
+
+    def expired() -> RunSnapshot | None:
+        snap = runtime.get_run(expiring.id)
+        return snap if snap.status is RunStatus.RETRYING else None
+
+    snap = eventually(expired, what="attempt expiry")
+    assert snap.error is not None
+    assert snap.error.type == "runlane.LeaseExpired"
+    assert running.changed[MaintenancePhase.DUE_DELIVERY] >= 1
+    assert running.changed[MaintenancePhase.ATTEMPT_EXPIRY] == 1
+    assert running.passes[MaintenancePhase.CLEANUP] >= 1
+    assert observed.seen == []
+
+
+def test_replica_whose_refresh_fails_stops_the_band_and_reports_it(
+    make_runlane: RunlaneFactory,
+    services: Callable[[Runlane, Observed | None], Services],
+    dbx: Db,
+) -> None:
+    runtime = make_runlane(tasks=[ok])
+    observed = Observed()
+    running = services(runtime, observed)
+    (owned,) = eventually(lambda: all_owned(running), what="every band owned")
+    fencing = owned["cleanup"]
+    # another replica took the band over (as after an expiry) and holds it for two seconds
+    thief = uuid.uuid4()
+    assert dbx.run(
+        "update {schema}.maintenance_leases set owner = %s, fencing = fencing + 1, "
+        "expires_at = clock_timestamp() + interval '2 seconds' where band = 'cleanup'",
+        thief,
+    )
+    error, info = observed.wait_for(lambda e, i: i.band == "cleanup")
+    assert isinstance(error, StaleLease)
+    assert (info.phase, info.operation) == (MaintenancePhase.CLEANUP, "refresh")
+    assert "cleanup" not in running.owned_bands()
+    assert dbx.leases(runtime.environment)["cleanup"] == (thief, fencing + 1, True)
+    assert running.wait_until_closed(timeout=0.1) is False  # reported, not fatal
+    # once the other owner's lease lapses, this replica competes again and wins the band back
+    regained = eventually(
+        lambda: running.owned_bands().get("cleanup", 0) > fencing + 1, what="band regained"
+    )
+    assert regained
+    assert running.owned_bands()["cleanup"] == fencing + 2
+    # the other bands were never disturbed
+    for band in BANDS - {"cleanup"}:
+        assert running.owned_bands()[band] == owned[band]
+
+
+# -- a frozen owner ---------------------------------------------------------------------------
+
+
+def test_frozen_owner_is_fenced_out_after_expiry(make_runlane: RunlaneFactory, dbx: Db) -> None:
+    runtime = make_runlane(tasks=[ok])
+    storage, env = runtime.storage, runtime.environment
+    handle = runtime.trigger(ok, None)
+    frozen, other = uuid.uuid4(), uuid.uuid4()
+    first = storage.maintenance_lease_acquire(env, "delivery", frozen, SHORT)
+    assert first == 1
+    assert storage.maintenance_lease_acquire(env, "delivery", other, SHORT) is None  # live
+    old = MaintenanceFence(env, "delivery", frozen, first)
+    # while live, the owner's fenced writes apply
+    dbx.make_due_retry(handle.id)
+    assert storage.run_deliver_due(env, 10, fence=old) == 1
+    assert dbx.status(handle.id) == "queued"
+
+    # the owner freezes (no refresh); after expiry by database time another replica acquires
+    taken = eventually(
+        lambda: storage.maintenance_lease_acquire(env, "delivery", other, timedelta(minutes=1)),
+        timeout=5,
+        what="acquire after expiry",
+    )
+    assert taken == first + 1
+    new = MaintenanceFence(env, "delivery", other, taken)
+
+    # the frozen owner wakes up: every fenced write raises StaleLease and changes nothing
+    dbx.make_due_retry(handle.id)
+    tables = ("runs", "attempts", "schedules", "schedule_slots", "wait_tokens")
+    before = {t: dbx.all(f"select x::text from {{schema}}.{t} x order by 1") for t in tables}
+    policy = RetryPolicyRow("ok", 0.0, 1.0, 0.0, 0.0)
+    retention = {
+        s: timedelta(0) for s in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+    }
+    slot = dbx.all("select now()")[0][0]
+    writes: list[Callable[[], object]] = [
+        lambda: storage.run_deliver_due(env, 10, fence=old),
+        lambda: storage.run_expire_attempts(env, 10, [policy], policy, fence=old),
+        lambda: storage.run_prune(env, retention, 10, fence=old),
+        lambda: storage.wait_token_time_out_due(env, 10, fence=old),
+        lambda: storage.run_resume_waiters(env, 10, fence=old),
+        lambda: storage.schedule_state_reset(
+            env, ScheduleState("s", "* * * * *", "UTC", slot), fence=old
+        ),
+        lambda: storage.schedule_fire(
+            ScheduledRun(env, "s", slot, uuid.uuid4(), "ok", "default", 0, "null", 1),
+            slot,
+            slot,
+            fence=old,
+        ),
+    ]
+    for write in writes:
+        with pytest.raises(StaleLease):
+            write()
+    after = {t: dbx.all(f"select x::text from {{schema}}.{t} x order by 1") for t in tables}
+    assert after == before
+    assert not storage.maintenance_lease_refresh(old, SHORT)
+    assert not storage.maintenance_lease_release(old)
+    assert dbx.leases(env)["delivery"] == (other, taken, True)
+    # the new owner writes
+    assert storage.run_deliver_due(env, 10, fence=new) == 1
+    assert dbx.status(handle.id) == "queued"
+
+
+def test_takeover_waits_for_the_old_owners_write_transaction(
+    make_runlane: RunlaneFactory, dbx: Db, database_url: str, schema: str
+) -> None:
+    """The fence check share-locks the lease row: a takeover that starts while the old owner's
+    write transaction is open waits until it ends, so the old owner never writes after the
+    new one has begun."""
+    runtime = make_runlane(tasks=[ok])
+    storage, env = runtime.storage, runtime.environment
+    handle = runtime.trigger(ok, None)
+    fencing = storage.maintenance_lease_acquire(env, "delivery", uuid.uuid4(), SHORT)
+    assert fencing is not None
+    old = dbx.leases(env)["delivery"]
+    fence = MaintenanceFence(env, "delivery", old[0], fencing)
+    check = statements(schema)["maintenance_fence"]
+    result: dict[str, int | None] = {}
+    acquired = threading.Event()
+
+    def take_over() -> None:
+        result["fencing"] = storage.maintenance_lease_acquire(
+            env, "delivery", uuid.uuid4(), timedelta(minutes=1)
+        )
+        acquired.set()
+
+    with psycopg.connect(database_url, application_name="old-owner") as writer:
+        assert writer.execute(check, attrs.asdict(fence)).fetchone() is not None
+        # the lease lapses in database time while the old owner's transaction is open
+        eventually(lambda: not dbx.leases(env)["delivery"][2], timeout=5, what="expiry")
+        taker = threading.Thread(target=take_over, name="taker")
+        taker.start()
+        eventually(
+            lambda: dbx.all(
+                "select 1 from pg_locks l join pg_stat_activity a using (pid) "
+                "where not l.granted and a.application_name = %s",
+                f"runlane-{schema}",
+            ),
+            what="the takeover waiting on the lease row",
+        )
+        assert not acquired.is_set()
+        writer.execute(
+            sql.SQL("update {}.runs set priority = 7 where id = %s").format(sql.Identifier(schema)),
+            (handle.id,),
+        )
+        writer.commit()
+    assert acquired.wait(10)
+    taker.join(10)
+    assert result["fencing"] == fencing + 1
+    assert runtime.get_run(handle.id).priority == 7
+
+
+# -- errors and shutdown ----------------------------------------------------------------------
+
+
+def test_failed_passes_reach_the_callback_with_their_phase(
+    make_runlane: RunlaneFactory,
+    services: Callable[[Runlane, Observed | None], Services],
+    dbx: Db,
+) -> None:
+    runtime = make_runlane(tasks=[flaky])
+    observed = Observed()
+    running = services(runtime, observed)
+    eventually(lambda: all_owned(running), what="every band owned")
+    dbx.run("drop table {schema}.wait_tokens")
+    error, info = observed.wait_for(lambda e, i: i.operation == "pass")
+    assert (info.phase, info.band) == (MaintenancePhase.WAIT_TOKEN_RESOLUTION, "delivery")
+    assert isinstance(error, RunlaneError)
+    assert "wait_tokens" in str(error)
+    assert running.wait_until_closed(timeout=0.1) is False  # storage failures are not fatal
+    # the band keeps running its other phases, and keeps reporting the broken one
+    handle = runtime.trigger(flaky, None)
+    runtime.drain()
+    eventually(lambda: runtime.get_run(handle.id).status is RunStatus.QUEUED, what="delivery")
+    eventually(lambda: len(observed.seen) >= 3, what="repeated reports")
+    assert {(i.phase, i.operation) for _, i in observed.seen} == {
+        (MaintenancePhase.WAIT_TOKEN_RESOLUTION, "pass")
+    }
+    assert "delivery" in running.owned_bands()
+
+
+def test_callback_raising_does_not_stop_the_services(
+    make_runlane: RunlaneFactory,
+    services: Callable[[Runlane, Observed | None], Services],
+    dbx: Db,
+) -> None:
+    runtime = make_runlane(tasks=[ok])
+    calls = threading.Semaphore(0)
+
+    def broken(error: BaseException, info: ServiceErrorInfo) -> None:
+        calls.release()
+        raise ValueError("the observer itself failed")
+
+    running = runtime.start_services(lease_duration=SHORT, on_service_error=broken)
+    try:
+        eventually(lambda: all_owned(running), what="every band owned")
+        dbx.run("drop table {schema}.wait_tokens")
+        for _ in range(2):
+            assert calls.acquire(timeout=10)
+        assert running.wait_until_closed(timeout=0.1) is False
+    finally:
+        running.close(timeout=10)
+
+
+def test_fatal_band_failure_surfaces_as_service_failed(
+    make_runlane: RunlaneFactory, dbx: Db
+) -> None:
+    class Fatal(BaseException):
+        pass
+
+    def fatal(error: BaseException, info: ServiceErrorInfo) -> None:
+        raise Fatal("stop everything")
+
+    runtime = make_runlane(tasks=[ok])
+    running = runtime.start_services(lease_duration=SHORT, on_service_error=fatal)
+    try:
+        eventually(lambda: all_owned(running), what="every band owned")
+        dbx.run("drop table {schema}.wait_tokens")
+        with pytest.raises(ServiceFailed) as failed:
+            running.wait_until_closed(timeout=10)
+        assert isinstance(failed.value.__cause__, Fatal)
+        alive = [t.name for t in threading.enumerate() if t.name.startswith(f"{running.name}-")]
+        assert alive in ([], [f"{running.name}-closer"])
+    finally:
+        running.close(timeout=10)
+
+
+def test_close_is_idempotent_and_stops_every_thread(make_runlane: RunlaneFactory, dbx: Db) -> None:
+    runtime = make_runlane(tasks=[ok])
+    running = runtime.start_services(lease_duration=SHORT)
+    assert running.name.startswith("runlane-services-")
+
+    def band_threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith(f"{running.name}-")]
+
+    assert sorted(band_threads()) == sorted(f"{running.name}-{band}" for band in BANDS)
+    eventually(lambda: all_owned(running), what="every band owned")
+    assert running.wait_until_closed(timeout=0.05) is False
+    running.close()
+    running.close()
+    running.close(timeout=1)
+    assert running.wait_until_closed(timeout=0) is True
+    assert band_threads() == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("runlane-services-")]
+    assert running.owned_bands() == {}
+    # the leases were released at close, so another replica need not wait for their expiry
+    assert {live for _, _, live in dbx.leases(runtime.environment).values()} == {False}
+
+    with runtime.start_services(lease_duration=SHORT) as scoped:
+        eventually(lambda: all_owned(scoped), what="every band owned")
+    assert scoped.wait_until_closed(timeout=0) is True
+    assert not [t for t in threading.enumerate() if t.name.startswith(f"{scoped.name}-")]
+
+
+def test_lease_duration_below_a_second_is_rejected(make_runlane: RunlaneFactory) -> None:
+    runtime = make_runlane(tasks=[ok])
+    with pytest.raises(RunlaneError):
+        runtime.start_services(lease_duration=timedelta(milliseconds=500))
+    with pytest.raises(RunlaneError):
+        runtime.start_services(lease_duration=5)  # type: ignore[arg-type]
+
+
+# -- property tests: the lease rules under random interleavings ------------------------------
+
+ENV = "props"
+LEASE = timedelta(minutes=1)  # nothing expires by itself during an example
+ACTORS = ("A", "B", "C")
+BAND_NAMES = ("b1", "b2")
+
+
+@attrs.define
+class BandModel:
+    fencing: int = 0  # 0: no row yet
+    owner: uuid.UUID | None = None
+    live: bool = False
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    """Three actors, each on its own connection, compete for two bands."""
+
+    storages: ClassVar[dict[str, PostgresStorage]]
+    owners: ClassVar[dict[str, uuid.UUID]]
+    dbx: ClassVar[Db]
+    run_id: ClassVar[uuid.UUID]
+    highest: ClassVar[dict[str, int]]  # the largest fencing number ever seen, per band
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bands = {band: BandModel() for band in BAND_NAMES}
+        # every fence handed out, in order, with the actor it went to
+        self.issued: list[tuple[str, MaintenanceFence]] = []
+
+    def current(self, band: str) -> MaintenanceFence | None:
+        model = self.bands[band]
+        if not model.live or model.owner is None:
+            return None
+        return MaintenanceFence(ENV, band, model.owner, model.fencing)
+
+    @initialize()
+    def start(self) -> None:
+        """Examples share the table (fencing numbers must keep growing across them); every
+        lease starts expired."""
+        self.dbx.run(
+            "update {schema}.maintenance_leases "
+            "set expires_at = clock_timestamp() - interval '1 millisecond' where environment = %s",
+            ENV,
+        )
+        for band, (owner, fencing, live) in self.dbx.leases(ENV).items():
+            assert not live
+            self.bands[band] = BandModel(fencing, owner, False)
+
+    @rule(actor=st.sampled_from(ACTORS), band=st.sampled_from(BAND_NAMES))
+    def acquire(self, actor: str, band: str) -> None:
+        model = self.bands[band]
+        owner = self.owners[actor]
+        got = self.storages[actor].maintenance_lease_acquire(ENV, band, owner, LEASE)
+        if model.live:
+            assert got is None, f"{actor} acquired {band} while {model} was live"
+            return
+        assert got == model.fencing + 1
+        self.bands[band] = BandModel(got, owner, True)
+        self.issued.append((actor, MaintenanceFence(ENV, band, owner, got)))
+
+    def pick_fence(self, data: st.DataObject) -> tuple[str, MaintenanceFence]:
+        """The actor presenting a fence, and the fence: one an actor acquired at some point
+        (its own, maybe stale by now), or a forged one (any owner, any band, a fencing number from
+        three below the band's latest to one past it)."""
+        actor = data.draw(st.sampled_from(ACTORS), label="actor")
+        if self.issued:
+            use_issued = data.draw(st.booleans(), label="use an issued fence")
+            if use_issued:
+                return data.draw(st.sampled_from(self.issued), label="issued")
+        band = data.draw(st.sampled_from(BAND_NAMES), label="band")
+        owner_of = data.draw(st.sampled_from(ACTORS), label="owner")
+        # relative to the band's latest number, so that the drawn choices do not depend on
+        # numbers left in the table by earlier examples
+        back = data.draw(st.sampled_from([0, 1, -1, 0, 2, 3]), label="fencing back")
+        fencing = max(0, self.bands[band].fencing - back)
+        return actor, MaintenanceFence(ENV, band, self.owners[owner_of], fencing)
+
+    @rule(data=st.data())
+    def refresh(self, data: st.DataObject) -> None:
+        actor, fence = self.pick_fence(data)
+        refreshed = self.storages[actor].maintenance_lease_refresh(fence, LEASE)
+        assert refreshed == (fence == self.current(fence.band)), fence
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        actor, fence = self.pick_fence(data)
+        released = self.storages[actor].maintenance_lease_release(fence)
+        assert released == (fence == self.current(fence.band)), fence
+        if released:
+            self.bands[fence.band].live = False
+
+    @rule(band=st.sampled_from(BAND_NAMES))
+    def expire(self, band: str) -> None:
+        self.dbx.run(
+            "update {schema}.maintenance_leases "
+            "set expires_at = clock_timestamp() - interval '1 millisecond' "
+            "where environment = %s and band = %s",
+            ENV,
+            band,
+        )
+        self.bands[band].live = False
+
+    @rule(data=st.data(), op=st.sampled_from(["deliver", "prune", "time_out_tokens"]))
+    def fenced_write(self, data: st.DataObject, op: str) -> None:
+        """A write presenting some fence. Only the current live fence may write; any other
+        raises StaleLease and changes nothing."""
+        actor, fence = self.pick_fence(data)
+        band = fence.band
+        valid = fence == self.current(band)
+        storage = self.storages[actor]
+        self.dbx.make_due_retry(self.run_id)
+        retention = {
+            s: timedelta(days=1)
+            for s in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+        }
+        write: dict[str, Callable[[], object]] = {
+            "deliver": lambda: storage.run_deliver_due(ENV, 10, fence=fence),
+            "prune": lambda: storage.run_prune(ENV, retention, 10, fence=fence),
+            "time_out_tokens": lambda: storage.wait_token_time_out_due(ENV, 10, fence=fence),
+        }
+        if valid:
+            write[op]()
+            expected = "queued" if op == "deliver" else "retrying"
+            assert self.dbx.status(self.run_id) == expected
+        else:
+            with pytest.raises(StaleLease):
+                write[op]()
+            assert self.dbx.status(self.run_id) == "retrying"
+
+    @invariant()
+    def database_agrees(self) -> None:
+        rows = self.dbx.leases(ENV)
+        for band, model in self.bands.items():
+            if model.fencing == 0:
+                assert band not in rows
+                continue
+            owner, fencing, live = rows[band]
+            assert (owner, fencing, live) == (model.owner, model.fencing, model.live)
+            # the fencing number never decreases
+            assert fencing >= self.highest.get(band, 0)
+            self.highest[band] = fencing
+
+    @invariant()
+    def only_the_current_fence_passes_the_write_check(self) -> None:
+        """Per band: the live owner's current fence passes a fenced (empty) write; the same
+        owner's previous fence, and another owner presenting the current number, do not."""
+        storage = self.storages[ACTORS[0]]
+        for band in BAND_NAMES:
+            current = self.current(band)
+            if current is None:
+                continue
+            assert storage.wait_token_time_out_due(ENV, 0, fence=current) == 0
+            older = [
+                f
+                for _, f in self.issued
+                if f.band == band and f.owner == current.owner and f.fencing < current.fencing
+            ]
+            if older:
+                with pytest.raises(StaleLease):
+                    storage.wait_token_time_out_due(ENV, 0, fence=older[-1])
+            impostor = next(o for o in self.owners.values() if o != current.owner)
+            with pytest.raises(StaleLease):
+                storage.wait_token_time_out_due(ENV, 0, fence=attrs.evolve(current, owner=impostor))
+
+    @invariant()
+    def at_most_one_owner_per_band_at_a_database_instant(self) -> None:
+        """Every fence ever handed out is checked against the table in one statement (one
+        database instant): at most one per band is live, and it is the model's."""
+        fences = [fence for _, fence in self.issued]
+        if not fences:
+            return
+        rows = self.dbx.all(
+            "select f.band, f.owner, f.fencing "
+            "from unnest(%s::text[], %s::uuid[], %s::bigint[]) as f(band, owner, fencing) "
+            "join {schema}.maintenance_leases as l on l.environment = %s "
+            "and l.band = f.band and l.owner = f.owner and l.fencing = f.fencing "
+            "and l.expires_at > clock_timestamp()",
+            [f.band for f in fences],
+            [f.owner for f in fences],
+            [f.fencing for f in fences],
+            ENV,
+        )
+        live: dict[str, list[MaintenanceFence]] = {}
+        for band, owner, fencing in rows:
+            live.setdefault(band, []).append(MaintenanceFence(ENV, band, owner, fencing))
+        for band in BAND_NAMES:
+            holders = live.get(band, [])
+            assert len(holders) <= 1, f"{band} has {len(holders)} live owners: {holders}"
+            current = self.current(band)
+            if current is not None and current in fences:
+                assert holders == [current]
+            else:
+                assert holders == []
+            live_rows = self.dbx.all(
+                "select count(*) from {schema}.maintenance_leases where environment = %s "
+                "and band = %s and expires_at > clock_timestamp()",
+                ENV,
+                band,
+            )
+            assert live_rows[0][0] <= 1
+
+
+@pytest.fixture
+def actor_storages(database_url: str, schema: str) -> Iterator[dict[str, PostgresStorage]]:
+    made = {
+        actor: PostgresStorage(
+            connection_string=database_url, schema=schema, pool_min_size=1, pool_max_size=1
+        )
+        for actor in ACTORS
+    }
+    for storage in made.values():
+        storage.open()
+    yield made
+    for storage in made.values():
+        storage.close()
+
+
+@pytest.mark.parametrize("shift", [0, 3600, -3600], ids=["clock", "clock+1h", "clock-1h"])
+def test_lease_rules_state_machine(
+    actor_storages: dict[str, PostgresStorage], dbx: Db, shift: int
+) -> None:
+    """The same rules hold with the process clock an hour ahead or behind: leases use
+    database time only."""
+    seed = actor_storages["A"].run_insert_many(
+        NewRuns(
+            environment=ENV,
+            task_id="t",
+            queue="q",
+            ids=[uuid.uuid4()],
+            payloads=["null"],
+            idempotency_keys=[None],
+            priority=0,
+            max_attempts=1,
+            delay=timedelta(0),
+            run_at=None,
+        )
+    )
+
+    class Machine(LeaseMachine):
+        pass
+
+    Machine.storages = actor_storages
+    Machine.owners = {actor: uuid.uuid4() for actor in ACTORS}
+    Machine.dbx = dbx
+    Machine.run_id = seed[0].id
+    Machine.highest = {}
+    real_time = time.time
+
+    def shifted() -> float:
+        return real_time() + shift
+
+    with mock.patch("time.time", shifted):
+        assert abs(time.time() - real_time() - shift) < 1
+        run_state_machine_as_test(
+            Machine,
+            settings=settings(
+                max_examples=50,
+                stateful_step_count=30,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+                # no shrinking: with a database round trip per step it can outlast the test
+                # timeout; the failing steps (at most 30) are printed as they ran
+                phases=[Phase.explicit, Phase.reuse, Phase.generate],
+            ),
+        )
+    assert Machine.highest, "no lease was ever acquired"
+
+
+# -- races between real threads ---------------------------------------------------------------
+
+
+def run_together(jobs: list[Callable[[], T]], timeout: float = 30.0) -> list[T]:
+    """Run each job in its own thread, released at once by a barrier; re-raise any error."""
+    barrier = threading.Barrier(len(jobs))
+    results: dict[int, T] = {}
+    errors: list[BaseException] = []
+
+    def runner(index: int, job: Callable[[], T]) -> None:
+        try:
+            barrier.wait(timeout=timeout)
+            results[index] = job()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=runner, args=(i, job), name=f"racer-{i}")
+        for i, job in enumerate(jobs)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive(), f"{thread.name} did not finish within {timeout}s"
+    if errors:
+        raise errors[0]
+    return [results[i] for i in range(len(jobs))]
+
+
+def test_racing_acquirers_of_an_expired_band_get_one_fencing_number(
+    database_url: str, schema: str, dbx: Db
+) -> None:
+    storages = [
+        PostgresStorage(
+            connection_string=database_url, schema=schema, pool_min_size=1, pool_max_size=1
+        )
+        for _ in range(6)
+    ]
+    owners = [uuid.uuid4() for _ in storages]
+    for storage in storages:
+        storage.open()
+    try:
+        for previous in range(8):
+            results = run_together(
+                [
+                    functools.partial(s.maintenance_lease_acquire, ENV, "race", o, LEASE)
+                    for s, o in zip(storages, owners, strict=True)
+                ]
+            )
+            winners = [i for i, got in enumerate(results) if got is not None]
+            assert len(winners) == 1, results
+            (winner,) = winners
+            assert results[winner] == previous + 1
+            assert dbx.leases(ENV)["race"] == (owners[winner], previous + 1, True)
+            # the band expires (its owner froze) before the next round
+            dbx.run(
+                "update {schema}.maintenance_leases "
+                "set expires_at = clock_timestamp() - interval '1 millisecond' where band = 'race'"
+            )
+    finally:
+        for storage in storages:
+            storage.close()
