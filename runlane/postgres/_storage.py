@@ -621,21 +621,17 @@ class PostgresStorage:
     ) -> SuspendResult:
         if sum(x is not None for x in (token_id, run_id, wake_at)) != 1:
             raise ValueError("suspend on exactly one of token_id, run_id, wake_at")
-        if token_id is not None:
-            name, target = "run_suspend_on_token", token_id
-        elif run_id is not None:
-            name, target = "run_suspend_on_run", run_id
-        else:
-            name, target = "run_suspend_sleep", None
+        kind = "token" if token_id is not None else "run" if run_id is not None else "sleep"
         params = {
             **_one_lease(lease),
             "environment": environment,
-            "target_id": target,
+            "kind": kind,
+            "target_id": token_id if token_id is not None else run_id,
             "wake_at": wake_at,
         }
 
         def suspend(conn: Conn) -> SuspendResult:
-            row = conn.execute(self._sql[name], params).fetchone()
+            row = conn.execute(self._sql["run_suspend"], params).fetchone()
             assert row is not None
             return SuspendResult(target_open=bool(row[0]), suspended=bool(row[1]))
 

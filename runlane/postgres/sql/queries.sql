@@ -581,56 +581,43 @@ with fence as (
 )
 select (select count(*) from fence) as fenced, (select output from stored) as output;
 
--- name: run_suspend_on_token
--- Suspends the attempt's run until the token is resolved. The token row is share-locked and
--- must still be pending: a completion racing this either committed first (nothing is
--- suspended; the caller re-reads the token) or waits for this transaction and its resume
--- pass then finds the run waiting. A suspension does not consume an attempt.
-with target as (
+-- name: run_suspend
+-- Suspends the attempt's run until a wait token is resolved (kind 'token'), another run of
+-- the environment ends (kind 'run'), or a wake-up time passes (kind 'sleep'). The awaited
+-- token or run is share-locked and must still be unresolved: a completion racing this either
+-- committed first (nothing is suspended; the caller reads it again) or waits for this
+-- transaction, and its resume pass then finds the run waiting. A suspension does not consume
+-- an attempt. "target_open" = 0 means the target was already resolved; "suspended" = 0 with
+-- an open target means the attempt lost its lease.
+with token_target as (
     select id
     from {schema}.wait_tokens
-    where id = %(target_id)s and environment = %(environment)s and status = 'pending'
+    where %(kind)s = 'token' and id = %(target_id)s and environment = %(environment)s
+      and status = 'pending'
     for share
-), suspended as (
-    update {schema}.runs as r
-    set status = case when r.status = 'cancellation_requested' then 'cancelled'
-                      else 'waiting' end,
-        wait_kind = case when r.status = 'cancellation_requested' then null else 'token' end,
-        wait_token_id = case when r.status = 'cancellation_requested' then null
-                             else target.id end,
-        finished_at = case when r.status = 'cancellation_requested' then now() end,
-        releases = r.releases + 1,
-        lease_token = null,
-        lease_expires_at = null,
-        updated_at = now()
-    from target
-    where r.id = %(id)s and r.attempt = %(attempt)s and r.lease_token = %(lease_token)s
-      and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, r.status, r.attempt_started_at
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
-    select id, attempt, %(lease_token)s,
-           case when status = 'waiting' then 'suspended' else status end, attempt_started_at
-    from suspended
-)
-select (select count(*) from target) as target_open,
-       (select count(*) from suspended) as suspended;
-
--- name: run_suspend_on_run
--- As run_suspend_on_token, waiting for another run of the environment to end.
-with target as (
+), run_target as (
     select id
     from {schema}.runs
-    where id = %(target_id)s and environment = %(environment)s
+    where %(kind)s = 'run' and id = %(target_id)s and environment = %(environment)s
       and status not in ('completed', 'failed', 'cancelled')
     for share
+), target as (
+    select id from token_target
+    union all
+    select id from run_target
+    union all
+    select null::uuid where %(kind)s = 'sleep'
 ), suspended as (
     update {schema}.runs as r
     set status = case when r.status = 'cancellation_requested' then 'cancelled'
                       else 'waiting' end,
-        wait_kind = case when r.status = 'cancellation_requested' then null else 'run' end,
-        wait_run_id = case when r.status = 'cancellation_requested' then null
-                           else target.id end,
+        wait_kind = case when r.status = 'cancellation_requested' then null
+                         else %(kind)s::text end,
+        wait_token_id = case when r.status <> 'cancellation_requested'
+                              and %(kind)s = 'token' then target.id end,
+        wait_run_id = case when r.status <> 'cancellation_requested'
+                            and %(kind)s = 'run' then target.id end,
+        due_at = case when %(kind)s = 'sleep' then %(wake_at)s::timestamptz else r.due_at end,
         finished_at = case when r.status = 'cancellation_requested' then now() end,
         releases = r.releases + 1,
         lease_token = null,
@@ -648,30 +635,6 @@ with target as (
 )
 select (select count(*) from target) as target_open,
        (select count(*) from suspended) as suspended;
-
--- name: run_suspend_sleep
--- A durable sleep: the run waits until wake_at; DUE_DELIVERY makes it runnable then.
-with suspended as (
-    update {schema}.runs as r
-    set status = case when r.status = 'cancellation_requested' then 'cancelled'
-                      else 'waiting' end,
-        wait_kind = case when r.status = 'cancellation_requested' then null else 'sleep' end,
-        due_at = %(wake_at)s,
-        finished_at = case when r.status = 'cancellation_requested' then now() end,
-        releases = r.releases + 1,
-        lease_token = null,
-        lease_expires_at = null,
-        updated_at = now()
-    where r.id = %(id)s and r.attempt = %(attempt)s and r.lease_token = %(lease_token)s
-      and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, r.status, r.attempt_started_at
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
-    select id, attempt, %(lease_token)s,
-           case when status = 'waiting' then 'suspended' else status end, attempt_started_at
-    from suspended
-)
-select 1 as target_open, (select count(*) from suspended) as suspended;
 
 -- name: run_release
 -- context.release: the run goes back as released, due after the delay, the attempt not
