@@ -1,0 +1,151 @@
+"""The long-running commands as a process supervisor sees them: signals and exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from runlane import RunContext, RunStatus, create_runlane, task
+from runlane.cli import main
+from runlane.postgres import postgres_polling_lane
+
+APP = textwrap.dedent(
+    """
+    import os
+    from runlane import RunContext, create_runlane, task
+    from runlane.postgres import postgres_polling_lane
+
+    @task(id="cli.echo")
+    def echo(payload, context: RunContext):
+        return payload
+
+    runlane = create_runlane(
+        lane=postgres_polling_lane(
+            connection_string=os.environ["APP_DATABASE_URL"], schema=os.environ["APP_SCHEMA"]
+        ),
+        tasks=[echo],
+    )
+    """
+)
+
+
+@contextmanager
+def _spawn(
+    tmp_path: Path, database_url: str, schema: str, *args: str
+) -> Iterator[subprocess.Popen[str]]:
+    (tmp_path / "cliapp.py").write_text(APP)
+    env = {**os.environ, "APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
+    with subprocess.Popen(
+        [sys.executable, "-m", "runlane.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _wait_for_line(proc: subprocess.Popen[str], needle: str) -> None:
+    """Read stderr until the command announces itself (it prints once it is running)."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if needle in line:
+            return
+    pytest.fail(f"the command exited without printing {needle!r}")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_worker_runs_and_closes_cleanly_on_a_signal(
+    tmp_path: Path, database_url: str, schema: str, stop: signal.Signals
+) -> None:
+    @task(id="cli.echo")
+    def echo(payload: object, context: RunContext) -> object:
+        return payload  # the worker process runs its own copy of this task
+
+    producer = create_runlane(
+        lane=postgres_polling_lane(connection_string=database_url, schema=schema), tasks=[echo]
+    )
+    args = ("worker", "cliapp:runlane", "--concurrency", "2")
+    with _spawn(tmp_path, database_url, schema, *args) as proc:
+        try:
+            _wait_for_line(proc, "SIGTERM or Ctrl-C stops it")
+            handle = producer.trigger(echo, {"hello": "cli"})
+            done = producer.wait_for_run(handle.id, timeout=30)
+            assert done.status is RunStatus.COMPLETED
+            assert done.output == {"hello": "cli"}
+        finally:
+            producer.close()
+            proc.send_signal(stop)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        assert f"{stop.name} received" in proc.stderr.read()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        alive = conn.execute(
+            "select count(*) from pg_stat_activity where application_name like 'runlane-worker-%'"
+        ).fetchone()
+    assert alive == (0,)
+
+
+def test_worker_exits_non_zero_when_the_worker_fails(
+    tmp_path: Path, database_url: str, fresh_schema: str
+) -> None:
+    # an unmigrated schema: the first claim fails for an infrastructure reason
+    with _spawn(tmp_path, database_url, fresh_schema, "worker", "cliapp:runlane") as proc:
+        code = proc.wait(timeout=60)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    assert code == 1
+    assert "WorkerFailed" in err
+    assert "runlane migrate" in err
+
+
+def test_maintenance_closes_cleanly_on_sigterm(
+    tmp_path: Path, database_url: str, schema: str
+) -> None:
+    with _spawn(tmp_path, database_url, schema, "maintenance", "cliapp:runlane") as proc:
+        try:
+            _wait_for_line(proc, "SIGTERM or Ctrl-C stops it")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        live = conn.execute(
+            sql.SQL(
+                "select count(*) from {}.maintenance_leases where expires_at > clock_timestamp()"
+            ).format(sql.Identifier(schema))
+        ).fetchone()
+    assert live == (0,)  # the bands' leases were released on the way out
+
+
+def test_unknown_queue_and_bad_app_exit_non_zero(
+    tmp_path: Path, database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "cliapp.py").write_text(APP)
+    os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"] = database_url, schema
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert main(["worker", "cliapp:runlane", "--queues", "nope"]) == 1
+        assert "unknown queues ['nope']" in capsys.readouterr().err
+        with pytest.raises(SystemExit, match="has no attribute"):
+            main(["worker", "cliapp:missing"])
+        with pytest.raises(SystemExit, match="module:attribute"):
+            main(["drain", "cliapp"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("cliapp", None)
+        del os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"]
