@@ -95,10 +95,12 @@ def bench_one_process(url: str, runs: int) -> float:
     return runs / elapsed
 
 
-def _worker_process(url: str, schema: str, ready: Any, stop: Any) -> None:
+def _worker_process(url: str, schema: str, ready: Any, go: Any, stop: Any) -> None:
     runlane = _runtime(url, schema)
+    runlane.start()
+    ready.set()
+    go.wait()
     with runlane.create_delivery_worker(concurrency=CONCURRENCY):
-        ready.set()
         stop.wait()
     runlane.close()
 
@@ -108,14 +110,18 @@ def bench_two_processes(url: str, runs: int) -> float:
     with _runtime(url, schema) as runlane:
         _enqueue(runlane, runs)
     ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
+    stop, go = ctx.Event(), ctx.Event()
     readies = [ctx.Event() for _ in range(2)]
-    started = time.perf_counter()
     procs = [
-        ctx.Process(target=_worker_process, args=(url, schema, ready, stop)) for ready in readies
+        ctx.Process(target=_worker_process, args=(url, schema, ready, go, stop))
+        for ready in readies
     ]
     for proc in procs:
         proc.start()
+    for ready in readies:
+        ready.wait(60)
+    started = time.perf_counter()
+    go.set()
     _wait_drained(url, schema)
     elapsed = time.perf_counter() - started
     stop.set()

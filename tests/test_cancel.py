@@ -12,35 +12,36 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.rows import dict_row
 
 from runlane import (
     CancelResult,
     ChildRunFailed,
     NonRetryableError,
-    RetryPolicy,
     RunContext,
     Runlane,
     RunNotFound,
-    RunSnapshot,
     RunStatus,
     WaitTokenStatus,
     queue,
     task,
 )
 from runlane.storage import Completion
-from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
-
-HOUR_RETRY = RetryPolicy(
-    max_attempts=3, initial_delay=timedelta(hours=1), max_delay=timedelta(hours=1), jitter=0.0
+from tests.helpers import (
+    HOUR_RETRY,
+    attempt_rows,
+    handler_key,
+    listener_ready,
+    make_due,
+    q,
+    run_row,
+    wait_for_status,
+    wait_until,
 )
 
 
@@ -82,10 +83,6 @@ class Journal:
 
 
 JOURNAL = Journal()
-
-
-def handler_key(run_id: uuid.UUID) -> str:
-    return f"handler:{run_id}"
 
 
 # -- tasks -----------------------------------------------------------------------------------
@@ -167,68 +164,6 @@ def parent(payload: dict[str, Any], context: RunContext) -> dict[str, Any]:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def q(query: LiteralString, schema: str) -> sql.Composed:
-    """``query`` with ``{s}`` replaced by the quoted schema name."""
-    return sql.SQL(query).format(s=sql.Identifier(schema))
-
-
-def wait_until(
-    predicate: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.02
-) -> None:
-    """Poll ``predicate`` until it holds or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def wait_for_status(
-    rl: Runlane, run_id: uuid.UUID, wanted: RunStatus, *, timeout: float = 10.0
-) -> RunSnapshot:
-    wait_until(
-        lambda: rl.get_run(run_id).status is wanted,
-        timeout=timeout,
-        what=f"run {run_id} to be {wanted}",
-    )
-    return rl.get_run(run_id)
-
-
-def run_row(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> dict[str, Any]:
-    with db.cursor(row_factory=dict_row) as cur:
-        cur.execute(q("select *, now() as db_now from {s}.runs where id = %s", schema), (run_id,))
-        row = cur.fetchone()
-    assert row is not None
-    return row
-
-
-def attempt_rows(
-    db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID
-) -> list[tuple[int, str]]:
-    rows = db.execute(
-        q("select attempt, outcome from {s}.attempts where run_id = %s order by attempt", schema),
-        (run_id,),
-    ).fetchall()
-    return [(int(attempt), str(outcome)) for attempt, outcome in rows]
-
-
-def make_due(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> None:
-    """Move the run's due time into the past, as if its delay had passed."""
-    db.execute(
-        q("update {s}.runs set due_at = now() - interval '1 second' where id = %s", schema),
-        (run_id,),
-    )
-
-
-def listener_ready(db: psycopg.Connection[Any], worker: Worker) -> bool:
-    """True once the worker's listener backend exists and has run LISTEN."""
-    row = db.execute(
-        "select count(*) from pg_stat_activity where application_name = %s and query <> ''",
-        (f"{worker.name}-listener",),
-    ).fetchone()
-    return row is not None and int(row[0]) > 0
 
 
 def assert_cancelled_at_once(rl: Runlane, run_id: uuid.UUID, previous: RunStatus) -> None:

@@ -24,20 +24,12 @@ from runlane import (
     task,
 )
 from tests.conftest import RunlaneFactory
+from tests.helpers import statuses
 
 
 @attrs.frozen
 class Item:
     name: str
-
-
-def statuses(db: psycopg.Connection[Any], schema: str) -> dict[str, int]:
-    rows = db.execute(
-        sql.SQL("select status, count(*) from {}.runs group by status").format(
-            sql.Identifier(schema)
-        )
-    ).fetchall()
-    return {str(status): int(n) for status, n in rows}
 
 
 def lease_row(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from runlane import (
     task,
 )
 from tests.conftest import RunlaneFactory
+from tests.helpers import make_due, run_row
 
 NO_DELAY = RetryPolicy(
     max_attempts=3, initial_delay=timedelta(0), max_delay=timedelta(0), jitter=0.0
@@ -47,23 +48,11 @@ class Fatal(NonRetryableError):
     pass
 
 
-def run_row(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> dict[str, Any]:
-    """The run's row plus the database's ``now()`` as ``db_now``."""
-    with db.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            sql.SQL("select *, now() as db_now from {}.runs where id = %s").format(
-                sql.Identifier(schema)
-            ),
-            (run_id,),
-        )
-        row = cur.fetchone()
-    assert row is not None
-    return row
-
-
-def attempt_rows(
+def attempt_records(
     db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID
 ) -> list[dict[str, Any]]:
+    """Every column of every attempt of the run, in order; ``tests.helpers.attempt_rows``
+    reads only ``(attempt, outcome)``."""
     with db.cursor(row_factory=dict_row) as cur:
         cur.execute(
             sql.SQL("select * from {}.attempts where run_id = %s order by attempt").format(
@@ -72,16 +61,6 @@ def attempt_rows(
             (run_id,),
         )
         return cur.fetchall()
-
-
-def make_due_now(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> None:
-    """Pull a retrying run's due time into the past, as if its delay had elapsed."""
-    db.execute(
-        sql.SQL("update {}.runs set due_at = now() - interval '1 second' where id = %s").format(
-            sql.Identifier(schema)
-        ),
-        (run_id,),
-    )
 
 
 def failing_task(
@@ -183,7 +162,7 @@ def test_retry_delay_grows_per_attempt_and_is_capped(
         row = run_row(db, schema, handle.id)
         assert row["status"] == "retrying"
         waits.append(row["due_at"] - row["updated_at"])
-        make_due_now(db, schema, handle.id)
+        make_due(db, schema, handle.id)
         assert runlane.run_maintenance_once().due_runs_delivered == 1
     assert waits == [timedelta(seconds=30), timedelta(seconds=90), timedelta(seconds=100)]
     assert attempts == [1, 2, 3]
@@ -416,7 +395,7 @@ def test_retry_not_yet_due_is_not_delivered(
     assert runlane.drain().runs_executed == 0
     assert attempts == [1]
     # once its time has come, the same pass delivers it
-    make_due_now(db, schema, handle.id)
+    make_due(db, schema, handle.id)
     assert runlane.run_maintenance_once().due_runs_delivered == 1
     assert runlane.get_run(handle.id).status is RunStatus.QUEUED
 
@@ -481,7 +460,7 @@ def test_attempts_table_has_one_row_per_finished_attempt(
     runlane = make_runlane(tasks=[flaky, fatal])
     handle = runlane.trigger(flaky, Job(name="x"))
     doomed = runlane.trigger(fatal, Job(name="y"))
-    assert attempt_rows(db, schema, handle.id) == []
+    assert attempt_records(db, schema, handle.id) == []
 
     assert runlane.drain().runs_executed == 2
     assert runlane.run_maintenance_once().due_runs_delivered == 1
@@ -490,7 +469,7 @@ def test_attempts_table_has_one_row_per_finished_attempt(
     assert runlane.drain().runs_executed == 1
     assert runlane.get_run(handle.id).status is RunStatus.COMPLETED
 
-    rows = attempt_rows(db, schema, handle.id)
+    rows = attempt_records(db, schema, handle.id)
     assert [(r["attempt"], r["outcome"]) for r in rows] == [
         (1, "retrying"),
         (2, "retrying"),
@@ -504,7 +483,7 @@ def test_attempts_table_has_one_row_per_finished_attempt(
     assert rows[0]["finished_at"] <= rows[1]["started_at"]
     assert rows[1]["finished_at"] <= rows[2]["started_at"]
 
-    doomed_rows = attempt_rows(db, schema, doomed.id)
+    doomed_rows = attempt_records(db, schema, doomed.id)
     assert [(r["attempt"], r["outcome"]) for r in doomed_rows] == [(1, "failed")]
     assert doomed_rows[0]["error"]["type"].endswith("Fatal")
 

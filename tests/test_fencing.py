@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import attrs
-import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -43,9 +41,7 @@ from runlane.storage import (
     NewRuns,
     RetryPolicyRow,
 )
-
-Conn = psycopg.Connection[Any]
-T = TypeVar("T")
+from tests.helpers import Conn, run_together
 
 ENV = "env"
 QUEUE = "q"
@@ -504,30 +500,6 @@ def test_released_attempts_do_not_count_against_max_attempts(
 # -- races between real threads ---------------------------------------------------------------
 
 
-def run_together(jobs: list[Callable[[], T]]) -> list[T]:
-    """Run every job in its own thread, released at once by a barrier; re-raise any error."""
-    barrier = threading.Barrier(len(jobs))
-    results: dict[int, T] = {}
-    errors: list[BaseException] = []
-
-    def runner(index: int, job: Callable[[], T]) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[index] = job()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=runner, args=(i, job)) for i, job in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads)
-    if errors:
-        raise errors[0]
-    return [results[i] for i in range(len(jobs))]
-
-
 def claim_one(storage: PostgresStorage) -> ClaimedRun:
     (claimed,) = storage.run_claim(ENV, [QUEUE], 1, LEASE)
     return claimed
@@ -570,7 +542,7 @@ def test_racing_writers_exactly_one_current_write_applies(
                 ref = stale[index // 2]
                 as_failure = index % 4 == 3
             jobs.append(_writer(storage, ref, index, fail=as_failure))
-        outcomes = run_together(jobs)
+        outcomes = run_together(jobs, join_timeout=60)
         assert len(outcomes) == writers
         winners = [index for index, applied in enumerate(outcomes) if applied]
         assert len(winners) == 1, f"round {round_number}: {winners} applied"
@@ -651,7 +623,7 @@ def test_racing_extensions_and_completion(
             extend(storages[2], ref),
             complete(storages[3], ref),
         ]
-        outcomes = run_together(jobs)
+        outcomes = run_together(jobs, join_timeout=60)
         assert [outcomes[1], outcomes[3]].count(True) == 1
         row = db.execute(
             sql.SQL(
@@ -688,7 +660,7 @@ def test_concurrent_claimers_claim_every_run_exactly_once(
 
         return claim_all
 
-    results = run_together([claimer(s, i) for i, s in enumerate(storages)])
+    results = run_together([claimer(s, i) for i, s in enumerate(storages)], join_timeout=60)
     everything = [c for result in results for c in result]
     ids = [c.id for c in everything]
     assert len(ids) == len(set(ids)), "a run was claimed twice"

@@ -37,8 +37,7 @@ from runlane import (
 from runlane.cli import main
 from runlane.storage import ClaimedRun, Completion, Failure, LeaseRef
 from tests.conftest import RunlaneFactory
-
-Conn = psycopg.Connection[Any]
+from tests.helpers import Conn, SchemaDb
 
 # Set by the CLI tests: ``runlane status tests.test_maintenance:CLI_APP``.
 CLI_APP: Runlane | None = None
@@ -107,26 +106,8 @@ def waiter(payload: TokenRef, context: RunContext) -> dict[str, Any]:
 ALL_TASKS = [ok, flaky, slow_retry, once, fatal, releaser, sleeper, waiter]
 
 
-class Db:
+class Db(SchemaDb):
     """Set-up and assertions on the test's schema through a separate connection."""
-
-    def __init__(self, conn: Conn, schema: str) -> None:
-        self.conn = conn
-        self.schema = schema
-
-    def q(self, text: str) -> sql.Composed:
-        return sql.SQL(text).format(schema=sql.Identifier(self.schema))
-
-    def all(self, text: str, *params: Any) -> list[tuple[Any, ...]]:
-        return self.conn.execute(self.q(text), params).fetchall()
-
-    def one(self, text: str, *params: Any) -> tuple[Any, ...]:
-        row: tuple[Any, ...] | None = self.conn.execute(self.q(text), params).fetchone()
-        assert row is not None
-        return row
-
-    def run(self, text: str, *params: Any) -> int:
-        return self.conn.execute(self.q(text), params).rowcount
 
     def expire_lease(self, run_id: uuid.UUID) -> None:
         changed = self.run(

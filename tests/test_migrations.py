@@ -32,8 +32,7 @@ from runlane.postgres import (
 )
 from runlane.postgres._migrations import _LOCK_CLASS, latest_version
 from runlane.postgres._sql import load_migration_files
-
-Conn = psycopg.Connection[Any]
+from tests.helpers import Conn, count_runs
 
 # A connection string that fails at once if anything tries to use it.
 UNREACHABLE = "host=/nonexistent/runlane-test dbname=nothing connect_timeout=1"
@@ -87,14 +86,6 @@ def ledger(db: Conn, name: str) -> list[tuple[Any, ...]]:
             "select version, name, checksum, applied_at from {}.runlane_migrations order by version"
         ).format(sql.Identifier(name))
     ).fetchall()
-
-
-def run_count(db: Conn, name: str) -> int:
-    row = db.execute(
-        sql.SQL("select count(*) from {}.runs").format(sql.Identifier(name))
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def migrate(database_url: str, name: str) -> MigrationResult:
@@ -247,7 +238,7 @@ def test_different_schemas_migrate_independently(database_url: str, db: Conn) ->
                 "'{{}}', 1, now())"
             ).format(sql.Identifier(first))
         )
-        assert (run_count(db, first), run_count(db, second)) == (1, 0)
+        assert (count_runs(db, first), count_runs(db, second)) == (1, 0)
     finally:
         for name in (first, second):
             db.execute(sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(name)))
@@ -509,7 +500,7 @@ def test_runtime_on_newer_schema_is_incompatible(
         with pytest.raises(IncompatibleSchema):
             runtime.trigger(ping, Ping(n=1), connection=own)
         own.rollback()
-    assert run_count(db, schema) == 0
+    assert count_runs(db, schema) == 0
 
 
 def test_runtime_on_foreign_ledger_is_incompatible(

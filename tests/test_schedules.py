@@ -5,18 +5,14 @@ catch-up, a changed definition)."""
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import attrs
-import psycopg
 import pytest
-from psycopg import sql
 
 from runlane import (
     ConfigurationError,
@@ -32,9 +28,7 @@ from runlane import (
 from runlane.schedules import due_slots, next_slot
 from runlane.storage import ScheduledRun, ScheduleState
 from tests.conftest import RunlaneFactory
-
-Conn = psycopg.Connection[Any]
-T = TypeVar("T")
+from tests.helpers import Conn, SchemaDb, run_together
 
 UTC_ZONE = ZoneInfo("UTC")
 PARIS = ZoneInfo("Europe/Paris")
@@ -360,24 +354,17 @@ def test_schedules_takes_schedule_definitions(make_runlane: RunlaneFactory) -> N
 # -- the SCHEDULES phase against the database ----------------------------------------------------
 
 
-class Tables:
+class Tables(SchemaDb):
     """Reads of the test schema's schedule tables."""
 
-    def __init__(self, db: Conn, schema: str) -> None:
-        self.db = db
-        self.schema = schema
-
-    def q(self, text: str) -> sql.Composed:
-        return sql.SQL(text).format(schema=sql.Identifier(self.schema))
-
     def now(self) -> datetime:
-        row = self.db.execute("select clock_timestamp()").fetchone()
+        row = self.conn.execute("select clock_timestamp()").fetchone()
         assert row is not None
         value: datetime = row[0]
         return value
 
     def state(self, schedule_id: str) -> tuple[str, str, datetime]:
-        row = self.db.execute(
+        row = self.conn.execute(
             self.q(
                 "select cron, timezone, next_slot_at from {schema}.schedules where schedule_id = %s"
             ),
@@ -389,7 +376,7 @@ class Tables:
     def slots(self, schedule_id: str) -> list[tuple[datetime, Any]]:
         return [
             (row[0], row[1])
-            for row in self.db.execute(
+            for row in self.conn.execute(
                 self.q(
                     "select slot_at, run_id from {schema}.schedule_slots "
                     "where schedule_id = %s order by slot_at"
@@ -401,7 +388,7 @@ class Tables:
     def runs(self, task_id: str) -> list[tuple[Any, str, Any, int]]:
         return [
             (row[0], row[1], row[2], row[3])
-            for row in self.db.execute(
+            for row in self.conn.execute(
                 self.q(
                     "select id, status, payload, priority from {schema}.runs "
                     "where task_id = %s order by created_at, id"
@@ -411,7 +398,7 @@ class Tables:
         ]
 
     def move_next_slot(self, schedule_id: str, by: timedelta) -> None:
-        self.db.execute(
+        self.conn.execute(
             self.q(
                 "update {schema}.schedules set next_slot_at = next_slot_at + %s "
                 "where schedule_id = %s"
@@ -496,33 +483,6 @@ def test_repeated_passes_never_fire_a_slot_twice(
     assert all(gap >= timedelta(seconds=1) for gap in gaps), gaps
 
 
-def run_together(jobs: list[Callable[[], T]], timeout: float = 30.0) -> list[T]:
-    """Run each job in its own thread, released at once by a barrier; re-raise any error."""
-    barrier = threading.Barrier(len(jobs))
-    results: dict[int, T] = {}
-    errors: list[BaseException] = []
-
-    def runner(index: int, job: Callable[[], T]) -> None:
-        try:
-            barrier.wait(timeout=timeout)
-            results[index] = job()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [
-        threading.Thread(target=runner, args=(i, job), name=f"racer-{i}")
-        for i, job in enumerate(jobs)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-        assert not thread.is_alive(), f"{thread.name} did not finish within {timeout}s"
-    if errors:
-        raise errors[0]
-    return [results[i] for i in range(len(jobs))]
-
-
 def test_racing_replicas_create_exactly_one_run_per_slot(
     make_runlane: RunlaneFactory, tables: Tables
 ) -> None:
@@ -537,7 +497,7 @@ def test_racing_replicas_create_exactly_one_run_per_slot(
 
     # six first sightings at once: one state row, no run
     assert sum(r.schedules_created for r in race()) == 0
-    assert len(tables.db.execute(tables.q("select * from {schema}.schedules")).fetchall()) == 1
+    assert len(tables.conn.execute(tables.q("select * from {schema}.schedules")).fetchall()) == 1
     total = 0
     for _ in range(3):
         tables.wait_until_due("every-second")
@@ -653,7 +613,7 @@ def test_schedule_uses_its_queue_and_environment(
     tables.move_next_slot("s", -timedelta(minutes=2))
     assert other.run_maintenance_once().schedules_created == 0  # no schedule there
     assert rl.run_maintenance_once().schedules_created == 1
-    row = tables.db.execute(
+    row = tables.conn.execute(
         tables.q("select environment, queue from {schema}.runs where task_id = 'tick'")
     ).fetchall()
     assert row == [("prod", "reports")]

@@ -50,8 +50,8 @@ from runlane.postgres import PostgresStorage
 from runlane.postgres._sql import statements
 from runlane.storage import MaintenanceFence, NewRuns, RetryPolicyRow, ScheduledRun, ScheduleState
 from tests.conftest import RunlaneFactory
+from tests.helpers import Conn, SchemaDb, run_together
 
-Conn = psycopg.Connection[Any]
 T = TypeVar("T")
 
 BANDS = frozenset({"schedules", "delivery", "recovery", "cleanup"})
@@ -107,19 +107,8 @@ class Observed:
         return found
 
 
-class Db:
-    def __init__(self, conn: Conn, schema: str) -> None:
-        self.conn = conn
-        self.schema = schema
-
-    def q(self, text: str) -> sql.Composed:
-        return sql.SQL(text).format(schema=sql.Identifier(self.schema))
-
-    def all(self, text: str, *params: Any) -> list[tuple[Any, ...]]:
-        return self.conn.execute(self.q(text), params).fetchall()
-
-    def run(self, text: str, *params: Any) -> int:
-        return self.conn.execute(self.q(text), params).rowcount
+class Db(SchemaDb):
+    """Maintenance leases and run statuses in the test's schema."""
 
     def leases(self, environment: str) -> dict[str, tuple[uuid.UUID, int, bool]]:
         rows = self.all(
@@ -776,33 +765,6 @@ def test_lease_rules_state_machine(
 
 
 # -- races between real threads ---------------------------------------------------------------
-
-
-def run_together(jobs: list[Callable[[], T]], timeout: float = 30.0) -> list[T]:
-    """Run each job in its own thread, released at once by a barrier; re-raise any error."""
-    barrier = threading.Barrier(len(jobs))
-    results: dict[int, T] = {}
-    errors: list[BaseException] = []
-
-    def runner(index: int, job: Callable[[], T]) -> None:
-        try:
-            barrier.wait(timeout=timeout)
-            results[index] = job()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [
-        threading.Thread(target=runner, args=(i, job), name=f"racer-{i}")
-        for i, job in enumerate(jobs)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-        assert not thread.is_alive(), f"{thread.name} did not finish within {timeout}s"
-    if errors:
-        raise errors[0]
-    return [results[i] for i in range(len(jobs))]
 
 
 def test_racing_acquirers_of_an_expired_band_get_one_fencing_number(

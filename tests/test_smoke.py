@@ -1,14 +1,8 @@
 from __future__ import annotations
 
-import attrs
-
 from runlane import RunContext, RunStatus, task
 from tests.conftest import RunlaneFactory
-
-
-@attrs.frozen
-class Greet:
-    name: str
+from tests.helpers import Greet
 
 
 @task(id="greet", schema=Greet)

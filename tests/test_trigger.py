@@ -11,7 +11,6 @@ from typing import Any
 import attrs
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.rows import dict_row
 
 from runlane import (
@@ -27,11 +26,7 @@ from runlane import (
     task,
 )
 from tests.conftest import RunlaneFactory
-
-
-@attrs.frozen
-class Greet:
-    name: str
+from tests.helpers import Greet, count_runs, run_row
 
 
 @attrs.frozen
@@ -64,28 +59,6 @@ def send_mail(payload: Greet, context: RunContext) -> None:
 @task(id="tagged", schema=Tagged)
 def tagged(payload: Tagged, context: RunContext) -> None:
     return None
-
-
-def count_runs(db: psycopg.Connection[Any], schema: str) -> int:
-    row = db.execute(
-        sql.SQL("select count(*) from {}.runs").format(sql.Identifier(schema))
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def fetch_run(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> dict[str, Any]:
-    """The run's row plus the database's ``now()`` as ``db_now``."""
-    with db.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            sql.SQL("select *, now() as db_now from {}.runs where id = %s").format(
-                sql.Identifier(schema)
-            ),
-            (run_id,),
-        )
-        row = cur.fetchone()
-    assert row is not None, f"run {run_id} is not in {schema}.runs"
-    return row
 
 
 # -- payloads and validation ----------------------------------------------------------------
@@ -223,7 +196,7 @@ def test_queue_override(
     handle = runlane.trigger(send_mail, Greet(name="ada"), queue="bulk")
     assert handle.queue == "bulk"
     assert runlane.get_run(handle.id).queue == "bulk"
-    assert fetch_run(db, schema, handle.id)["queue"] == "bulk"
+    assert run_row(db, schema, handle.id)["queue"] == "bulk"
     assert runlane.drain(queues=["email"]).runs_executed == 0
     assert runlane.drain(queues=["bulk"]).runs_executed == 1
 
@@ -321,7 +294,7 @@ def test_delay_sets_due_at_by_database_time(
 ) -> None:
     runlane = make_runlane(tasks=[greet])
     handle = runlane.trigger(greet, Greet(name="ada"), delay=delay)
-    row = fetch_run(db, schema, handle.id)
+    row = run_row(db, schema, handle.id)
     # both stamps come from the database in the same statement
     assert abs((row["due_at"] - row["created_at"]) - expected) < timedelta(milliseconds=1)
     assert row["due_at"] > row["db_now"]
@@ -336,7 +309,7 @@ def test_no_delay_means_due_at_creation(
 ) -> None:
     runlane = make_runlane(tasks=[greet])
     handle = runlane.trigger(greet, Greet(name="ada"))
-    row = fetch_run(db, schema, handle.id)
+    row = run_row(db, schema, handle.id)
     assert row["due_at"] == row["created_at"]
     assert row["due_at"] <= row["db_now"]
 
@@ -394,7 +367,7 @@ def test_max_attempts_override_is_stored(
     override = runlane.trigger(greet, Greet(name="b"), max_attempts=9)
     assert runlane.get_run(default.id).max_attempts == 4
     assert runlane.get_run(override.id).max_attempts == 9
-    assert fetch_run(db, schema, override.id)["max_attempts"] == 9
+    assert run_row(db, schema, override.id)["max_attempts"] == 9
 
 
 @pytest.mark.parametrize("max_attempts", [0, -1, True, 2.0, 2**31], ids=repr)

@@ -15,7 +15,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, LiteralString
+from typing import Any
 
 import attrs
 import psycopg
@@ -23,19 +23,16 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
-from psycopg.rows import dict_row
 
 from runlane import (
     ChildRunFailed,
     ConfigurationError,
     MaintenanceResult,
     NonRetryableError,
-    RetryPolicy,
     RunContext,
     RunHandle,
     Runlane,
     RunNotFound,
-    RunSnapshot,
     RunStatus,
     StaleLease,
     Task,
@@ -47,14 +44,18 @@ from runlane import (
     task,
 )
 from runlane.storage import ClaimedRun, LeaseRef, StepStored, Storage
-from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
-
-ONE_ATTEMPT = RetryPolicy(max_attempts=1)
-HOUR_RETRY = RetryPolicy(
-    max_attempts=3, initial_delay=timedelta(hours=1), max_delay=timedelta(hours=1), jitter=0.0
+from tests.helpers import (
+    HOUR_RETRY,
+    ONE_ATTEMPT,
+    attempt_rows,
+    handler_key,
+    listener_ready,
+    q,
+    run_row,
+    wait_for_status,
+    wait_until,
 )
-
 
 # -- what handlers saw -----------------------------------------------------------------------
 
@@ -86,10 +87,6 @@ class Journal:
 
 
 JOURNAL = Journal()
-
-
-def handler_key(run_id: uuid.UUID) -> str:
-    return f"handler:{run_id}"
 
 
 # -- tasks -----------------------------------------------------------------------------------
@@ -278,51 +275,6 @@ def noop(payload: dict[str, Any], context: RunContext) -> str:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def q(query: LiteralString, schema: str) -> sql.Composed:
-    """``query`` with ``{s}`` replaced by the quoted schema name."""
-    return sql.SQL(query).format(s=sql.Identifier(schema))
-
-
-def wait_until(
-    predicate: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.02
-) -> None:
-    """Poll ``predicate`` until it holds or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def wait_for_status(
-    rl: Runlane, run_id: uuid.UUID, wanted: RunStatus, *, timeout: float = 10.0
-) -> RunSnapshot:
-    wait_until(
-        lambda: rl.get_run(run_id).status is wanted,
-        timeout=timeout,
-        what=f"run {run_id} to be {wanted}",
-    )
-    return rl.get_run(run_id)
-
-
-def run_row(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> dict[str, Any]:
-    with db.cursor(row_factory=dict_row) as cur:
-        cur.execute(q("select *, now() as db_now from {s}.runs where id = %s", schema), (run_id,))
-        row = cur.fetchone()
-    assert row is not None
-    return row
-
-
-def attempt_rows(
-    db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID
-) -> list[tuple[int, str]]:
-    rows = db.execute(
-        q("select attempt, outcome from {s}.attempts where run_id = %s order by attempt", schema),
-        (run_id,),
-    ).fetchall()
-    return [(int(attempt), str(outcome)) for attempt, outcome in rows]
-
-
 def stored_steps(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> dict[str, Any]:
     rows = db.execute(
         q("select name, output from {s}.steps where run_id = %s", schema), (run_id,)
@@ -338,15 +290,6 @@ def count(db: psycopg.Connection[Any], query: sql.Composed, *params: object) -> 
 
 def children_of(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> int:
     return count(db, q("select count(*) from {s}.runs where parent_run_id = %s", schema), run_id)
-
-
-def listener_ready(db: psycopg.Connection[Any], worker: Worker) -> bool:
-    """True once the worker's listener backend exists and has run LISTEN."""
-    row = db.execute(
-        "select count(*) from pg_stat_activity where application_name = %s and query <> ''",
-        (f"{worker.name}-listener",),
-    ).fetchone()
-    return row is not None and int(row[0]) > 0
 
 
 def maintain_until_delivered(rl: Runlane, due_at: Any, *, timeout: float) -> list[bool]:

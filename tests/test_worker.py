@@ -14,7 +14,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, LiteralString
+from typing import Any
 
 import attrs
 import psycopg
@@ -26,7 +26,6 @@ from psycopg_pool import ConnectionPool
 from runlane import (
     ConfigurationError,
     NonRetryableError,
-    RetryPolicy,
     RunContext,
     RunStatus,
     SchemaNotMigrated,
@@ -36,13 +35,18 @@ from runlane import (
 )
 from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
+from tests.helpers import (
+    HOUR_RETRY,
+    ONE_ATTEMPT,
+    attempt_rows,
+    listener_ready,
+    q,
+    run_row,
+    statuses,
+    wait_until,
+)
 
 HandlerPool = ConnectionPool[psycopg.Connection[TupleRow]]
-
-HOUR_RETRY = RetryPolicy(
-    max_attempts=3, initial_delay=timedelta(hours=1), max_delay=timedelta(hours=1), jitter=0.0
-)
-ONE_ATTEMPT = RetryPolicy(max_attempts=1)
 
 
 @attrs.frozen
@@ -55,52 +59,6 @@ class Boom(Exception):
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def q(query: LiteralString, schema: str) -> sql.Composed:
-    """``query`` with ``{s}`` replaced by the quoted schema name."""
-    return sql.SQL(query).format(s=sql.Identifier(schema))
-
-
-def wait_until(
-    predicate: Callable[[], bool],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.02,
-    state: Callable[[], object] | None = None,
-) -> None:
-    """Poll ``predicate`` (usually a database read) until it holds or ``timeout`` passes;
-    ``state`` describes what was seen instead, for the failure message."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            seen = "" if state is None else f"; saw {state()!r}"
-            pytest.fail(f"timed out after {timeout}s waiting for {what}{seen}")
-        time.sleep(interval)
-
-
-def statuses(db: psycopg.Connection[Any], schema: str) -> dict[str, int]:
-    rows = db.execute(q("select status, count(*) from {s}.runs group by status", schema))
-    return {str(status): int(n) for status, n in rows.fetchall()}
-
-
-def run_row(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> dict[str, Any]:
-    with db.cursor(row_factory=dict_row) as cur:
-        cur.execute(q("select *, now() as db_now from {s}.runs where id = %s", schema), (run_id,))
-        row = cur.fetchone()
-    assert row is not None
-    return row
-
-
-def attempt_rows(
-    db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID
-) -> list[tuple[int, str]]:
-    rows = db.execute(
-        q("select attempt, outcome from {s}.attempts where run_id = %s order by attempt", schema),
-        (run_id,),
-    ).fetchall()
-    return [(int(attempt), str(outcome)) for attempt, outcome in rows]
 
 
 def worker_threads(worker: Worker) -> list[str]:
@@ -118,20 +76,11 @@ def new_runlane_threads(before: set[threading.Thread]) -> list[str]:
     )
 
 
-def listener_ready(db: psycopg.Connection[Any], worker: Worker) -> bool:
-    """True once the worker's listener backend exists and has run LISTEN."""
-    row = db.execute(
-        "select count(*) from pg_stat_activity where application_name = %s and query <> ''",
-        (f"{worker.name}-listener",),
-    ).fetchone()
-    return row is not None and int(row[0]) > 0
-
-
 def status_of(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> str:
     return str(run_row(db, schema, run_id)["status"])
 
 
-def wait_for_status(
+def wait_for_row_status(
     db: psycopg.Connection[Any],
     schema: str,
     run_id: uuid.UUID,
@@ -339,7 +288,7 @@ def test_close_closes_every_worker_connection(
     runlane = make_runlane(tasks=[noop])
     worker = runlane.create_delivery_worker(concurrency=2)
     handle = runlane.trigger(noop, Item(n=1))
-    wait_for_status(db, schema, handle.id, {"completed"}, timeout=10, what="the run")
+    wait_for_row_status(db, schema, handle.id, {"completed"}, timeout=10, what="the run")
     worker.close(timeout=5)
 
     def backends() -> list[str]:
@@ -472,7 +421,7 @@ def test_idle_worker_wakes_on_notify_not_on_poll(
             # the poll would take 30 s: only the NOTIFY can start it this soon
             assert started.wait(5), "the idle worker did not wake on the trigger's NOTIFY"
             latencies.append(start_times[-1] - t0)
-            wait_for_status(
+            wait_for_row_status(
                 db, schema, handle.id, {"completed"}, timeout=5, what="the woken run to complete"
             )
         assert max(latencies) < 1.0, latencies
@@ -988,7 +937,7 @@ def test_cancelling_a_running_run_sets_cancelled_and_ends_cancelled(
                 q("update {s}.runs set status = 'cancellation_requested' where id = %s", schema),
                 (handle.id,),
             )
-        wait_for_status(db, schema, handle.id, {"cancelled"}, timeout=5, what="cancelled")
+        wait_for_row_status(db, schema, handle.id, {"cancelled"}, timeout=5, what="cancelled")
         assert time.monotonic() - t0 < 3.0
     finally:
         worker.close(timeout=5)
@@ -1017,7 +966,7 @@ def test_worker_only_sees_its_own_environment(
         assert worker.idle_signal.wait(10)
         blue_run = blue.trigger(env_task, Item(n=1))
         green_run = green.trigger(env_task, Item(n=2))
-        wait_for_status(db, schema, green_run.id, {"completed"}, timeout=5, what="green run")
+        wait_for_row_status(db, schema, green_run.id, {"completed"}, timeout=5, what="green run")
         # several polls later the blue run is still untouched
         worker.idle_signal.clear()
         assert worker.idle_signal.wait(5)

@@ -1,0 +1,189 @@
+"""Helpers shared by several test files: SQL on the test's schema, bounded polling, rows read
+back from the database, and threads raced against one another. Helpers that only one file
+uses stay in that file."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, LiteralString, TypeVar
+
+import attrs
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from runlane import RetryPolicy, Runlane, RunSnapshot, RunStatus
+from runlane.worker import Worker
+
+Conn = psycopg.Connection[Any]
+T = TypeVar("T")
+
+HOUR_RETRY = RetryPolicy(
+    max_attempts=3, initial_delay=timedelta(hours=1), max_delay=timedelta(hours=1), jitter=0.0
+)
+ONE_ATTEMPT = RetryPolicy(max_attempts=1)
+
+
+@attrs.frozen
+class Greet:
+    name: str
+
+
+# -- SQL on the test's schema ------------------------------------------------------------------
+
+
+def q(query: LiteralString, schema: str) -> sql.Composed:
+    """``query`` with ``{s}`` replaced by the quoted schema name."""
+    return sql.SQL(query).format(s=sql.Identifier(schema))
+
+
+class SchemaDb:
+    """Set-up and reads on the test's schema through a separate connection; ``{schema}`` in
+    a query stands for the quoted schema name. Test files subclass it with their own reads."""
+
+    def __init__(self, conn: Conn, schema: str) -> None:
+        self.conn = conn
+        self.schema = schema
+
+    def q(self, text: str) -> sql.Composed:
+        return sql.SQL(text).format(schema=sql.Identifier(self.schema))
+
+    def all(self, text: str, *params: Any) -> list[tuple[Any, ...]]:
+        return self.conn.execute(self.q(text), params).fetchall()
+
+    def one(self, text: str, *params: Any) -> tuple[Any, ...]:
+        row: tuple[Any, ...] | None = self.conn.execute(self.q(text), params).fetchone()
+        assert row is not None
+        return row
+
+    def run(self, text: str, *params: Any) -> int:
+        return self.conn.execute(self.q(text), params).rowcount
+
+
+# -- rows read back --------------------------------------------------------------------------
+
+
+def run_row(db: Conn, schema: str, run_id: uuid.UUID) -> dict[str, Any]:
+    """The run's row plus the database's ``now()`` as ``db_now``."""
+    with db.cursor(row_factory=dict_row) as cur:
+        cur.execute(q("select *, now() as db_now from {s}.runs where id = %s", schema), (run_id,))
+        row = cur.fetchone()
+    assert row is not None, f"run {run_id} is not in {schema}.runs"
+    return row
+
+
+def attempt_rows(db: Conn, schema: str, run_id: uuid.UUID) -> list[tuple[int, str]]:
+    """``(attempt, outcome)`` of every attempt of the run, in order."""
+    rows = db.execute(
+        q("select attempt, outcome from {s}.attempts where run_id = %s order by attempt", schema),
+        (run_id,),
+    ).fetchall()
+    return [(int(attempt), str(outcome)) for attempt, outcome in rows]
+
+
+def statuses(db: Conn, schema: str) -> dict[str, int]:
+    """How many runs there are in each status."""
+    rows = db.execute(q("select status, count(*) from {s}.runs group by status", schema))
+    return {str(status): int(n) for status, n in rows.fetchall()}
+
+
+def count_runs(db: Conn, schema: str) -> int:
+    row = db.execute(q("select count(*) from {s}.runs", schema)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def make_due(db: Conn, schema: str, run_id: uuid.UUID) -> None:
+    """Move the run's due time into the past, as if its delay had passed."""
+    db.execute(
+        q("update {s}.runs set due_at = now() - interval '1 second' where id = %s", schema),
+        (run_id,),
+    )
+
+
+def listener_ready(db: Conn, worker: Worker) -> bool:
+    """True once the worker's listener backend exists and has run LISTEN."""
+    row = db.execute(
+        "select count(*) from pg_stat_activity where application_name = %s and query <> ''",
+        (f"{worker.name}-listener",),
+    ).fetchone()
+    return row is not None and int(row[0]) > 0
+
+
+def handler_key(run_id: uuid.UUID) -> str:
+    """The key under which a test's journal counts the handler calls of the run."""
+    return f"handler:{run_id}"
+
+
+# -- bounded waits -----------------------------------------------------------------------------
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    state: Callable[[], object] | None = None,
+) -> None:
+    """Poll ``predicate`` (usually a database read) until it holds or ``timeout`` passes;
+    ``state`` describes what was seen instead, for the failure message."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            seen = "" if state is None else f"; saw {state()!r}"
+            pytest.fail(f"timed out after {timeout}s waiting for {what}{seen}")
+        time.sleep(interval)
+
+
+def wait_for_status(
+    rl: Runlane, run_id: uuid.UUID, wanted: RunStatus, *, timeout: float = 10.0
+) -> RunSnapshot:
+    """Poll ``get_run`` until the run is ``wanted``; returns the snapshot then."""
+    wait_until(
+        lambda: rl.get_run(run_id).status is wanted,
+        timeout=timeout,
+        what=f"run {run_id} to be {wanted}",
+    )
+    return rl.get_run(run_id)
+
+
+# -- races between real threads ------------------------------------------------------------------
+
+
+def run_together(
+    jobs: list[Callable[[], T]], timeout: float = 30.0, *, join_timeout: float | None = None
+) -> list[T]:
+    """Run each job in its own thread, released at once by a barrier; re-raise any error.
+
+    Each thread gets ``timeout`` seconds to reach the barrier and ``join_timeout`` (by
+    default ``timeout``) to finish; returns the jobs' results in order."""
+    barrier = threading.Barrier(len(jobs))
+    results: dict[int, T] = {}
+    errors: list[BaseException] = []
+    finish = timeout if join_timeout is None else join_timeout
+
+    def runner(index: int, job: Callable[[], T]) -> None:
+        try:
+            barrier.wait(timeout=timeout)
+            results[index] = job()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=runner, args=(i, job), name=f"racer-{i}")
+        for i, job in enumerate(jobs)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(finish)
+        assert not thread.is_alive(), f"{thread.name} did not finish within {finish}s"
+    if errors:
+        raise errors[0]
+    return [results[i] for i in range(len(jobs))]
