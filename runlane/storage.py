@@ -235,8 +235,10 @@ class Storage(Protocol):
         """Hand attempts back unconsumed: their runs become claimable again at once (a run
         whose cancellation was requested becomes ``cancelled``)."""
 
-    def dedicated(self, name: str) -> Storage:
-        """A view of this storage on a connection of its own, for one thread."""
+    def dedicated(self, name: str, *, synchronous_commit: bool = True) -> Storage:
+        """A view of this storage on a connection of its own, for one thread. Without
+        ``synchronous_commit`` a commit may be lost to a server crash (never to a client
+        failure); only claims, which a crash merely returns to the queue, use that."""
 
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -58,10 +58,15 @@ class DedicatedSource:
     statement, not the owner.
     """
 
-    def __init__(self, conninfo: str, *, timeout: float, name: str) -> None:
+    def __init__(
+        self, conninfo: str, *, timeout: float, name: str, synchronous_commit: bool = True
+    ) -> None:
         self._conninfo = conninfo
         self._timeout = timeout
         self._name = name
+        self._options: dict[str, Any] = (
+            {} if synchronous_commit else {"options": "-c synchronous_commit=off"}
+        )
         self._lock = threading.Lock()
         self._conn: Conn | None = None
         self._closed = False
@@ -90,6 +95,7 @@ class DedicatedSource:
                     autocommit=True,
                     connect_timeout=max(1, int(self._timeout)),
                     application_name=self._name[:63],
+                    **self._options,
                 )
         try:
             yield conn

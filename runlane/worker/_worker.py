@@ -2,11 +2,12 @@
 
 Threads of one worker (``W`` is its number in this process):
 
-- ``runlane-worker-W-slot-I`` (``concurrency`` of them) run handlers. An idle slot waits for a
-  hand-off; when no slot is acquiring, it becomes the acquirer and claims, on its own
-  connection, as many runs as there are idle slots (``FOR UPDATE SKIP LOCKED``), keeps one and
-  hands the rest to the others. When nothing is due it waits for a wake-up or the poll
-  interval.
+- ``runlane-worker-W-slot-I`` (``concurrency`` of them) run handlers; each has its own
+  connection for its handler's steps, waits, sleeps and releases. An idle slot waits for a
+  hand-off; when no slot is acquiring, it becomes the acquirer and claims, on the worker's
+  claim connection, as many runs as there are idle slots (``FOR UPDATE SKIP LOCKED``), keeps
+  one and hands the rest to the others. When nothing is due it waits for a wake-up or the
+  poll interval.
 - ``runlane-worker-W-writer`` writes completions, failures, hand-backs and lease extensions in
   batches, on its own connection, and fails attempts that pass their task's timeout.
 - ``runlane-worker-W-listener`` holds a LISTEN connection; notifications wake the acquirer.
@@ -151,6 +152,9 @@ class Worker:
         self.idle_signal = threading.Event()
         self._tracker = LeaseTracker(options.lease)
         self._writer_storage = storage.dedicated(f"{self.name}-writer")
+        # claims commit asynchronously: a claim lost to a server crash only returns its runs
+        # to the queue (their handlers' later writes are fenced off); the acquirer uses it
+        self._claim_storage = storage.dedicated(f"{self.name}-claims", synchronous_commit=False)
         self._writer = LifecycleWriter(
             self._writer_storage,
             self._tracker,
@@ -261,6 +265,7 @@ class Worker:
         if self._listener is not None:
             self._listener.close(remaining)
         self._writer_storage.close()
+        self._claim_storage.close()
         for slot in slots + self._abandoned:
             slot.storage.close()
 
@@ -379,7 +384,7 @@ class Worker:
             self._reserved += want
         self._wake.clear()
         try:
-            claimed = self._claim(slot.storage, want, for_bounded)
+            claimed = self._claim(self._claim_storage, want, for_bounded)
         except psycopg.OperationalError as exc:
             log.warning("runlane: %s could not claim (%s); retrying", slot.name, exc)
             self._stopping.wait(self._backoff.next())

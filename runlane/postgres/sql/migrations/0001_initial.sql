@@ -87,12 +87,8 @@ create index runs_sleeping_due
     on {schema}.runs (environment, due_at)
     where status = 'waiting' and wait_kind = 'sleep';
 
--- maintenance: leases that have lapsed
-create index runs_lease_expiry
-    on {schema}.runs (lease_expires_at)
-    where status in ('running', 'cancellation_requested');
-
--- bounded queues: live leases per queue, counted inside the claim
+-- bounded queues count live leases per queue inside the claim; maintenance finds lapsed
+-- leases through it too (running rows are few: one per busy worker slot)
 create index runs_live_by_queue
     on {schema}.runs (environment, queue, lease_expires_at)
     where status in ('running', 'cancellation_requested');
