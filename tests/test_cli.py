@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,17 +23,29 @@ from runlane.postgres import postgres_polling_lane
 
 APP = textwrap.dedent(
     """
-    import os
+    import os, sys, threading
+    from datetime import timedelta
     from runlane import RunContext, create_runlane, task
     from runlane.postgres import postgres_polling_lane
 
     @task(id="cli.echo")
     def echo(payload, context: RunContext):
+        if isinstance(payload, dict) and payload.get("hang"):
+            print(f"hanging {context.run_id}", file=sys.stderr, flush=True)
+            threading.Event().wait(600)  # until the process is killed
+        if isinstance(payload, dict) and payload.get("until"):
+            print(f"waiting {context.run_id}", file=sys.stderr, flush=True)
+            while not os.path.exists(payload["until"]):
+                threading.Event().wait(0.05)
+            context.step("after-freeze", lambda: "zombie")  # fenced: must be refused
+            return "zombie"
         return payload
 
     runlane = create_runlane(
         lane=postgres_polling_lane(
-            connection_string=os.environ["APP_DATABASE_URL"], schema=os.environ["APP_SCHEMA"]
+            connection_string=os.environ["APP_DATABASE_URL"],
+            schema=os.environ["APP_SCHEMA"],
+            lease_duration=timedelta(seconds=float(os.environ.get("APP_LEASE", "30"))),
         ),
         tasks=[echo],
     )
@@ -41,10 +55,15 @@ APP = textwrap.dedent(
 
 @contextmanager
 def _spawn(
-    tmp_path: Path, database_url: str, schema: str, *args: str
+    tmp_path: Path, database_url: str, schema: str, *args: str, lease: float = 30
 ) -> Iterator[subprocess.Popen[str]]:
     (tmp_path / "cliapp.py").write_text(APP)
-    env = {**os.environ, "APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
+    env = {
+        **os.environ,
+        "APP_DATABASE_URL": database_url,
+        "APP_SCHEMA": schema,
+        "APP_LEASE": str(lease),
+    }
     with subprocess.Popen(
         [sys.executable, "-m", "runlane.cli", *args],
         cwd=tmp_path,
@@ -149,3 +168,87 @@ def test_unknown_queue_and_bad_app_exit_non_zero(
         sys.path.remove(str(tmp_path))
         sys.modules.pop("cliapp", None)
         del os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"]
+
+
+def test_a_killed_worker_loses_no_run(tmp_path: Path, database_url: str, schema: str) -> None:
+    """SIGKILL mid-run: the lease lapses, maintenance retries the run, another worker
+    completes it, and the dead worker's attempt is recorded as expired."""
+
+    @task(id="cli.echo")
+    def echo(payload: object, context: RunContext) -> object:
+        return payload
+
+    lane = postgres_polling_lane(connection_string=database_url, schema=schema)
+    survivor = create_runlane(lane=lane, tasks=[echo])
+    try:
+        handle = survivor.trigger(echo, {"hang": True})
+        with _spawn(tmp_path, database_url, schema, "worker", "cliapp:runlane", lease=1) as proc:
+            _wait_for_line(proc, f"hanging {handle.id}")
+            proc.kill()  # SIGKILL: no shutdown, no hand-back, connections simply vanish
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+        assert survivor.get_run(handle.id).status is RunStatus.RUNNING
+        deadline = time.monotonic() + 30
+        while survivor.run_maintenance_once().attempts_expired == 0:  # lease: 1 s
+            assert time.monotonic() < deadline, "the dead worker's lease never lapsed"
+            time.sleep(0.2)
+        survivor.run_maintenance_once()  # the retry is due at once (RetryPolicy default 1 s)
+        deadline = time.monotonic() + 30
+        while survivor.get_run(handle.id).status is not RunStatus.QUEUED:
+            assert time.monotonic() < deadline, "the retry was never delivered"
+            time.sleep(0.2)
+            survivor.run_maintenance_once()
+        # the survivor's handler does not hang: it returns the payload
+        assert survivor.drain().runs_executed == 1
+        done = survivor.get_run(handle.id)
+        assert done.status is RunStatus.COMPLETED
+        assert done.attempt == 2
+        assert done.output == {"hang": True}
+    finally:
+        survivor.close()
+
+
+def test_a_frozen_worker_resumed_after_a_takeover_changes_nothing(
+    tmp_path: Path, database_url: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """SIGSTOP past the lease, another worker takes the run over and completes it, SIGCONT:
+    the zombie's step write and its completion are both rejected by fencing."""
+
+    @task(id="cli.echo")
+    def echo(payload: dict[str, str], context: RunContext) -> str:
+        context.step("after-freeze", lambda: "survivor")
+        return "survivor"
+
+    lane = postgres_polling_lane(connection_string=database_url, schema=schema)
+    survivor = create_runlane(lane=lane, tasks=[echo])
+    flag = tmp_path / "go"
+    try:
+        handle = survivor.trigger(echo, {"until": str(flag)})
+        with _spawn(tmp_path, database_url, schema, "worker", "cliapp:runlane", lease=1) as proc:
+            _wait_for_line(proc, f"waiting {handle.id}")
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 30
+                while survivor.get_run(handle.id).status is not RunStatus.QUEUED:
+                    assert time.monotonic() < deadline, "the frozen worker's run was not retried"
+                    time.sleep(0.2)
+                    survivor.run_maintenance_once()
+                assert survivor.drain().runs_executed == 1
+            finally:
+                flag.write_text("go")
+                proc.send_signal(signal.SIGCONT)
+            # the zombie resumes: its step raises StaleLease, so the handler fails, and the
+            # writer reports that failure write as rejected (stale)
+            _wait_for_line(proc, "rejected as stale")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        done = survivor.get_run(handle.id)
+        assert done.status is RunStatus.COMPLETED
+        assert done.output == "survivor"
+        assert done.attempt == 2
+        steps = db.execute(
+            sql.SQL("select output from {}.steps where run_id = %s").format(sql.Identifier(schema)),
+            (handle.id,),
+        ).fetchall()
+        assert steps == [("survivor",)]
+    finally:
+        survivor.close()
