@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, overload
 import attrs
 
 from runlane._codec import OutputNotSerializable, converter, encode_output
+from runlane._validation import as_duration
 from runlane.errors import (
     ChildRunFailed,
     ConfigurationError,
@@ -59,17 +60,6 @@ class ContextBackend(Protocol):
         idempotency_key: str,
         options: dict[str, Any],
     ) -> RunHandle: ...
-
-
-def _as_delta(name: str, value: timedelta | float | None) -> timedelta:
-    if value is None:
-        return timedelta(0)
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise ConfigurationError(f"{name} must be a timedelta or seconds, got {value!r}")
-    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
-    if delta < timedelta(0):
-        raise ConfigurationError(f"{name} must not be negative, got {delta}")
-    return delta
 
 
 def _check_step_name(name: str) -> str:
@@ -211,7 +201,7 @@ class RunContext:
     def sleep(self, duration: timedelta | float, *, name: str | None = None) -> None:
         """Suspend the run for ``duration`` (database time); maintenance makes it runnable
         when due. On the re-run the sleep is already over and returns at once."""
-        delta = _as_delta("duration", duration)
+        delta = as_duration("duration", duration)
         backend, lease = self._attached()
         self._sleeps += 1
         key = f"runlane.sleep:{name if name is not None else self._sleeps}"
@@ -231,7 +221,7 @@ class RunContext:
     def release(self, delay: timedelta | float | None = None) -> NoReturn:
         """Hand the run back as ``released`` without consuming an attempt; it is delivered
         again after ``delay`` (by maintenance). Unwinds the handler."""
-        delta = _as_delta("delay", delay)
+        delta = as_duration("delay", delay)
         backend, lease = self._attached()
         if not backend.storage.run_release(lease, delta):
             self._stale("the release")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
@@ -11,10 +10,12 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from runlane._backend import Backend
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._execution import execute_attempt, make_context
 from runlane._ids import new_run_id
 from runlane._leases import LeaseKeeper, LeaseTracker
+from runlane._validation import as_duration, run_key, token_key, with_default_queue
 from runlane.errors import (
     ConfigurationError,
     PayloadValidationError,
@@ -51,9 +52,7 @@ __all__ = ["Lane", "Runlane", "create_runlane"]
 
 log = logging.getLogger("runlane")
 
-_DEFAULT_QUEUE = "default"
 _EAGER_RESUME_LIMIT = 100
-_CHILD_OPTIONS = frozenset({"queue", "delay", "run_at", "priority", "max_attempts"})
 _INT32 = 2**31 - 1
 
 
@@ -71,61 +70,6 @@ class Lane(Protocol):
     def create_listener(
         self, environment: str, on_wake: Callable[[str | None], None], name: str
     ) -> Listener | None: ...
-
-
-def _seconds(name: str, value: timedelta | float | int | None) -> timedelta:
-    if value is None:
-        return timedelta(0)
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise ConfigurationError(
-            f"{name} must be a timedelta or a number of seconds, got {value!r}"
-        )
-    if not isinstance(value, timedelta) and not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
-    try:
-        delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
-    except OverflowError as exc:
-        raise ConfigurationError(f"{name} is too large: {value!r}") from exc
-    if delta < timedelta(0):
-        raise ConfigurationError(f"{name} must not be negative, got {delta}")
-    return delta
-
-
-class _Backend:
-    """What a handler's context uses: a storage (a worker slot's own connection, or the
-    runtime's pool) and the runtime for child triggers."""
-
-    def __init__(self, runtime: Runlane, storage: Storage) -> None:
-        self._runtime = runtime
-        self.storage = storage
-
-    def trigger_child(
-        self,
-        task: Task[Any, Any] | str,
-        payload: Any,
-        *,
-        parent_run_id: uuid.UUID,
-        idempotency_key: str,
-        options: dict[str, Any],
-    ) -> RunHandle:
-        unknown = sorted(set(options) - _CHILD_OPTIONS)
-        if unknown:
-            raise ConfigurationError(
-                f"trigger_child got unknown options {unknown}; it takes {sorted(_CHILD_OPTIONS)}"
-            )
-        (handle,) = self._runtime._trigger(
-            task,
-            [payload],
-            [idempotency_key],
-            parent_run_id=parent_run_id,
-            queue=options.pop("queue", None),
-            delay=options.pop("delay", None),
-            run_at=options.pop("run_at", None),
-            priority=options.pop("priority", 0),
-            max_attempts=options.pop("max_attempts", None),
-            connection=None,
-        )
-        return handle
 
 
 class Runlane:
@@ -263,7 +207,7 @@ class Runlane:
     ) -> NewRuns:
         resolved = self._resolve_task(task)
         queue_name = self._resolve_queue(resolved, queue)
-        delay_delta = _seconds("delay", delay)
+        delay_delta = as_duration("delay", delay)
         if run_at is not None:
             if delay is not None:
                 raise ConfigurationError("pass either delay or run_at, not both")
@@ -419,7 +363,7 @@ class Runlane:
 
     def get_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
         """The run's current state; raises RunNotFound when this environment has no such run."""
-        key = _run_key(run_id)
+        key = run_key(run_id)
         self._ensure_started()
         snapshot = self._storage.run_get(self.environment, key)
         if snapshot is None:
@@ -434,7 +378,7 @@ class Runlane:
     ) -> RunSnapshot:
         """Block until the run is terminal and return it; raises TimeoutError after
         ``timeout``. Polls with a capped backoff (10 ms growing to 250 ms)."""
-        limit = None if timeout is None else _seconds("timeout", timeout).total_seconds()
+        limit = None if timeout is None else as_duration("timeout", timeout).total_seconds()
         deadline = None if limit is None else time.monotonic() + limit
         pause = 0.01
         while True:
@@ -452,7 +396,7 @@ class Runlane:
         running run becomes ``cancellation_requested``, its handler's ``context.cancelled``
         is set (NOTIFY, or its next lease extension), and it ends ``cancelled``. Cancelling a
         terminal run changes nothing and says so (``changed=False``)."""
-        key = _run_key(run_id)
+        key = run_key(run_id)
         self._ensure_started()
         answer = self._storage.run_cancel(self.environment, key)
         if answer is None:
@@ -473,7 +417,7 @@ class Runlane:
         """A pending token that a handler can wait on (``context.wait_for_token``); it times
         out after ``timeout`` (database time) unless completed first. With an
         ``idempotency_key``, a second call returns the first token."""
-        delta = None if timeout is None else _seconds("timeout", timeout)
+        delta = None if timeout is None else as_duration("timeout", timeout)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not idempotency_key
         ):
@@ -486,7 +430,7 @@ class Runlane:
         )
 
     def get_wait_token(self, token_id: uuid.UUID | str) -> WaitToken:
-        key = _token_key(token_id)
+        key = token_key(token_id)
         self._ensure_started()
         token = self._storage.wait_token_get(self.environment, key)
         if token is None:
@@ -500,7 +444,7 @@ class Runlane:
         The completion commits first; then one small pass resumes the runs waiting on the
         token. If that pass fails the completion still stands and maintenance resumes them.
         """
-        key = _token_key(token_id)
+        key = token_key(token_id)
         try:
             encoded = encode_output(output)
         except OutputNotSerializable as exc:
@@ -562,7 +506,7 @@ class Runlane:
             self._storage, tracker, name=f"runlane-drain-leases-{self.environment}"
         )
         keeper.start()
-        backend = _Backend(self, self._storage)
+        backend = Backend(self, self._storage)
         executed = 0
         try:
             while max_runs is None or executed < max_runs:
@@ -635,7 +579,7 @@ class Runlane:
             make_listener=lambda on_wake, name: self._lane.create_listener(
                 self.environment, on_wake, name
             ),
-            make_backend=lambda storage: _Backend(self, storage),
+            make_backend=lambda storage: Backend(self, storage),
         )
         worker.start()
         return worker
@@ -691,43 +635,6 @@ class Runlane:
         )
 
 
-def _run_key(run_id: uuid.UUID | str) -> uuid.UUID:
-    try:
-        return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-    except ValueError as exc:
-        raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from exc
-
-
-def _token_key(token_id: uuid.UUID | str) -> uuid.UUID:
-    try:
-        return token_id if isinstance(token_id, uuid.UUID) else uuid.UUID(str(token_id))
-    except ValueError as exc:
-        raise WaitTokenNotFound(f"{token_id!r} is not a wait token id (a UUID)") from exc
-
-
-def _with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
-    """Check the queue definitions; mark or add the default queue."""
-    queue_list = list(queues)
-    for q in queue_list:
-        if not isinstance(q, Queue):
-            raise ConfigurationError(f"queues takes queue(...) definitions, got {q!r}")
-    names = [q.name for q in queue_list]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ConfigurationError(f"queues registered twice: {duplicates}")
-    defaults = [q.name for q in queue_list if q.default]
-    if len(defaults) > 1:
-        raise ConfigurationError(f"only one queue may be the default, got {defaults}")
-    if defaults:
-        return queue_list
-    if _DEFAULT_QUEUE in names:
-        return [
-            Queue(q.name, True, q.concurrency_limit) if q.name == _DEFAULT_QUEUE else q
-            for q in queue_list
-        ]
-    return [*queue_list, Queue(name=_DEFAULT_QUEUE, default=True)]
-
-
 def create_runlane(
     *,
     lane: Lane,
@@ -749,7 +656,7 @@ def create_runlane(
     repeated = sorted({str(i) for i in schedule_ids if schedule_ids.count(i) > 1})
     if repeated:
         raise ConfigurationError(f"schedules registered twice: {repeated}")
-    queue_list = _with_default_queue(queues)
+    queue_list = with_default_queue(queues)
     registered = {q.name for q in queue_list}
     task_ids: set[str] = set()
     for t in tasks:
