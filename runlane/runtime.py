@@ -15,6 +15,7 @@ from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._execution import execute_attempt, make_context
 from runlane._ids import new_run_id
 from runlane._leases import LeaseKeeper, LeaseTracker
+from runlane._reads import PointReads
 from runlane._validation import as_duration, run_key, token_key, with_default_queue
 from runlane.errors import (
     ConfigurationError,
@@ -95,6 +96,10 @@ class Runlane:
         self._default_queue = next(q.name for q in queues if q.default)
         self._tasks = {t.id: t for t in tasks}
         self._storage = lane.create_storage()
+        # concurrent get_run calls share one query (see _reads.py)
+        self._point_reads: PointReads[uuid.UUID, RunSnapshot] = PointReads(
+            lambda ids: self._storage.run_get_many(self.environment, ids)
+        )
         self._schedules = [self._schedule_entry(s) for s in schedules]
         self._scope = MaintenanceScope(
             storage=self._storage,
@@ -362,10 +367,11 @@ class Runlane:
     # -- reading -------------------------------------------------------------------------
 
     def get_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
-        """The run's current state; raises RunNotFound when this environment has no such run."""
+        """The run's current state; raises RunNotFound when this environment has no such run.
+        Concurrent calls from several threads are answered by one batched query."""
         key = run_key(run_id)
         self._ensure_started()
-        snapshot = self._storage.run_get(self.environment, key)
+        snapshot = self._point_reads.get(key)
         if snapshot is None:
             raise RunNotFound(
                 f"no run {key} in environment {self.environment!r}; it was never triggered "

@@ -203,6 +203,11 @@ class Storage(Protocol):
 
     def run_get(self, environment: str, run_id: uuid.UUID) -> RunSnapshot | None: ...
 
+    def run_get_many(
+        self, environment: str, run_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, RunSnapshot]:
+        """The runs of ``run_ids`` that exist in the environment, by id, in one query."""
+
     def run_claim(
         self, environment: str, queues: Sequence[str], limit: int, lease: timedelta
     ) -> list[ClaimedRun]:

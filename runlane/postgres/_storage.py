@@ -297,6 +297,18 @@ class PostgresStorage:
         row = self._with_conn(get)
         return None if row is None else _snapshot(row)
 
+    def run_get_many(
+        self, environment: str, run_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, RunSnapshot]:
+        params = {"ids": list(run_ids), "environment": environment}
+
+        def get(conn: Conn) -> dict[uuid.UUID, RunSnapshot]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["run_get_many"], params)
+                return {row["id"]: _snapshot(row) for row in cur.fetchall()}
+
+        return self._with_conn(get)
+
     def run_claim(
         self, environment: str, queues: Sequence[str], limit: int, lease: timedelta
     ) -> list[ClaimedRun]:
