@@ -1,8 +1,10 @@
 """Fencing rules of the Postgres storage, checked against the real database.
 
 A stateful property test drives runs through claims, completions, failures, retries,
-hand-backs, lease extensions, lapsed leases finalized by attempt expiry, and zombie writes
-with every kind of stale fence, and after every step compares the database with a model.
+hand-backs, lease extensions, lapsed leases finalized by attempt expiry, durable steps,
+suspensions on tokens, runs and sleeps (and their resumption), context.release, and zombie
+writes with every kind of stale fence through every fenced write, and after every step
+compares the database with a model.
 Race tests then let real threads on separate connections fight over one lease, and several
 claimers drain one queue.
 """
@@ -13,7 +15,7 @@ import json
 import random
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import attrs
@@ -40,6 +42,8 @@ from runlane.storage import (
     LeaseRef,
     NewRuns,
     RetryPolicyRow,
+    StepStored,
+    SuspendResult,
 )
 from tests.helpers import Conn, run_together
 
@@ -48,7 +52,11 @@ QUEUE = "q"
 LEASE = timedelta(seconds=60)
 ERROR = json.dumps({"type": "Boom", "message": "boom", "traceback": None, "retryable": True})
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
-STALE_OPS = ("complete", "fail_retry", "fail_final", "release", "extend")
+BATCH_OPS = ("complete", "fail_retry", "fail_final", "release", "extend")
+# the single-lease writes of steps, waits and context.release
+SINGLE_OPS = ("step", "suspend_token", "suspend_run", "suspend_sleep", "release_one")
+STALE_OPS = BATCH_OPS + SINGLE_OPS
+STEP_NAMES = ("a", "b")
 
 
 def new_runs(
@@ -110,6 +118,11 @@ class ModelRun:
     releases: int = 0  # attempts handed back unconsumed
     token: uuid.UUID | None = None
     expired: bool = False  # the current lease lapsed in the database
+    # while waiting: the kind and its target (a wait token, a run, or whether the sleep is due)
+    wait_kind: str | None = None
+    wait_token: uuid.UUID | None = None
+    wait_run: uuid.UUID | None = None
+    sleep_due: bool = False
     # attempt number -> (lease token, outcome) for every finished attempt
     finished: dict[int, tuple[uuid.UUID, str]] = attrs.Factory(dict)
 
@@ -139,19 +152,48 @@ class FencingMachine(RuleBasedStateMachine):
         self.tokens_seen: set[uuid.UUID] = set()
         self.highest_attempt: dict[uuid.UUID, int] = {}
         self.terminal_rows: dict[uuid.UUID, str] = {}
+        # wait token id -> status
+        self.wait_tokens: dict[uuid.UUID, str] = {}
+        # (run id, step name) -> (output, attempt number and lease token of the writer)
+        self.steps: dict[tuple[uuid.UUID, str], tuple[Any, int, uuid.UUID]] = {}
+        # targets the single-lease stale writes suspend on: an open token and an open run
+        self.open_token: uuid.UUID | None = None
+        self.open_run: uuid.UUID | None = None
 
     # -- helpers -------------------------------------------------------------------------
 
     def q(self, text: str) -> sql.Composed:
         return sql.SQL(text).format(schema=sql.Identifier(self.schema))
 
-    def snapshot(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-        """Every row of both tables as text: a stale write must leave these byte-identical."""
-        runs = self.db.execute(self.q("select r::text from {schema}.runs r order by id")).fetchall()
-        attempts = self.db.execute(
-            self.q("select a::text from {schema}.attempts a order by run_id, attempt")
-        ).fetchall()
-        return runs, attempts
+    def snapshot(self) -> list[list[tuple[Any, ...]]]:
+        """Every row of the runs, attempts, steps and wait_tokens tables as text: a stale
+        write must leave these byte-identical."""
+        return [
+            self.db.execute(
+                self.q(f"select t::text from {{schema}}.{table} t order by {key}")
+            ).fetchall()
+            for table, key in (
+                ("runs", "id"),
+                ("attempts", "run_id, attempt"),
+                ("steps", "run_id, name"),
+                ("wait_tokens", "id"),
+            )
+        ]
+
+    def new_token(self) -> uuid.UUID:
+        token_id = uuid.uuid4()
+        token = self.storage.wait_token_create(ENV, token_id, None, None)
+        assert (token.id, str(token.status)) == (token_id, "pending")
+        self.wait_tokens[token_id] = "pending"
+        return token_id
+
+    def prepare_stale_targets(self) -> None:
+        """Open targets for the stale suspensions, made before the snapshot is taken: a
+        stale suspension must fail on its fence, not because its target is resolved."""
+        pending = [t for t, status in self.wait_tokens.items() if status == "pending"]
+        self.open_token = pending[0] if pending else self.new_token()
+        open_runs = [r.id for r in self.runs.values() if r.status not in TERMINAL]
+        self.open_run = open_runs[0] if open_runs else None
 
     def with_status(self, *statuses: str) -> list[ModelRun]:
         return [run for run in self.runs.values() if run.status in statuses]
@@ -196,8 +238,31 @@ class FencingMachine(RuleBasedStateMachine):
             return {f.run_id for f in failed}
         if op == "release":
             return self.storage.run_release_many(ENV, refs)
-        assert op == "extend"
-        return set(self.storage.run_extend_leases(refs, LEASE))
+        if op == "extend":
+            return set(self.storage.run_extend_leases(refs, LEASE))
+        return {r.run_id for r in refs if self.write_one(op, r)}
+
+    def write_one(self, op: str, ref: LeaseRef) -> bool:
+        """One single-lease write of kind ``op`` (stale ones only): whether it applied."""
+        if op == "step":
+            stored = self.storage.step_store(ref, STEP_NAMES[0], json.dumps({"zombie": True}))
+            return stored.fenced
+        if op == "release_one":
+            return self.storage.run_release(ref, timedelta(0))
+        if op == "suspend_token":
+            assert self.open_token is not None
+            result = self.storage.run_suspend(ref, ENV, token_id=self.open_token)
+            assert result.target_open, "the pending token was not seen as open"
+        elif op == "suspend_run":
+            if self.open_run is None:
+                return False
+            result = self.storage.run_suspend(ref, ENV, run_id=self.open_run)
+            assert result.target_open, "the open run was not seen as open"
+        else:
+            assert op == "suspend_sleep"
+            result = self.storage.run_suspend(ref, ENV, wake_at=datetime.now(UTC))
+            assert result.target_open
+        return result.suspended
 
     def record(self, op: str, run: ModelRun) -> None:
         """Update the model for a current-lease write of kind ``op`` that applied."""
@@ -210,12 +275,31 @@ class FencingMachine(RuleBasedStateMachine):
             run.finish("retrying", "retrying")
         elif op != "extend":
             run.finish("failed", "failed")
+        self.resume_run_waiters()
+
+    def resume_run_waiters(self) -> None:
+        """A run that ends resumes the runs waiting on it, in the same statement."""
+        for parent in self.with_status("waiting"):
+            if parent.wait_kind == "run":
+                assert parent.wait_run is not None
+                if self.runs[parent.wait_run].status in TERMINAL:
+                    self.unwait(parent)
+
+    @staticmethod
+    def unwait(run: ModelRun) -> None:
+        run.status = "queued"
+        run.wait_kind, run.wait_token, run.wait_run, run.sleep_due = None, None, None, False
 
     # -- rules ---------------------------------------------------------------------------
 
     @initialize()
     def clean(self) -> None:
-        self.db.execute(self.q("truncate {schema}.attempts, {schema}.runs cascade"))
+        self.db.execute(
+            self.q(
+                "truncate {schema}.steps, {schema}.attempts, {schema}.runs, "
+                "{schema}.wait_tokens cascade"
+            )
+        )
 
     @precondition(lambda self: len(self.runs) < 5)
     @rule(max_attempts=st.integers(1, 3), count=st.integers(1, 2))
@@ -279,6 +363,7 @@ class FencingMachine(RuleBasedStateMachine):
         """Zombie writes: every stale fence of one run, through every fenced write, one at a
         time. None may apply, and every row of both tables stays byte-identical."""
         run = data.draw(st.sampled_from(list(self.runs.values())), label="run")
+        self.prepare_stale_targets()
         before = self.snapshot()
         for ref in self.stale_refs(run):
             for op in STALE_OPS:
@@ -309,10 +394,13 @@ class FencingMachine(RuleBasedStateMachine):
 
     @rule()
     def deliver_due(self) -> None:
-        retrying = self.with_status("retrying")
-        assert self.storage.run_deliver_due(ENV, 10) == len(retrying)
-        for run in retrying:
-            run.status = "queued"
+        """Retries, releases and due sleeps become queued."""
+        due = self.with_status("retrying", "released") + [
+            r for r in self.with_status("waiting") if r.wait_kind == "sleep" and r.sleep_due
+        ]
+        assert self.storage.run_deliver_due(ENV, 10) == len(due)
+        for run in due:
+            self.unwait(run)
 
     @precondition(lambda self: any(not r.expired for r in self.with_status("running")))
     @rule(data=st.data())
@@ -349,6 +437,7 @@ class FencingMachine(RuleBasedStateMachine):
         ref = LeaseRef(run.id, run.attempt, run.token)
         self.lapse(run)
         self.expire_lapsed_attempts()
+        self.prepare_stale_targets()
         before = self.snapshot()
         for op in STALE_OPS:
             assert self.write(op, [ref]) == set(), f"zombie {op} applied"
@@ -366,6 +455,123 @@ class FencingMachine(RuleBasedStateMachine):
         assert {a.run_id: str(a.status) for a in applied} == expected
         for run_id, status in expected.items():
             self.runs[run_id].finish("expired", status)
+        self.resume_run_waiters()
+
+    # -- steps, waits and context.release with the current lease ---------------------------
+
+    @precondition(lambda self: bool(self.with_status("running")))
+    @rule(data=st.data(), name=st.sampled_from(STEP_NAMES), value=st.integers(0, 9))
+    def store_step(self, data: st.DataObject, name: str, value: int) -> None:
+        """The attempt holding the lease stores a step (a lapsed lease not yet finalized
+        still may): the first writer of a name wins, later ones get its output back."""
+        run = data.draw(st.sampled_from(self.with_status("running")), label="run")
+        assert run.token is not None
+        ref = LeaseRef(run.id, run.attempt, run.token)
+        output = {"attempt": run.attempt, "value": value}
+        first = self.steps.get((run.id, name))
+        before = self.snapshot()
+        stored = self.storage.step_store(ref, name, json.dumps(output))
+        if first is None:
+            assert stored == StepStored(fenced=True, output=output)
+            self.steps[run.id, name] = (output, run.attempt, run.token)
+        else:
+            assert stored == StepStored(fenced=True, output=first[0])
+            assert self.snapshot() == before, "a second store of a step wrote something"
+        assert self.storage.step_get(run.id, name) == (True, self.steps[run.id, name][0])
+
+    def current_lease(self, data: st.DataObject) -> tuple[ModelRun, LeaseRef]:
+        run = data.draw(st.sampled_from(self.with_status("running")), label="run")
+        assert run.token is not None
+        return run, LeaseRef(run.id, run.attempt, run.token)
+
+    def suspended(self, run: ModelRun, result: SuspendResult, kind: str) -> None:
+        """A suspension with the current lease applied: the run waits, and the attempt is
+        handed back unconsumed."""
+        assert result == SuspendResult(target_open=True, suspended=True)
+        run.finish("suspended", "waiting")
+        run.wait_kind = kind
+        run.releases += 1
+
+    @precondition(lambda self: bool(self.with_status("running")))
+    @rule(data=st.data())
+    def suspend_on_token(self, data: st.DataObject) -> None:
+        run, ref = self.current_lease(data)
+        token_id = self.new_token()
+        run.wait_token = token_id
+        self.suspended(run, self.storage.run_suspend(ref, ENV, token_id=token_id), "token")
+
+    @precondition(lambda self: bool(self.with_status("running")))
+    @rule(data=st.data())
+    def suspend_on_resolved_token(self, data: st.DataObject) -> None:
+        """A suspension on a token already resolved writes nothing."""
+        _, ref = self.current_lease(data)
+        token_id = self.new_token()
+        assert self.storage.wait_token_complete(ENV, token_id, "1")
+        self.wait_tokens[token_id] = "completed"
+        before = self.snapshot()
+        result = self.storage.run_suspend(ref, ENV, token_id=token_id)
+        assert result == SuspendResult(target_open=False, suspended=False)
+        assert self.snapshot() == before, "a suspension on a resolved token wrote"
+
+    @precondition(
+        lambda self: (
+            bool(self.with_status("running"))
+            and sum(r.status not in TERMINAL for r in self.runs.values()) > 1
+        )
+    )
+    @rule(data=st.data())
+    def suspend_on_run(self, data: st.DataObject) -> None:
+        run, ref = self.current_lease(data)
+        targets = [r for r in self.runs.values() if r.status not in TERMINAL and r is not run]
+        target = data.draw(st.sampled_from(targets), label="target")
+        run.wait_run = target.id
+        self.suspended(run, self.storage.run_suspend(ref, ENV, run_id=target.id), "run")
+
+    @precondition(lambda self: bool(self.with_status("running")))
+    @rule(data=st.data(), due=st.booleans())
+    def suspend_to_sleep(self, data: st.DataObject, due: bool) -> None:
+        run, ref = self.current_lease(data)
+        wake_at = datetime.now(UTC) + timedelta(hours=-1 if due else 1)
+        run.sleep_due = due
+        self.suspended(run, self.storage.run_suspend(ref, ENV, wake_at=wake_at), "sleep")
+
+    @precondition(lambda self: bool(self.with_status("running")))
+    @rule(data=st.data())
+    def release_current(self, data: st.DataObject) -> None:
+        """context.release: the run goes back as released, the attempt not consumed."""
+        run = data.draw(st.sampled_from(self.with_status("running")), label="run")
+        assert run.token is not None
+        assert self.storage.run_release(LeaseRef(run.id, run.attempt, run.token), timedelta(0))
+        run.finish("released", "released")
+        run.releases += 1
+
+    @precondition(lambda self: "pending" in self.wait_tokens.values())
+    @rule(data=st.data(), resume=st.booleans())
+    def complete_token(self, data: st.DataObject, resume: bool) -> None:
+        """A pending token is completed (once); with ``resume`` the eager resume pass runs."""
+        pending = [t for t, status in self.wait_tokens.items() if status == "pending"]
+        awaited = [t for t in pending if any(r.wait_token == t for r in self.runs.values())]
+        token_id = data.draw(st.sampled_from(awaited or pending), label="token")
+        assert self.storage.wait_token_complete(ENV, token_id, json.dumps({"ok": True}))
+        assert not self.storage.wait_token_complete(ENV, token_id, "2")
+        self.wait_tokens[token_id] = "completed"
+        if resume:
+            waiting = [r for r in self.with_status("waiting") if r.wait_token == token_id]
+            assert self.storage.run_resume_waiters(ENV, 10, token_ids=[token_id]) == len(waiting)
+            for run in waiting:
+                self.unwait(run)
+
+    @rule()
+    def resume_waiters(self) -> None:
+        """The maintenance resume pass: runs waiting on resolved tokens are queued."""
+        ready = [
+            r
+            for r in self.with_status("waiting")
+            if r.wait_token is not None and self.wait_tokens[r.wait_token] != "pending"
+        ]
+        assert self.storage.run_resume_waiters(ENV, 10) == len(ready)
+        for run in ready:
+            self.unwait(run)
 
     # -- invariants ----------------------------------------------------------------------
 
@@ -390,7 +596,8 @@ class FencingMachine(RuleBasedStateMachine):
                 assert token is None
                 assert expires is None
             assert (finished_at is not None) == (status in TERMINAL)
-            # attempt numbers only grow
+            # attempt numbers only grow (never below any seen, nor any in history)
+            assert all(attempt >= finished for finished in run.finished)
             assert attempt >= self.highest_attempt.get(run_id, 0)
             self.highest_attempt[run_id] = attempt
             # a terminal run never changes again
@@ -408,6 +615,43 @@ class FencingMachine(RuleBasedStateMachine):
             recorded[run_id][attempt] = (token, outcome)
         expected = {run.id: run.finished for run in self.runs.values() if run.finished}
         assert recorded == expected
+
+    @invariant()
+    def waits_match_model(self) -> None:
+        rows = self.db.execute(
+            self.q(
+                "select id, wait_kind, wait_token_id, wait_run_id, releases, attempt, "
+                "max_attempts, status from {schema}.runs"
+            )
+        ).fetchall()
+        for run_id, kind, token_id, target, releases, attempt, max_attempts, status in rows:
+            run = self.runs[run_id]
+            assert (kind, token_id, target) == (run.wait_kind, run.wait_token, run.wait_run), run
+            assert releases == run.releases, run
+            # handed-back attempts (releases, suspensions) are not consumed, and a run that
+            # is not terminal never has consumed more attempts than max_attempts allows
+            if status not in TERMINAL:
+                assert attempt - releases <= max_attempts, run
+        tokens = self.db.execute(self.q("select id, status from {schema}.wait_tokens")).fetchall()
+        assert dict(tokens) == self.wait_tokens
+
+    @invariant()
+    def steps_written_by_current_attempts(self) -> None:
+        """A step row exists only if an attempt wrote it while holding the run's lease: it
+        names that attempt, whose lease token is the writer's."""
+        rows = self.db.execute(
+            self.q("select run_id, name, output, attempt from {schema}.steps")
+        ).fetchall()
+        assert {(r, n): (o, a) for r, n, o, a in rows} == {
+            key: (output, attempt) for key, (output, attempt, _) in self.steps.items()
+        }
+        for (run_id, _), (_, attempt, writer) in self.steps.items():
+            run = self.runs[run_id]
+            assert attempt <= run.attempt
+            token = run.token if attempt == run.attempt else None
+            if attempt in run.finished:
+                token = run.finished[attempt][0]
+            assert token == writer, "a step names an attempt whose lease did not write it"
 
     @invariant()
     def snapshots_agree(self) -> None:
@@ -432,8 +676,8 @@ def test_fencing_state_machine(database_url: str, schema: str, db: Conn) -> None
         run_state_machine_as_test(
             Machine,
             settings=settings(
-                max_examples=60,
-                stateful_step_count=25,
+                max_examples=100,
+                stateful_step_count=40,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
             ),
