@@ -106,11 +106,18 @@ _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def dump_json(value: Any) -> str:
-    """Serialize plain JSON values; NaN, infinities and the NUL character are rejected, as
-    Postgres ``jsonb`` would reject them."""
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    """Serialize plain JSON values; NaN, infinities, the NUL character and lone surrogates
+    are rejected, as Postgres ``jsonb`` would reject them."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise ValueError("strings stored as JSON cannot contain the NUL character (\\x00)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"strings stored as JSON must be valid Unicode; found {text[exc.start]!r}, a "
+            "lone surrogate"
+        ) from None
     return text
 
 

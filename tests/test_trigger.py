@@ -136,13 +136,23 @@ def test_string_for_list_field_is_rejected(
     assert count_runs(db, schema) == 0
 
 
-def test_payload_with_nul_character_is_a_validation_error(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+@pytest.mark.parametrize("name", ["a\x00b", "a\ud800b", "\udfff"])
+def test_payload_jsonb_cannot_hold_is_a_validation_error(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, name: str
 ) -> None:
+    """NUL and lone surrogates are valid Python strings but not storable jsonb text."""
     runlane = make_runlane(tasks=[greet])
     with pytest.raises(PayloadValidationError):
-        runlane.trigger(greet, {"name": "a\x00b"})
+        runlane.trigger(greet, {"name": name})
+    with pytest.raises(ConfigurationError):
+        runlane.complete_wait_token(runlane.create_wait_token().id, {"v": name})
     assert count_runs(db, schema) == 0
+
+
+def test_non_ascii_text_round_trips(make_runlane: RunlaneFactory) -> None:
+    runlane = make_runlane(tasks=[greet])
+    handle = runlane.trigger(greet, {"name": "Zoë 日本 😀 \u2028"})
+    assert runlane.get_run(handle.id).payload == {"name": "Zoë 日本 😀 \u2028"}
 
 
 def test_unregistered_task_object_raises_and_writes_nothing(

@@ -707,7 +707,8 @@ def test_waiting_on_a_token_of_another_environment_is_not_found(
 # -- completion racing the timeout -----------------------------------------------------------
 
 # Postgres jsonb cannot hold NUL, so outputs containing it are rejected up front
-json_text = st.text(st.characters(blacklist_characters="\x00"), max_size=6)
+# valid Unicode only: NUL and lone surrogates are rejected before writing (test_trigger)
+json_text = st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=6)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-1000, 1000) | json_text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(json_text, inner, max_size=3),
