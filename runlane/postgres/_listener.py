@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -20,16 +19,14 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-__all__ = ["PostgresListener"]
+from runlane._backoff import Backoff
 
-# a private generator: the global one belongs to the application (and to test tools)
-_random = random.Random()
+__all__ = ["PostgresListener"]
 
 log = logging.getLogger("runlane.listener")
 
 _PROBE_EVERY = 5.0  # seconds of silence before "select 1" checks the connection
 _WAIT_SLICE = 1.0  # longest single wait; close() normally interrupts it sooner
-_MAX_BACKOFF = 5.0
 
 
 class PostgresListener:
@@ -87,19 +84,18 @@ class PostgresListener:
         return conn
 
     def _loop(self) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         while not self._stop.is_set():
             try:
                 conn = self._connect()
             except psycopg.Error as exc:
                 log.warning("runlane listener: connect failed (%s); retrying", exc)
-                self._stop.wait(backoff * _random.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, _MAX_BACKOFF)
+                self._stop.wait(backoff.next())
                 continue
             with self._lock:
                 self._conn = conn
             self.connected.set()
-            backoff = 0.05
+            backoff.reset()
             try:
                 self._on_wake(None)  # whatever was sent while we were away is lost
                 self._listen(conn)

@@ -317,6 +317,7 @@ class PostgresStorage:
             "queues": list(queues),
             "limit": limit,
             "lease_seconds": lease.total_seconds(),
+            "concurrency_limit": None,
         }
         return self._with_conn(
             lambda conn: _claimed(conn.execute(self._sql["run_claim"], params).fetchall())
@@ -333,6 +334,7 @@ class PostgresStorage:
         params = {
             "environment": environment,
             "queue": queue,
+            "queues": [queue],
             "concurrency_limit": concurrency_limit,
             "limit": limit,
             "lease_seconds": lease.total_seconds(),
@@ -343,7 +345,7 @@ class PostgresStorage:
             # two statements, one transaction: the count must come after the lock
             with conn.transaction():
                 conn.execute(self._sql["queue_claim_lock"], params)
-                return _claimed(conn.execute(self._sql["run_claim_bounded"], params).fetchall())
+                return _claimed(conn.execute(self._sql["run_claim"], params).fetchall())
 
         return self._with_conn(claim)
 

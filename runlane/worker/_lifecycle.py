@@ -14,7 +14,6 @@ maintenance when its lease expires.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import uuid
@@ -23,18 +22,14 @@ from collections.abc import Callable, Sequence
 import attrs
 import psycopg
 
+from runlane._backoff import Backoff
 from runlane._execution import timeout_failure
 from runlane._leases import LeaseTracker, Tracked
 from runlane.storage import Completion, Failure, LeaseRef, Storage
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
 
-# a private generator: the global one belongs to the application (and to test tools)
-_random = random.Random()
-
 log = logging.getLogger("runlane.lifecycle")
-
-_MAX_BACKOFF = 5.0
 
 
 @attrs.define
@@ -210,7 +205,7 @@ class LifecycleWriter:
             return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _write_until_done(self, batch: _Pending) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         while len(batch):
             try:
                 self._write(batch)
@@ -224,8 +219,7 @@ class LifecycleWriter:
                     )
                     return
                 log.warning("runlane: lifecycle write failed (%s); retrying", exc)
-                time.sleep(backoff * _random.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, _MAX_BACKOFF)
+                time.sleep(backoff.next())
             else:
                 return
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import attrs
 import psycopg
 
+from runlane._backoff import Backoff
 from runlane._execution import execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
 from runlane.context import ContextBackend
@@ -47,7 +48,6 @@ _random = random.Random()
 log = logging.getLogger("runlane.worker")
 
 _numbers = itertools.count(1)
-_MAX_BACKOFF = 5.0
 # claim ahead of free slots only while handlers take less than this on average
 _PREFETCH_BELOW_SECONDS = 0.02
 # a run claimed ahead that waited this long for a slot is handed back
@@ -68,23 +68,6 @@ class WorkerOptions:
     claim_batch: int
     prefetch: int = 0  # runs claimed ahead of free slots while a backlog lasts
     acquirers: int = 1
-
-
-class _Backoff:
-    """Jittered exponential backoff shared by a worker's acquirers."""
-
-    def __init__(self) -> None:
-        self._delay = 0.05
-        self._lock = threading.Lock()
-
-    def next(self) -> float:
-        with self._lock:
-            delay, self._delay = self._delay, min(self._delay * 2, _MAX_BACKOFF)
-        return delay * _random.uniform(0.5, 1.0)
-
-    def reset(self) -> None:
-        with self._lock:
-            self._delay = 0.05
 
 
 class _Slot:
@@ -136,7 +119,7 @@ class Worker:
         self._backlog = False
         # moving average of handler durations; pessimistic until handlers have been seen
         self._handler_seconds = 1.0
-        self._backoff = _Backoff()
+        self._backoff = Backoff()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._closed = threading.Event()
