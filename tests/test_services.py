@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 from psycopg import sql
 
 from runlane import (
+    ConfigurationError,
     MaintenancePhase,
     RetryPolicy,
     RunContext,
@@ -40,6 +41,7 @@ from runlane import (
     RunlaneError,
     RunSnapshot,
     RunStatus,
+    SchemaNotMigrated,
     ServiceErrorInfo,
     ServiceFailed,
     Services,
@@ -72,8 +74,28 @@ def ok(payload: Any, context: RunContext) -> None:
     return None
 
 
+def signalled(
+    replica: Services, check: Callable[[], T | None], what: str, timeout: float = 10.0
+) -> T:
+    """Wait until ``check`` returns something other than None/False, re-checking it at each
+    progress signal of ``replica`` (a pass, an acquisition attempt, a band lost, a reported
+    failure, a stop) instead of polling on a timer; fail after ``timeout``."""
+    found: list[T] = []
+
+    def holds() -> bool:
+        value = check()
+        if value is None or value is False:
+            return False
+        found.append(value)
+        return True
+
+    assert replica.wait_for(holds, timeout), f"not within {timeout}s: {what}"
+    return found[-1]
+
+
 def eventually(check: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
-    """Poll ``check`` until it returns something other than None/False; fail after timeout."""
+    """Poll ``check`` until it returns something other than None/False; fail after timeout.
+    Only for conditions no signal reports (database time passing, a lock being waited on)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -130,6 +152,26 @@ class Db(SchemaDb):
         assert isinstance(status, str)
         return status
 
+    def expire_lease(self, band: str) -> None:
+        """Move the band's lease expiry into the past, as if database time had passed it."""
+        assert self.run(
+            "update {schema}.maintenance_leases "
+            "set expires_at = clock_timestamp() - interval '1 millisecond' where band = %s",
+            band,
+        )
+
+    def break_table(self, table: str) -> None:
+        """Make every update of ``table`` fail with an ordinary database error (not a schema
+        error: those are fatal to the services)."""
+        self.run(
+            "create function {schema}.broken() returns trigger language plpgsql as "
+            f"$$ begin raise exception '{table} is broken'; end $$"
+        )
+        self.run(
+            f"create trigger broken before update on {{schema}}.{table} "
+            "for each statement execute function {schema}.broken()"
+        )
+
 
 @pytest.fixture
 def dbx(db: Conn, schema: str) -> Db:
@@ -169,7 +211,7 @@ def test_two_replicas_split_the_bands_and_fail_over(
     observed = Observed()
     a, b = services(rl_a, observed), services(rl_b, observed)
     assert a.owner != b.owner
-    owned_a, owned_b = eventually(lambda: all_owned(a, b), what="every band owned")
+    owned_a, owned_b = signalled(a, lambda: all_owned(a, b), what="every band owned")
     assert not set(owned_a) & set(owned_b), "a band has two owners"
     # the database agrees with each replica's view, and so does status()
     rows = dbx.leases(rl_a.environment)
@@ -186,7 +228,8 @@ def test_two_replicas_split_the_bands_and_fail_over(
     old = first.owned_bands()
     first.close()
     assert first.owned_bands() == {}
-    taken = eventually(
+    taken = signalled(
+        second,
         lambda: second.owned_bands() if set(second.owned_bands()) == BANDS else None,
         what="takeover",
     )
@@ -219,7 +262,9 @@ def test_services_do_the_work(
     observed = Observed()
     running = services(runtime, observed)
     # a due retry is delivered and an expired attempt finalized, without run_maintenance_once
-    eventually(lambda: runtime.get_run(retry.id).status is RunStatus.QUEUED, what="delivery")
+    signalled(
+        running, lambda: runtime.get_run(retry.id).status is RunStatus.QUEUED, what="delivery"
+    )
     dbx.run(
         "update {schema}.runs set lease_expires_at = now() - interval '1 second' where id = %s",
         expiring.id,
@@ -229,7 +274,7 @@ def test_services_do_the_work(
         snap = runtime.get_run(expiring.id)
         return snap if snap.status is RunStatus.RETRYING else None
 
-    snap = eventually(expired, what="attempt expiry")
+    snap = signalled(running, expired, what="attempt expiry")
     assert snap.error is not None
     assert snap.error.type == "runlane.LeaseExpired"
     assert running.changed[MaintenancePhase.DUE_DELIVERY] >= 1
@@ -246,7 +291,12 @@ def test_replica_whose_refresh_fails_stops_the_band_and_reports_it(
     runtime = make_runlane(tasks=[ok])
     observed = Observed()
     running = services(runtime, observed)
-    (owned,) = eventually(lambda: all_owned(running), what="every band owned")
+    # the cleanup band's first pass is done: its next fenced act is a refresh
+    (owned,) = signalled(
+        running,
+        lambda: all_owned(running) if running.passes[MaintenancePhase.CLEANUP] else None,
+        what="every band owned, cleanup passed",
+    )
     fencing = owned["cleanup"]
     # another replica took the band over (as after an expiry) and holds it for two seconds
     thief = uuid.uuid4()
@@ -262,8 +312,11 @@ def test_replica_whose_refresh_fails_stops_the_band_and_reports_it(
     assert dbx.leases(runtime.environment)["cleanup"] == (thief, fencing + 1, True)
     assert running.wait_until_closed(timeout=0.1) is False  # reported, not fatal
     # once the other owner's lease lapses, this replica competes again and wins the band back
-    regained = eventually(
-        lambda: running.owned_bands().get("cleanup", 0) > fencing + 1, what="band regained"
+    dbx.expire_lease("cleanup")  # rather than waiting two seconds of database time
+    regained = signalled(
+        running,
+        lambda: running.owned_bands().get("cleanup", 0) > fencing + 1,
+        what="band regained",
     )
     assert regained
     assert running.owned_bands()["cleanup"] == fencing + 2
@@ -290,11 +343,8 @@ def test_frozen_owner_is_fenced_out_after_expiry(make_runlane: RunlaneFactory, d
     assert dbx.status(handle.id) == "queued"
 
     # the owner freezes (no refresh); after expiry by database time another replica acquires
-    taken = eventually(
-        lambda: storage.maintenance_lease_acquire(env, "delivery", other, timedelta(minutes=1)),
-        timeout=5,
-        what="acquire after expiry",
-    )
+    dbx.expire_lease("delivery")
+    taken = storage.maintenance_lease_acquire(env, "delivery", other, timedelta(minutes=1))
     assert taken == first + 1
     new = MaintenanceFence(env, "delivery", other, taken)
 
@@ -388,6 +438,10 @@ def test_takeover_waits_for_the_old_owners_write_transaction(
 # -- errors and shutdown ----------------------------------------------------------------------
 
 
+def band_threads(replica: Services) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(f"{replica.name}-")]
+
+
 def test_failed_passes_reach_the_callback_with_their_phase(
     make_runlane: RunlaneFactory,
     services: Callable[[Runlane, Observed | None], Services],
@@ -396,22 +450,24 @@ def test_failed_passes_reach_the_callback_with_their_phase(
     runtime = make_runlane(tasks=[flaky])
     observed = Observed()
     running = services(runtime, observed)
-    eventually(lambda: all_owned(running), what="every band owned")
-    dbx.run("drop table {schema}.wait_tokens")
+    signalled(running, lambda: all_owned(running), what="every band owned")
+    dbx.break_table("wait_tokens")
     error, info = observed.wait_for(lambda e, i: i.operation == "pass")
     assert (info.phase, info.band) == (MaintenancePhase.WAIT_TOKEN_RESOLUTION, "delivery")
-    assert isinstance(error, RunlaneError)
-    assert "wait_tokens" in str(error)
-    assert running.wait_until_closed(timeout=0.1) is False  # storage failures are not fatal
+    assert "wait_tokens is broken" in str(error)
+    assert running.wait_until_closed(timeout=0) is False  # storage failures are not fatal
     # the band keeps running its other phases, and keeps reporting the broken one
     handle = runtime.trigger(flaky, None)
     runtime.drain()
-    eventually(lambda: runtime.get_run(handle.id).status is RunStatus.QUEUED, what="delivery")
-    eventually(lambda: len(observed.seen) >= 3, what="repeated reports")
+    signalled(
+        running, lambda: runtime.get_run(handle.id).status is RunStatus.QUEUED, what="delivery"
+    )
+    observed.wait_for(lambda e, i: len(observed.seen) >= 3)
     assert {(i.phase, i.operation) for _, i in observed.seen} == {
         (MaintenancePhase.WAIT_TOKEN_RESOLUTION, "pass")
     }
     assert "delivery" in running.owned_bands()
+    assert not running.closed
 
 
 def test_callback_raising_does_not_stop_the_services(
@@ -428,11 +484,11 @@ def test_callback_raising_does_not_stop_the_services(
 
     running = runtime.start_services(lease_duration=SHORT, on_service_error=broken)
     try:
-        eventually(lambda: all_owned(running), what="every band owned")
-        dbx.run("drop table {schema}.wait_tokens")
+        signalled(running, lambda: all_owned(running), what="every band owned")
+        dbx.break_table("wait_tokens")
         for _ in range(2):
             assert calls.acquire(timeout=10)
-        assert running.wait_until_closed(timeout=0.1) is False
+        assert running.wait_until_closed(timeout=0) is False
     finally:
         running.close(timeout=10)
 
@@ -449,13 +505,51 @@ def test_fatal_band_failure_surfaces_as_service_failed(
     runtime = make_runlane(tasks=[ok])
     running = runtime.start_services(lease_duration=SHORT, on_service_error=fatal)
     try:
-        eventually(lambda: all_owned(running), what="every band owned")
-        dbx.run("drop table {schema}.wait_tokens")
+        signalled(running, lambda: all_owned(running), what="every band owned")
+        dbx.break_table("wait_tokens")
         with pytest.raises(ServiceFailed) as failed:
             running.wait_until_closed(timeout=10)
         assert isinstance(failed.value.__cause__, Fatal)
-        alive = [t.name for t in threading.enumerate() if t.name.startswith(f"{running.name}-")]
-        assert alive in ([], [f"{running.name}-closer"])
+        assert running.closed
+        assert band_threads(running) == []
+    finally:
+        running.close(timeout=10)
+
+
+@pytest.mark.parametrize("how", ["dropped", "unmigrated"])
+def test_missing_schema_stops_the_services_with_the_migrate_hint(
+    make_runlane: RunlaneFactory, dbx: Db, how: str
+) -> None:
+    """Retrying cannot create tables: a schema error is reported once, every band stops
+    (releasing its lease), and wait_until_closed() raises ServiceFailed chained to it."""
+    observed = Observed()
+    if how == "dropped":
+        runtime = make_runlane(tasks=[ok])
+        running = runtime.start_services(lease_duration=SHORT, on_service_error=observed)
+        signalled(running, lambda: all_owned(running), what="every band owned")
+        dbx.run("drop table {schema}.wait_tokens")
+    else:
+        never_migrated = f"t_{uuid.uuid4().hex[:16]}"  # no such schema exists
+        runtime = make_runlane(tasks=[ok], schema=never_migrated)
+        running = runtime.start_services(lease_duration=SHORT, on_service_error=observed)
+    try:
+        with pytest.raises(ServiceFailed, match="runlane migrate") as failed:
+            running.wait_until_closed(timeout=10)
+        assert isinstance(failed.value.__cause__, SchemaNotMigrated)
+        assert running.closed
+        assert band_threads(running) == []
+        assert running.owned_bands() == {}
+        assert observed.seen, "the fatal error was not reported"
+        assert all(isinstance(e, SchemaNotMigrated) for e, _ in observed.seen)
+        if how == "dropped":
+            live = {
+                band for band, (_, _, alive) in dbx.leases(runtime.environment).items() if alive
+            }
+            assert live == set(), "the stopped bands kept their leases"
+        # close() after a failure returns at once; wait_until_closed() keeps raising
+        running.close(timeout=1)
+        with pytest.raises(ServiceFailed):
+            running.wait_until_closed(timeout=0)
     finally:
         running.close(timeout=10)
 
@@ -464,27 +558,93 @@ def test_close_is_idempotent_and_stops_every_thread(make_runlane: RunlaneFactory
     runtime = make_runlane(tasks=[ok])
     running = runtime.start_services(lease_duration=SHORT)
     assert running.name.startswith("runlane-services-")
-
-    def band_threads() -> list[str]:
-        return [t.name for t in threading.enumerate() if t.name.startswith(f"{running.name}-")]
-
-    assert sorted(band_threads()) == sorted(f"{running.name}-{band}" for band in BANDS)
-    eventually(lambda: all_owned(running), what="every band owned")
-    assert running.wait_until_closed(timeout=0.05) is False
+    assert sorted(band_threads(running)) == sorted(f"{running.name}-{band}" for band in BANDS)
+    signalled(running, lambda: all_owned(running), what="every band owned")
+    assert running.wait_until_closed(timeout=0) is False
+    assert not running.closed
     running.close()
+    assert running.closed
     running.close()
     running.close(timeout=1)
     assert running.wait_until_closed(timeout=0) is True
-    assert band_threads() == []
+    assert band_threads(running) == []
     assert not [t for t in threading.enumerate() if t.name.startswith("runlane-services-")]
     assert running.owned_bands() == {}
     # the leases were released at close, so another replica need not wait for their expiry
     assert {live for _, _, live in dbx.leases(runtime.environment).values()} == {False}
 
     with runtime.start_services(lease_duration=SHORT) as scoped:
-        eventually(lambda: all_owned(scoped), what="every band owned")
+        signalled(scoped, lambda: all_owned(scoped), what="every band owned")
     assert scoped.wait_until_closed(timeout=0) is True
-    assert not [t for t in threading.enumerate() if t.name.startswith(f"{scoped.name}-")]
+    assert band_threads(scoped) == []
+
+
+def test_concurrent_closes_all_return_once_closed(make_runlane: RunlaneFactory) -> None:
+    runtime = make_runlane(tasks=[ok])
+    running = runtime.start_services(lease_duration=SHORT)
+    signalled(running, lambda: all_owned(running), what="every band owned")
+    run_together([functools.partial(running.close, timeout=10) for _ in range(4)])
+    assert running.closed
+    assert running.wait_until_closed(timeout=0) is True
+    assert band_threads(running) == []
+
+
+def test_close_gives_up_on_a_blocked_band_within_its_timeout(
+    make_runlane: RunlaneFactory,
+    database_url: str,
+    dbx: Db,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A band stuck in a statement (its lease row locked by another connection) does not
+    hold close() past its timeout: close() names the thread it gave up on and returns."""
+    runtime = make_runlane(tasks=[ok])
+    running = runtime.start_services(lease_duration=timedelta(seconds=30))
+    signalled(running, lambda: all_owned(running), what="every band owned")
+    blocker = psycopg.connect(database_url)
+    try:
+        # every fenced write share-locks its band's lease row: lock them all
+        blocker.execute(
+            sql.SQL("select * from {}.maintenance_leases for update").format(
+                sql.Identifier(dbx.schema)
+            )
+        )
+        eventually(
+            lambda: dbx.all(
+                "select 1 from pg_locks l join pg_stat_activity a using (pid) "
+                "where not l.granted and a.application_name = %s",
+                f"runlane-{dbx.schema}",
+            ),
+            what="a band waiting on its lease row",
+        )
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="runlane.services"):
+            running.close(timeout=0.5)
+        elapsed = time.monotonic() - started
+        assert elapsed < 1.5, f"close(timeout=0.5) took {elapsed:.2f}s"
+        assert running.wait_until_closed(timeout=0) is True
+        assert f"without waiting for {running.name}-" in caplog.text
+    finally:
+        blocker.rollback()
+        blocker.close()
+    # once the statement ends, the stuck thread finishes and exits
+    for thread in [t for t in threading.enumerate() if t.name.startswith(f"{running.name}-")]:
+        thread.join(10)
+    assert band_threads(running) == []
+
+
+def test_bad_timeouts_are_configuration_errors(make_runlane: RunlaneFactory) -> None:
+    runtime = make_runlane(tasks=[ok])
+    running = runtime.start_services(lease_duration=SHORT)
+    try:
+        for bad in (-1, -0.5, float("nan"), "1", True):
+            with pytest.raises(ConfigurationError, match="timeout"):
+                running.close(timeout=bad)  # type: ignore[arg-type]
+            with pytest.raises(ConfigurationError, match="timeout"):
+                running.wait_until_closed(timeout=bad)  # type: ignore[arg-type]
+        assert not running.closed, "a rejected close() must not start closing"
+    finally:
+        running.close(timeout=10)
+    assert running.closed
 
 
 def test_lease_duration_below_a_second_is_rejected(make_runlane: RunlaneFactory) -> None:

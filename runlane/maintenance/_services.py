@@ -8,6 +8,11 @@ fence). When a refresh fails, or no refresh succeeded before the local deadline 
 time of the last good refresh + lease - margin), the replica stops acting for the band,
 reports it, and competes for it again like any other replica.
 
+A schema that is missing or does not match (``SchemaNotMigrated``, ``IncompatibleSchema``) and
+a closed runtime (``RunlaneClosed``) are fatal: retrying cannot help, so the failing band
+reports the error, every band stops, and ``wait_until_closed()`` raises ``ServiceFailed``
+chained to it. Every other failure is reported and retried.
+
 Band state machine (per replica)::
 
     candidate --acquire ok--> owner --refresh ok--> owner
@@ -28,7 +33,14 @@ from datetime import timedelta
 
 import attrs
 
-from runlane.errors import ConfigurationError, ServiceFailed, StaleLease
+from runlane.errors import (
+    ConfigurationError,
+    IncompatibleSchema,
+    RunlaneClosed,
+    SchemaNotMigrated,
+    ServiceFailed,
+    StaleLease,
+)
 from runlane.maintenance._pass import MaintenanceScope, run_phase
 from runlane.maintenance._types import MaintenanceLimits, MaintenancePhase, ServiceErrorInfo
 from runlane.storage import MaintenanceFence
@@ -43,6 +55,17 @@ log = logging.getLogger("runlane.services")
 ServiceErrorCallback = Callable[[BaseException, ServiceErrorInfo], None]
 
 _numbers = iter(range(1, 1 << 62))
+
+# errors no retry can cure: the services stop and wait_until_closed() raises ServiceFailed
+_FATAL: tuple[type[BaseException], ...] = (SchemaNotMigrated, IncompatibleSchema, RunlaneClosed)
+
+
+class _Fatal(Exception):
+    """Carries a fatal error out of a band loop once it has been reported."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @attrs.frozen
@@ -81,14 +104,29 @@ class _BandLoop:
         )
 
     def main(self) -> None:
+        s = self.services
         try:
-            while not self.services._stop.is_set():
+            while not s._stop.is_set():
                 self.step()
-                self.services._stop.wait(self.wait_time())
+                s._stop.wait(self.wait_time())
             self.release()
+        except _Fatal as fatal:
+            self.release()
+            if s._close_started:  # the runtime closed under a closing band: a clean close
+                log.debug("runlane: band %s closing: %s", self.band.name, fatal)
+            else:
+                # the message says what to do; a traceback would add nothing
+                log.error(  # noqa: TRY400
+                    "runlane: maintenance band %s stopped the services: %s",
+                    self.band.name,
+                    fatal,
+                )
+                s._fail(fatal.error)
         except BaseException as exc:
             log.exception("runlane: maintenance band %s failed", self.band.name)
-            self.services._fail(exc)
+            s._fail(exc)
+        finally:
+            s._loop_exited()
 
     def wait_time(self) -> float:
         s = self.services
@@ -99,12 +137,17 @@ class _BandLoop:
         return max(0.0, min(self.next_pass, refresh_at) - now)
 
     def report(self, error: BaseException, phase: MaintenancePhase, operation: str) -> None:
-        self.services._report(error, ServiceErrorInfo(phase, self.band.name, operation))
+        """Hand ``error`` to the observer; a fatal one then stops every band."""
+        closing = self.services._close_started and isinstance(error, RunlaneClosed)
+        if not closing:  # a runtime closed while this band closes is no failure to report
+            self.services._report(error, ServiceErrorInfo(phase, self.band.name, operation))
+        if isinstance(error, _FATAL):
+            raise _Fatal(error) from error
 
     def lose(self, error: BaseException, operation: str) -> None:
         log.warning("runlane: lost maintenance band %s: %s", self.band.name, error)
         self.fence = None
-        self.services._owned.pop(self.band.name, None)
+        self.services._set_owned(self.band.name, None)
         self.report(error, self.band.phases[0], operation)
 
     def step(self) -> None:
@@ -115,21 +158,22 @@ class _BandLoop:
                 fencing = s.scope.storage.maintenance_lease_acquire(
                     s.scope.environment, self.band.name, s.owner, s.lease
                 )
-            except Exception as exc:  # reported, then retried
+            except Exception as exc:  # reported, then retried (unless fatal)
                 self.report(exc, self.band.phases[0], "acquire")
                 return
-            if fencing is None:
+            if fencing is None:  # another replica holds it; wake waiters that watch for that
+                s._set_owned(self.band.name, None)
                 return
             self.fence = MaintenanceFence(s.scope.environment, self.band.name, s.owner, fencing)
             self.last_refresh = now
             self.deadline = now + s.lease_seconds - s.margin
             self.next_pass = now
-            s._owned[self.band.name] = fencing
+            s._set_owned(self.band.name, fencing)
             log.info("runlane: %s owns band %s (fencing %d)", s.name, self.band.name, fencing)
         elif now - self.last_refresh >= s.refresh_interval:
             try:
                 refreshed = s.scope.storage.maintenance_lease_refresh(self.fence, s.lease)
-            except Exception as exc:  # reported; the local deadline decides
+            except Exception as exc:  # reported; the local deadline decides (unless fatal)
                 self.report(exc, self.band.phases[0], "refresh")
                 refreshed = None
             if refreshed:
@@ -175,12 +219,24 @@ class _BandLoop:
     def release(self) -> None:
         if self.fence is None:
             return
+        fence, self.fence = self.fence, None
+        self.services._set_owned(self.band.name, None)
         try:
-            self.services.scope.storage.maintenance_lease_release(self.fence)
+            self.services.scope.storage.maintenance_lease_release(fence)
         except Exception as exc:  # the lease then simply expires
-            self.report(exc, self.band.phases[0], "release")
-        self.fence = None
-        self.services._owned.pop(self.band.name, None)
+            self.services._report(
+                exc, ServiceErrorInfo(self.band.phases[0], self.band.name, "release")
+            )
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ConfigurationError(
+            f"timeout must be None or a number of seconds >= 0, got {timeout!r}"
+        )
+    return float(timeout)
 
 
 class Services:
@@ -211,54 +267,131 @@ class Services:
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self._close_started = False
+        self._started = False
         self._failure: BaseException | None = None
         self._owned: dict[str, int] = {}
-        self._lock = threading.Lock()
+        # guards the counters below; notified on every change a waiter may look for
+        self._progress = threading.Condition()
+        self._generation = 0
+        self._running = 0
         self.changed: dict[MaintenancePhase, int] = dict.fromkeys(MaintenancePhase, 0)
         self.passes: dict[MaintenancePhase, int] = dict.fromkeys(MaintenancePhase, 0)
         self._loops = [_BandLoop(self, band) for band in bands]
 
     def start(self) -> None:
-        for loop in self._loops:
-            loop.thread.start()
+        with self._close_lock:
+            if self._started or self._close_started:
+                return
+            self._started = True
+            with self._progress:
+                self._running = len(self._loops)
+            for loop in self._loops:
+                loop.thread.start()
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called or a fatal failure stopped the loops."""
+        return self._stop.is_set()
 
     def owned_bands(self) -> dict[str, int]:
         """The bands this replica owns now, with their fencing numbers."""
-        return dict(self._owned)
+        with self._progress:
+            return dict(self._owned)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``predicate()`` holds; False when ``timeout`` passed first.
+
+        ``predicate`` is checked at once, then again after every pass, attempt to acquire
+        a band, band lost, reported failure and stop: a signal for tests and health checks instead of
+        polling. It runs in the calling thread, without any lock of the services held."""
+        timeout = _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._progress:
+                seen = self._generation
+            if predicate():
+                return True
+            with self._progress:
+                while self._generation == seen:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._progress.wait(remaining)
+
+    def _changed(self) -> None:
+        """Wake the waiters of ``wait_for``; call with ``_progress`` held."""
+        self._generation += 1
+        self._progress.notify_all()
+
+    def _set_owned(self, band: str, fencing: int | None) -> None:
+        with self._progress:
+            if fencing is None:
+                self._owned.pop(band, None)
+            else:
+                self._owned[band] = fencing
+            self._changed()
 
     def _count(self, phase: MaintenancePhase, changed: int) -> None:
-        with self._lock:
+        with self._progress:
             self.passes[phase] += 1
             self.changed[phase] += changed
+            self._changed()
 
     def _report(self, error: BaseException, info: ServiceErrorInfo) -> None:
-        if self._on_error is None:
-            log.error("runlane maintenance %s (%s) failed: %r", info.phase, info.operation, error)
-            return
         try:
-            self._on_error(error, info)
-        except Exception:
-            log.exception("runlane: on_service_error raised")
+            if self._on_error is None:
+                log.error(
+                    "runlane maintenance %s (%s) failed: %r", info.phase, info.operation, error
+                )
+                return
+            try:
+                self._on_error(error, info)
+            except Exception:
+                log.exception("runlane: on_service_error raised")
+        finally:
+            with self._progress:
+                self._changed()
 
     def _fail(self, exc: BaseException) -> None:
-        with self._lock:
+        """A band failed fatally: record why and stop every band; the last loop to exit
+        marks the services closed."""
+        with self._progress:
             if self._failure is None:
                 self._failure = exc
-        threading.Thread(target=self.close, name=f"{self.name}-closer", daemon=True).start()
+            self._changed()
+        self._stop.set()
+
+    def _loop_exited(self) -> None:
+        with self._progress:
+            self._running -= 1
+            last = self._running == 0
+            self._changed()
+        if last and self._stop.is_set():
+            self._closed.set()
 
     def wait_until_closed(self, timeout: float | None = None) -> bool:
         """Block until closed; False when ``timeout`` passed first. Raises ServiceFailed when
-        a band's thread failed fatally (storage failures are reported, not fatal)."""
+        a band failed fatally: a missing or incompatible schema, a closed runtime, or an
+        error raised by ``on_service_error`` that is not an ``Exception``. Other storage
+        failures are reported to ``on_service_error`` and retried, not fatal."""
+        timeout = _check_timeout(timeout)
         if not self._closed.wait(timeout):
             return False
-        if self._failure is not None:
+        failure = self._failure
+        if failure is not None:
             raise ServiceFailed(
-                f"{self.name} stopped after a fatal failure: {self._failure!r}; restart the process"
-            ) from self._failure
+                f"{self.name} stopped after a fatal failure: {failure}; "
+                "fix the cause and restart the process"
+            ) from failure
         return True
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop every band, release the leases held; idempotent, safe from any thread."""
+        """Stop every band and release the leases held, within ``timeout`` seconds (None:
+        as long as it takes); idempotent, safe from any thread. A band thread still busy
+        (a statement in flight) when the timeout passes is named in a warning and left to
+        finish in the background; its lease then lapses if it cannot release it."""
+        timeout = _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._close_lock:
             first = not self._close_started
             self._close_started = True
@@ -266,12 +399,25 @@ class Services:
             self._closed.wait(timeout)
             return
         self._stop.set()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._progress:
+            self._changed()
+        stuck: list[str] = []
         for loop in self._loops:
-            if loop.thread is threading.current_thread() or not loop.thread.is_alive():
+            thread = loop.thread
+            if thread is threading.current_thread() or thread.ident is None:
                 continue
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            loop.thread.join(remaining)
+            thread.join(remaining)
+            if thread.is_alive():
+                stuck.append(thread.name)
+        if stuck:
+            log.warning(
+                "runlane: %s closed after %.1fs without waiting for %s (still in a "
+                "statement); its band leases lapse if they cannot be released",
+                self.name,
+                timeout,
+                ", ".join(stuck),
+            )
         self._closed.set()
 
     def __enter__(self) -> Services:
