@@ -1,7 +1,7 @@
 """Runs one claimed attempt in the calling thread and decides its outcome.
 
-Pure with respect to storage: it returns the fenced write to make (a Completion or a
-Failure) and leaves writing it to the caller, so drain and the worker share it.
+Pure with respect to storage: it returns the fenced write to make (a Completion, a Failure
+or a hand-back) and leaves writing it to the caller, the worker's lifecycle writer.
 """
 
 from __future__ import annotations
@@ -15,28 +15,31 @@ import attrs
 
 from runlane._codec import OutputNotSerializable, decode_payload, dump_json, encode_output
 from runlane.context import ContextBackend, RunContext, Suspended
-from runlane.errors import NonRetryableError, PayloadValidationError, TaskNotFound
+from runlane.errors import (
+    NonRetryableError,
+    PayloadValidationError,
+    RunInterrupted,
+    StopReason,
+    TaskNotFound,
+    TaskTimeout,
+)
 from runlane.models import RunError
-from runlane.storage import ClaimedRun, Completion, Failure
+from runlane.storage import ClaimedRun, Completion, Failure, LeaseRef
 from runlane.tasks import Task
 
-__all__ = ["Outcome", "TaskTimeout", "execute_attempt", "make_context", "timeout_failure"]
+__all__ = ["Outcome", "Write", "execute_attempt", "make_context", "timeout_failure"]
 
 log = logging.getLogger("runlane.execution")
 
-
-class TaskTimeout(Exception):
-    """An attempt ran past its task's timeout; recorded as the attempt's error."""
-
-
-TaskTimeout.__module__ = "runlane"
+# what finishes an attempt: complete it, fail it, or hand it back unspent (a LeaseRef)
+Write = Completion | Failure | LeaseRef
 
 
 @attrs.frozen
 class Outcome:
     """The write that finishes an attempt, and whether a handler actually ran."""
 
-    write: Completion | Failure | None  # None: the run was suspended, already written
+    write: Write | None  # None: nothing to write (suspended and written, or not ours)
     handler_ran: bool
 
 
@@ -100,6 +103,16 @@ def _failure(
     )
 
 
+def _interrupted(claimed: ClaimedRun, exc: RunInterrupted) -> Write | None:
+    """How a handler that raised RunInterrupted is recorded: shutdown and cancel hand the
+    attempt back unspent (a run whose cancellation was requested then ends ``cancelled``);
+    a timeout was already recorded as a failed attempt, and a lost lease allows no write."""
+    reason = getattr(exc, "reason", None)
+    if reason in (StopReason.SHUTDOWN, StopReason.CANCEL_REQUESTED):
+        return LeaseRef(claimed.id, claimed.attempt, claimed.lease_token)
+    return None
+
+
 def execute_attempt(
     claimed: ClaimedRun,
     tasks: Mapping[str, Task[Any, Any]],
@@ -129,6 +142,8 @@ def execute_attempt(
         result = task.fn(payload, context)
     except Suspended:
         return Outcome(None, handler_ran=True)
+    except RunInterrupted as exc:
+        return Outcome(_interrupted(claimed, exc), handler_ran=True)
     except NonRetryableError as exc:
         return Outcome(_failure(claimed, exc, retry=None), handler_ran=True)
     except Exception as exc:

@@ -1,7 +1,7 @@
 """Keeping the leases of running attempts alive, and noticing attempts past their timeout.
 
 A :class:`LeaseTracker` holds the attempts a process is executing. Its owner (the worker's
-lifecycle writer, or the drain's :class:`LeaseKeeper` thread) calls ``extend`` a few times per
+lifecycle writer) calls ``extend`` a few times per
 lease period, which pushes every tracked lease forward in one fenced statement. When an
 extension is refused (the lease was lost or had expired) or the run asks to be cancelled, the
 attempt's ``context.cancelled`` is set. ``expire_timeouts`` hands back attempts whose task
@@ -19,13 +19,13 @@ from datetime import timedelta
 
 import attrs
 
-from runlane._execution import timeout_failure
 from runlane.context import RunContext
+from runlane.errors import StopReason
 from runlane.models import RunStatus
 from runlane.storage import ClaimedRun, LeaseRef, Storage
 from runlane.tasks import Task
 
-__all__ = ["LeaseKeeper", "LeaseTracker", "Tracked"]
+__all__ = ["LeaseTracker", "Tracked"]
 
 log = logging.getLogger("runlane.leases")
 
@@ -40,12 +40,15 @@ class Tracked:
     task: Task[object, object] | None
     deadline: float | None  # time.monotonic() past which the attempt has timed out
     held_at: float = 0.0  # time.monotonic() of the claim
-    cancel_requested: bool = False
+    stop_reason: StopReason | None = None
 
-    def cancel(self) -> None:
-        self.cancel_requested = True
+    def cancel(self, reason: StopReason) -> None:
+        """Ask the attempt to stop (the first reason sticks); a run not started yet learns
+        it when it starts."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
         if self.context is not None:
-            self.context.cancelled.set()
+            self.context._request_stop(reason)
 
     @property
     def ref(self) -> LeaseRef:
@@ -94,8 +97,8 @@ class LeaseTracker:
             if item is None:
                 return False
             item.context, item.task, item.deadline = context, task, deadline
-            if item.cancel_requested:
-                context.cancelled.set()
+            if item.stop_reason is not None:
+                context._request_stop(item.stop_reason)
         if deadline is not None:
             self._changed()
         return True
@@ -141,7 +144,7 @@ class LeaseTracker:
                 item.claimed.attempt,
                 item.claimed.task_id,
             )
-            item.cancel()
+            item.cancel(StopReason.TIMEOUT)
         return late
 
     def extension_due(self, now: float) -> bool:
@@ -164,58 +167,6 @@ class LeaseTracker:
                     item.claimed.id,
                     item.claimed.attempt,
                 )
-                item.cancel()
+                item.cancel(StopReason.LEASE_LOST)
             elif status is RunStatus.CANCELLATION_REQUESTED:
-                item.cancel()
-
-
-class LeaseKeeper:
-    """A thread that keeps a tracker's leases alive and fails timed-out attempts itself.
-
-    Used by ``drain``, whose handlers run in the caller's thread; the worker does the same
-    work in its lifecycle-writer thread instead.
-    """
-
-    def __init__(self, storage: Storage, tracker: LeaseTracker, *, name: str) -> None:
-        self._storage = storage
-        self._tracker = tracker
-        self._name = name
-        self._changed = threading.Condition()
-        self._stop = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-        self._thread.start()
-
-    def poke(self) -> None:
-        """Re-read the tracker's deadlines (an attempt was tracked or untracked)."""
-        with self._changed:
-            self._changed.notify()
-
-    def close(self) -> None:
-        with self._changed:
-            self._stop = True
-            self._changed.notify()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            with self._changed:
-                if self._stop:
-                    return
-                deadline = self._tracker.next_deadline()
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                self._changed.wait(timeout=wait)
-                if self._stop:
-                    return
-            now = time.monotonic()
-            try:
-                for item in self._tracker.expire_timeouts(now):
-                    self._storage.run_fail_many([timeout_failure(item.claimed, item.task)])
-                if self._tracker.extension_due(now):
-                    self._tracker.extend(self._storage)
-            except Exception:
-                # retried at the next deadline; the lease period allows several attempts
-                log.exception("runlane: keeping leases alive failed")
+                item.cancel(StopReason.CANCEL_REQUESTED)

@@ -22,8 +22,10 @@ from runlane._validation import as_duration
 from runlane.errors import (
     ChildRunFailed,
     ConfigurationError,
+    RunInterrupted,
     RunNotFound,
     StaleLease,
+    StopReason,
     WaitTokenNotFound,
     WaitTokenTimedOut,
 )
@@ -74,9 +76,14 @@ def _check_step_name(name: str) -> str:
 class RunContext:
     """What a handler knows about the attempt it runs in, and its durable operations.
 
-    ``cancelled`` is set when the run is cancelled, the worker shuts down, the attempt's lease
-    could not be kept, or its task timeout passed; long handlers should check it (or wait on
-    it) and return.
+    ``cancelled`` is set when the attempt should stop: the run was cancelled, the worker shuts
+    down, the attempt's lease could not be kept, or its task timeout passed;
+    ``stop_reason`` says which (:class:`runlane.StopReason`, None while no stop was asked).
+    Long handlers should pass ``cancelled`` to their waits and call ``raise_if_stopped()``
+    at safe points: the engine records the :class:`runlane.RunInterrupted` it raises by
+    reason (shutdown hands the run back with its attempt unspent, cancel ends it
+    ``cancelled``, timeout fails the attempt, a lost lease writes nothing). A handler that
+    returns normally has completed its run, whatever stop was asked.
     """
 
     run_id: uuid.UUID
@@ -90,19 +97,52 @@ class RunContext:
     _lease_token: uuid.UUID | None = attrs.field(default=None, alias="lease_token", repr=False)
     _sleeps: int = attrs.field(default=0, init=False, repr=False)
     _children: int = attrs.field(default=0, init=False, repr=False)
+    _stop_reason: StopReason | None = attrs.field(default=None, init=False, repr=False)
+    _stop_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+
+    # -- stopping ------------------------------------------------------------------------
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """Why the attempt was asked to stop (the first reason given), or None."""
+        return self._stop_reason
+
+    def _request_stop(self, reason: StopReason) -> None:
+        """Ask the handler to stop; the first reason sticks. Called by the engine."""
+        with self._stop_lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+        self.cancelled.set()
+
+    def raise_if_stopped(self) -> None:
+        """Raise :class:`runlane.RunInterrupted` when the attempt was asked to stop; let it
+        propagate out of the handler and the engine records it by ``stop_reason``."""
+        if self._backend is None or self._lease_token is None:
+            raise ConfigurationError(
+                "raise_if_stopped() works only inside a handler run by a worker or drain: this "
+                "RunContext is not attached to a run attempt"
+            )
+        reason = self._stop_reason
+        if reason is None and self.cancelled.is_set():
+            reason = StopReason.CANCEL_REQUESTED  # set by hand: treat it as a cancellation
+        if reason is not None:
+            raise RunInterrupted(
+                reason,
+                f"run {self.run_id} attempt {self.attempt} stopped: {reason.value}",
+            )
 
     # -- plumbing ------------------------------------------------------------------------
 
     def _attached(self) -> tuple[ContextBackend, LeaseRef]:
         if self._backend is None or self._lease_token is None:
-            raise RuntimeError(
+            raise ConfigurationError(
                 "this RunContext is not attached to a run attempt; durable operations work "
                 "only inside a handler executed by a worker or drain"
             )
         return self._backend, LeaseRef(self.run_id, self.attempt, self._lease_token)
 
     def _stale(self, what: str) -> NoReturn:
-        self.cancelled.set()
+        self._request_stop(StopReason.LEASE_LOST)
         raise StaleLease(
             f"run {self.run_id} attempt {self.attempt} no longer holds its lease; {what} was "
             "not recorded. Return from the handler: another attempt owns the run now."

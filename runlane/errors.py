@@ -7,18 +7,27 @@ already catch ``ValueError`` or ``LookupError`` keep working.
 
 from __future__ import annotations
 
+import enum
+
 __all__ = [
     "ChildRunFailed",
     "ConfigurationError",
     "IncompatibleSchema",
+    "LeaseExpired",
     "NonRetryableError",
     "PayloadValidationError",
+    "RunInterrupted",
     "RunNotFound",
+    "RunStateConflict",
+    "RunlaneClosed",
     "RunlaneError",
     "SchemaNotMigrated",
     "ServiceFailed",
     "StaleLease",
+    "StopReason",
+    "StorageUnavailable",
     "TaskNotFound",
+    "TaskTimeout",
     "WaitTokenNotFound",
     "WaitTokenTimedOut",
     "WorkerFailed",
@@ -93,6 +102,52 @@ class ChildRunFailed(RunlaneError):
         super().__init__(message)
 
 
+class RunlaneClosed(RunlaneError):
+    """The runtime was closed: call ``start()`` to open it again, or build a new one."""
+
+
+class StorageUnavailable(RunlaneError):
+    """The database refused, timed out or broke the connection and retries are spent.
+
+    The message names the host and port (never the password) and what to check.
+    """
+
+
+class RunStateConflict(RunlaneError):
+    """The run is not in a status that allows the operation; the message says which."""
+
+
+class StopReason(enum.Enum):
+    """Why a handler was asked to stop (``RunContext.stop_reason``)."""
+
+    CANCEL_REQUESTED = "cancel_requested"
+    SHUTDOWN = "shutdown"
+    LEASE_LOST = "lease_lost"
+    TIMEOUT = "timeout"
+
+
+class RunInterrupted(RunlaneError):
+    """Raised by ``context.raise_if_stopped()``: the handler was asked to stop.
+
+    Let it propagate: the engine records it by ``reason`` (shutdown hands the run back with
+    its attempt unspent, cancel ends it ``cancelled``, timeout fails the attempt, a lost
+    lease writes nothing).
+    """
+
+    def __init__(self, reason: StopReason, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class TaskTimeout(RunlaneError):
+    """Stored on a run: an attempt ran past its task's timeout (retried per its policy)."""
+
+
+class LeaseExpired(RunlaneError):
+    """Stored on a run: an attempt's lease lapsed (its worker crashed, froze or lost its
+    connection) and maintenance finalized it (retried per its task's policy)."""
+
+
 class NonRetryableError(Exception):
     """Raise from a handler to fail the run at once, without further attempts.
 
@@ -115,6 +170,13 @@ for _cls in (
     WaitTokenTimedOut,
     ChildRunFailed,
     NonRetryableError,
+    RunlaneClosed,
+    StorageUnavailable,
+    RunStateConflict,
+    StopReason,
+    RunInterrupted,
+    TaskTimeout,
+    LeaseExpired,
 ):
     _cls.__module__ = "runlane"
 del _cls

@@ -6,34 +6,28 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from runlane._backend import Backend
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
-from runlane._execution import execute_attempt, make_context
 from runlane._ids import new_run_id
-from runlane._leases import LeaseKeeper, LeaseTracker
 from runlane._reads import PointReads
 from runlane._validation import as_duration, run_key, token_key, with_default_queue
 from runlane.errors import (
     ConfigurationError,
     PayloadValidationError,
+    RunlaneClosed,
+    RunlaneError,
     RunNotFound,
-    StaleLease,
     TaskNotFound,
     WaitTokenNotFound,
 )
-from runlane.maintenance import (
-    MaintenanceLimits,
-    MaintenanceResult,
-    MaintenanceScope,
-    RetentionPolicy,
-    ScheduleEntry,
-    run_maintenance_pass,
-)
+from runlane.lanes import Lane
+from runlane.maintenance._pass import MaintenanceScope, ScheduleEntry, run_maintenance_pass
 from runlane.maintenance._services import ServiceErrorCallback, Services
+from runlane.maintenance._types import MaintenanceLimits, MaintenanceResult, RetentionPolicy
 from runlane.models import (
     CancelResult,
     DrainResult,
@@ -44,12 +38,12 @@ from runlane.models import (
     WaitToken,
 )
 from runlane.schedules import Schedule
-from runlane.storage import Completion, NewRuns, Storage
+from runlane.storage import NewRuns, Storage
 from runlane.tasks import Queue, Task, _check_name
 from runlane.worker import Worker
-from runlane.worker._worker import Listener, WorkerOptions, check_worker_arguments
+from runlane.worker._worker import WorkerOptions, check_close_timeout, check_worker_arguments
 
-__all__ = ["Lane", "Runlane", "create_runlane"]
+__all__ = ["Runlane", "create_runlane"]
 
 log = logging.getLogger("runlane")
 
@@ -57,27 +51,13 @@ _EAGER_RESUME_LIMIT = 100
 _INT32 = 2**31 - 1
 
 
-class Lane(Protocol):
-    """How a runtime reaches its storage; ``postgres_polling_lane`` makes one."""
-
-    @property
-    def lease_duration(self) -> timedelta: ...
-
-    @property
-    def poll_interval(self) -> timedelta: ...
-
-    def create_storage(self) -> Storage: ...
-
-    def create_listener(
-        self, environment: str, on_wake: Callable[[str | None], None], name: str
-    ) -> Listener | None: ...
-
-
 class Runlane:
     """A runtime: the task catalog, the queues and one lane's storage.
 
     Every method blocks and is safe to call from any thread. Methods start the runtime on
-    first use; ``close()`` releases its connections.
+    first use; ``close()`` closes the workers and services it created, then its connections.
+    A closed runtime raises :class:`RunlaneClosed` from every method but ``start()``, which
+    opens it again, and ``close()``.
     """
 
     def __init__(
@@ -95,22 +75,33 @@ class Runlane:
         self._queues = {q.name: q for q in queues}
         self._default_queue = next(q.name for q in queues if q.default)
         self._tasks = {t.id: t for t in tasks}
-        self._storage = lane.create_storage()
-        # concurrent get_run calls share one query (see _reads.py)
-        self._point_reads: PointReads[uuid.UUID, RunSnapshot] = PointReads(
-            lambda ids: self._storage.run_get_many(self.environment, ids)
-        )
         self._schedules = [self._schedule_entry(s) for s in schedules]
-        self._scope = MaintenanceScope(
-            storage=self._storage,
-            environment=environment,
-            tasks=self._tasks,
-            schedules=self._schedules,
-            retention=retention,
-        )
+        self._retention = retention
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
+        self._owned: list[Worker | Services] = []
+        self._connect()
+
+    def _connect(self) -> None:
+        """A fresh storage (and what reads through it) for a new or reopened runtime."""
+        storage = self._lane.create_storage()
+        self._storage = storage
+        # concurrent get_run calls share one query (see _reads.py)
+        self._point_reads: PointReads[uuid.UUID, RunSnapshot] = PointReads(
+            lambda ids: storage.run_get_many(self.environment, ids)
+        )
+        lane = self._lane
+        self._scope = MaintenanceScope(
+            storage=storage,
+            environment=self.environment,
+            tasks=self._tasks,
+            schedules=self._schedules,
+            retention=self._retention,
+            recover_delivery=lambda env, limit, fence: lane.recover_delivery(
+                storage, env, limit, fence
+            ),
+        )
 
     def _schedule_entry(self, sched: Schedule) -> ScheduleEntry:
         if not isinstance(sched, Schedule):
@@ -136,8 +127,12 @@ class Runlane:
     # -- lifecycle -----------------------------------------------------------------------
 
     @property
-    def storage(self) -> Storage:
+    def storage(self) -> Storage:  # TODO(issue 8): tests move to a helper; then drop this
         return self._storage
+
+    @property
+    def lane(self) -> Lane:
+        return self._lane
 
     @property
     def queues(self) -> dict[str, Queue]:
@@ -148,22 +143,59 @@ class Runlane:
         return dict(self._tasks)
 
     def start(self) -> None:
-        """Open connections and check connectivity; idempotent. Never touches the schema."""
+        """Open connections and check connectivity; idempotent. Never touches the schema.
+
+        On a closed runtime it opens it again (the bounded-pass entry point calls
+        ``start()``, ``run_maintenance_once()`` and ``close()`` once per invocation). When
+        the database cannot be reached it raises :class:`StorageUnavailable` and the next
+        call tries again."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("this Runlane was closed; create a new one")
+                self._connect()
+                self._closed = False
             if self._started:
                 return
             self._storage.open()
             self._started = True
 
-    def close(self) -> None:
-        """Close the runtime's connections; idempotent. Close workers and services first."""
+    def close(self, timeout: float | None = None) -> None:
+        """Close the workers and services this runtime created (each asked to stop, their
+        unfinished runs handed back), then flush and close connections, within ``timeout``
+        seconds plus a small constant; idempotent."""
+        limit = check_close_timeout(timeout)
+        deadline = None if limit is None else time.monotonic() + limit
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._started = False
+            owned, self._owned = self._owned, []
+        for item in owned:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item.close(remaining)
+            except RunlaneError:
+                log.warning("runlane: closing %r failed", item, exc_info=True)
         self._storage.close()
+
+    def _own(self, item: Worker | Services) -> None:
+        """Register a worker or services for close(); refuses once closed."""
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            self._owned = [o for o in self._owned if not o.closed]
+            self._owned.append(item)
+
+    def _disown(self, item: Worker | Services) -> None:
+        with self._lock:
+            if item in self._owned:
+                self._owned.remove(item)
+
+    def _closed_error(self) -> RunlaneClosed:
+        return RunlaneClosed(
+            f"this Runlane (environment {self.environment!r}) was closed: call start() to "
+            "open it again, or build a new runtime with create_runlane()"
+        )
 
     def __enter__(self) -> Runlane:
         self.start()
@@ -173,8 +205,19 @@ class Runlane:
         self.close()
 
     def _ensure_started(self) -> None:
+        if self._closed:
+            raise self._closed_error()
         if not self._started:
-            self.start()
+            with self._lock:
+                if self._closed:
+                    raise self._closed_error()
+                if not self._started:
+                    self._storage.open()
+                    self._started = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise self._closed_error()
 
     # -- producing -----------------------------------------------------------------------
 
@@ -287,6 +330,7 @@ class Runlane:
         second trigger of the same task returns the first run (``created`` is then False).
         Higher ``priority`` is claimed first.
         """
+        self._check_open()
         (handle,) = self._trigger(
             task,
             [payload],
@@ -318,6 +362,7 @@ class Runlane:
         Every payload is validated before anything is written. ``idempotency_keys``, when
         given, holds one key (or None) per payload.
         """
+        self._check_open()
         return self._trigger(
             task,
             list(payloads),
@@ -369,6 +414,7 @@ class Runlane:
     def get_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
         """The run's current state; raises RunNotFound when this environment has no such run.
         Concurrent calls from several threads are answered by one batched query."""
+        self._check_open()
         key = run_key(run_id)
         self._ensure_started()
         snapshot = self._point_reads.get(key)
@@ -384,6 +430,7 @@ class Runlane:
     ) -> RunSnapshot:
         """Block until the run is terminal and return it; raises TimeoutError after
         ``timeout``. Polls with a capped backoff (10 ms growing to 250 ms)."""
+        self._check_open()
         limit = None if timeout is None else as_duration("timeout", timeout).total_seconds()
         deadline = None if limit is None else time.monotonic() + limit
         pause = 0.01
@@ -402,6 +449,7 @@ class Runlane:
         running run becomes ``cancellation_requested``, its handler's ``context.cancelled``
         is set (NOTIFY, or its next lease extension), and it ends ``cancelled``. Cancelling a
         terminal run changes nothing and says so (``changed=False``)."""
+        self._check_open()
         key = run_key(run_id)
         self._ensure_started()
         answer = self._storage.run_cancel(self.environment, key)
@@ -423,6 +471,7 @@ class Runlane:
         """A pending token that a handler can wait on (``context.wait_for_token``); it times
         out after ``timeout`` (database time) unless completed first. With an
         ``idempotency_key``, a second call returns the first token."""
+        self._check_open()
         delta = None if timeout is None else as_duration("timeout", timeout)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not idempotency_key
@@ -436,6 +485,7 @@ class Runlane:
         )
 
     def get_wait_token(self, token_id: uuid.UUID | str) -> WaitToken:
+        self._check_open()
         key = token_key(token_id)
         self._ensure_started()
         token = self._storage.wait_token_get(self.environment, key)
@@ -450,6 +500,7 @@ class Runlane:
         The completion commits first; then one small pass resumes the runs waiting on the
         token. If that pass fails the completion still stands and maintenance resumes them.
         """
+        self._check_open()
         key = token_key(token_id)
         try:
             encoded = encode_output(output)
@@ -497,58 +548,48 @@ class Runlane:
         """Execute currently due runs in the calling thread, one at a time.
 
         Returns when no run is due, ``max_runs`` handlers have run, or ``stop`` is set. Runs
-        due later (delayed, retrying, released) do not keep it open. A claimed run whose task
-        this runtime does not register is failed with TaskNotFound and not counted.
+        due later (delayed, retrying, released) do not keep it open. It runs attempts
+        through the worker's path: bounded queues are honoured, results are recorded by the
+        lifecycle writer and flushed before it returns, leases are kept and timeouts
+        enforced. A claimed run whose task this runtime does not register is failed with
+        TaskNotFound and not counted. Transport lanes cannot drain (ConfigurationError).
         """
+        self._check_open()
         if max_runs is not None and (
             isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 0
         ):
             raise ConfigurationError(f"max_runs must be a non-negative integer, got {max_runs!r}")
         names = self._queue_filter(queues)
-        self._ensure_started()
-        lease = self._lane.lease_duration
-        tracker = LeaseTracker(lease)
-        keeper = LeaseKeeper(
-            self._storage, tracker, name=f"runlane-drain-leases-{self.environment}"
-        )
-        keeper.start()
-        backend = Backend(self, self._storage)
-        executed = 0
-        try:
-            while max_runs is None or executed < max_runs:
-                if stop is not None and stop.is_set():
-                    break
-                claimed = self._storage.run_claim(self.environment, names, 1, lease)
-                if not claimed:
-                    break
-                for run in claimed:
-                    context = make_context(run, self.environment, backend)
-                    tracker.track(run, context, self._tasks.get(run.task_id))
-                    keeper.poke()
-                    try:
-                        outcome = execute_attempt(run, self._tasks, context)
-                    finally:
-                        still_ours = tracker.untrack(run.id) is not None
-                        keeper.poke()
-                    executed += outcome.handler_ran
-                    if still_ours and outcome.write is not None:
-                        self._record(outcome.write)
-        finally:
-            keeper.close()
-        return DrainResult(runs_executed=executed)
-
-    def _record(self, write: Any) -> None:
-        if isinstance(write, Completion):
-            applied = write.run_id in self._storage.run_complete_many([write])
-        else:
-            applied = bool(self._storage.run_fail_many([write]))
-        if not applied:
-            stale = StaleLease(
-                f"run {write.run_id} attempt {write.attempt} no longer holds its lease "
-                "(it expired and was finalized, or the run was cancelled); the result of "
-                "this attempt was not recorded"
+        unsupported = self._lane.drain_unsupported
+        if unsupported is not None:
+            raise ConfigurationError(
+                f"drain() is not available on the {self._lane.name} lane: {unsupported}"
             )
-            log.warning("%s", stale)
+        if max_runs == 0:
+            return DrainResult(runs_executed=0)
+        self._ensure_started()
+        worker = self._new_worker(
+            [self._queues[n] for n in names],
+            WorkerOptions(
+                concurrency=1, lease=self._lane.lease_duration, claim_batch=1, drain=True
+            ),
+        )
+        worker.start()
+        return DrainResult(runs_executed=worker.run_inline(max_runs, stop))
+
+    def _new_worker(self, queues: list[Queue], options: WorkerOptions) -> Worker:
+        worker = Worker(
+            storage=self._storage,
+            environment=self.environment,
+            tasks=self._tasks,
+            queues=queues,
+            options=options,
+            lane=self._lane,
+            make_backend=lambda storage: Backend(self, storage),
+            on_closed=self._disown,
+        )
+        self._own(worker)
+        return worker
 
     def create_delivery_worker(
         self,
@@ -565,27 +606,20 @@ class Runlane:
         lasts and handlers are short (under 20 ms on average), the worker claims up to
         ``claim_batch - concurrency`` runs ahead of free slots, which saves claims; their
         leases are kept alive, and bounded queues never claim ahead."""
+        self._check_open()
         polled = check_worker_arguments(concurrency, queues, self._queues)
         batch = 4 * concurrency if claim_batch is None else claim_batch
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ConfigurationError(f"claim_batch must be a positive integer, got {batch!r}")
         self._ensure_started()
-        worker = Worker(
-            storage=self._storage,
-            environment=self.environment,
-            tasks=self._tasks,
-            queues=polled,
-            options=WorkerOptions(
+        worker = self._new_worker(
+            polled,
+            WorkerOptions(
                 concurrency=concurrency,
-                poll_interval=self._lane.poll_interval,
                 lease=self._lane.lease_duration,
                 claim_batch=batch,
                 prefetch=max(0, batch - concurrency),
             ),
-            make_listener=lambda on_wake, name: self._lane.create_listener(
-                self.environment, on_wake, name
-            ),
-            make_backend=lambda storage: Backend(self, storage),
         )
         worker.start()
         return worker
@@ -595,6 +629,7 @@ class Runlane:
     def run_maintenance_once(self, limits: MaintenanceLimits | None = None) -> MaintenanceResult:
         """One bounded maintenance pass for this environment, every phase of
         ``MaintenancePhase`` in order; the first failure propagates."""
+        self._check_open()
         if limits is None:
             limits = MaintenanceLimits()
         elif not isinstance(limits, MaintenanceLimits):
@@ -612,6 +647,7 @@ class Runlane:
         """Run maintenance as supervised loops in background threads, one per band; each band
         is owned by one replica at a time through a durable lease. ``on_service_error(error,
         info)`` receives every failed pass (``info.phase``); without it failures are logged."""
+        self._check_open()
         if limits is not None and not isinstance(limits, MaintenanceLimits):
             raise ConfigurationError(f"limits must be MaintenanceLimits, got {limits!r}")
         if not isinstance(lease_duration, timedelta):
@@ -623,13 +659,16 @@ class Runlane:
             lease=lease_duration,
             on_service_error=on_service_error,
         )
+        self._own(services)
         services.start()
         return services
 
     def status(self) -> StatusReport:
         """The progress signals an operator should alert on (see StatusReport)."""
+        self._check_open()
         self._ensure_started()
         counts = self._storage.status_counts(self.environment)
+        counts.update(self._lane.status_fields(self._storage, self.environment))
         leases = self._storage.maintenance_lease_list(self.environment)
         return StatusReport(
             environment=self.environment,

@@ -1,11 +1,10 @@
-"""Maintenance: the bounded passes that move due, deferred and interrupted work onward."""
+"""Maintenance: the bounded passes that move due, deferred and interrupted work onward.
 
-from runlane.maintenance._pass import (
-    MaintenanceScope,
-    ScheduleEntry,
-    run_maintenance_pass,
-    run_phase,
-)
+``Runlane.run_maintenance_once`` runs one pass; ``Runlane.start_services`` returns the
+:class:`Services` running them as supervised loops.
+"""
+
+from runlane.maintenance._services import Services
 from runlane.maintenance._types import (
     MaintenanceLimits,
     MaintenancePhase,
@@ -18,10 +17,7 @@ __all__ = [
     "MaintenanceLimits",
     "MaintenancePhase",
     "MaintenanceResult",
-    "MaintenanceScope",
     "RetentionPolicy",
-    "ScheduleEntry",
     "ServiceErrorInfo",
-    "run_maintenance_pass",
-    "run_phase",
+    "Services",
 ]

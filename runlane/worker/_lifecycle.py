@@ -7,8 +7,10 @@ still fenced by run, attempt and lease token. It flushes when ``batch_size`` wri
 pending, every ``tick``, and on close. Submitters wait while ``max_backlog`` writes are
 pending, so a slow database slows the handlers instead of growing memory without bound.
 A connection lost mid-batch is retried with backoff; nothing pending is dropped until close
-gives up at its deadline, and an attempt whose write was never made is recovered by
-maintenance when its lease expires.
+gives up at its deadline (cancelling a statement still blocked then), and an attempt whose
+write was never made is recovered by maintenance when its lease expires. A write submitted
+after the final flush (a handler or a claim that outlived close) is made at once on
+``late_storage``.
 """
 
 from __future__ import annotations
@@ -17,19 +19,22 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import attrs
-import psycopg
 
 from runlane._backoff import Backoff
 from runlane._execution import timeout_failure
 from runlane._leases import LeaseTracker, Tracked
+from runlane.errors import RunlaneError, StorageUnavailable
 from runlane.storage import Completion, Failure, LeaseRef, Storage
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
 
 log = logging.getLogger("runlane.lifecycle")
+
+# after close's deadline: how long a cancelled statement gets to return
+_CLOSE_GRACE_SECONDS = 0.5
 
 
 @attrs.define
@@ -66,7 +71,7 @@ class LifecycleWriter:
         on_fatal: Callable[[BaseException], None],
         on_written: Callable[[], None] | None = None,
         on_tick: Callable[[], None] | None = None,
-        wake_queues: Sequence[str] = (),
+        late_storage: Storage | None = None,
         tick: float = 0.02,
         batch_size: int = 500,
         max_backlog: int = 10_000,
@@ -79,7 +84,7 @@ class LifecycleWriter:
         self._on_fatal = on_fatal
         self._on_written = on_written
         self._on_tick = on_tick
-        self._wake_queues = list(wake_queues)
+        self._late_storage = late_storage or storage
         tracker.on_change = self._poke
         self._tick = tick
         self._batch_size = batch_size
@@ -112,19 +117,33 @@ class LifecycleWriter:
                 if len(self._pending) in (1, self._batch_size):
                     self._cond.notify_all()
         if finished:
-            # the thread made its final flush already: write this one here, now
             late = _Pending()
             if isinstance(write, Completion):
                 late.completions.append(write)
             else:
                 late.failures.append(write)
-            self._write_until_done(late)
+            self._write_late(late)
 
     def release(self, ref: LeaseRef) -> None:
-        """Hand an attempt back unconsumed (its handler did not finish before close)."""
+        """Hand an attempt back unconsumed (not started, or stopped by shutdown)."""
         with self._cond:
-            self._pending.releases.append(ref)
-            self._cond.notify_all()
+            finished = self._finished
+            if not finished:
+                self._pending.releases.append(ref)
+                self._cond.notify_all()
+        if finished:
+            self._write_late(_Pending(releases=[ref]))
+
+    def _write_late(self, late: _Pending) -> None:
+        """The thread made its final flush already: write this one here, now."""
+        try:
+            self._write(late, self._late_storage)
+        except RunlaneError as exc:
+            log.error(  # noqa: TRY400 - an expected outage, not a bug: no traceback
+                "runlane: a write after close failed (%s); its attempt is recovered by "
+                "maintenance when its lease expires",
+                exc,
+            )
 
     def _poke(self) -> None:
         """Lease work changed (an attempt was claimed or started): re-read the deadlines."""
@@ -136,13 +155,22 @@ class LifecycleWriter:
             return len(self._pending) + self._in_flight
 
     def close(self, timeout: float | None) -> None:
-        """Write everything pending, then stop; give up at ``timeout`` seconds from now."""
+        """Write everything pending, then stop; give up at ``timeout`` seconds from now
+        (a statement still blocked then is cancelled, and the thread gets a short grace)."""
         with self._cond:
             self._closing = True
             self._deadline = None if timeout is None else time.monotonic() + timeout
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
+        if self._thread is None:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._storage.interrupt()
+            self._thread.join(_CLOSE_GRACE_SECONDS)
+        if self._thread.is_alive():
+            log.warning(
+                "runlane: %s did not finish within the close timeout; giving up on it", self._name
+            )
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -197,7 +225,7 @@ class LifecycleWriter:
         if self._tracker.extension_due(now):
             try:
                 self._tracker.extend(self._storage)
-            except psycopg.OperationalError as exc:
+            except StorageUnavailable as exc:
                 log.warning("runlane: extending leases failed (%s); retrying next tick", exc)
 
     def _past_deadline(self) -> bool:
@@ -208,8 +236,8 @@ class LifecycleWriter:
         backoff = Backoff()
         while len(batch):
             try:
-                self._write(batch)
-            except psycopg.OperationalError as exc:
+                self._write(batch, self._storage)
+            except StorageUnavailable as exc:
                 if self._past_deadline():
                     log.error(  # noqa: TRY400 - an expected outage, not a bug: no traceback
                         "runlane: closing with %d lifecycle writes unwritten (%s); their "
@@ -219,30 +247,32 @@ class LifecycleWriter:
                     )
                     return
                 log.warning("runlane: lifecycle write failed (%s); retrying", exc)
-                time.sleep(backoff.next())
+                with self._cond:
+                    wait = backoff.next()
+                    if self._deadline is not None:
+                        wait = min(wait, max(0.0, self._deadline - time.monotonic()))
+                    self._cond.wait(timeout=wait)
             else:
                 return
 
-    def _write(self, batch: _Pending) -> None:
+    def _write(self, batch: _Pending, storage: Storage) -> None:
         """Write each kind in one statement; a kind written is removed, so a retry after a
         lost connection repeats only what may not have been applied (and fencing makes a
         repeat of an applied write a harmless no-op)."""
         if batch.completions:
-            applied = self._storage.run_complete_many(batch.completions, self._wake_queues)
+            applied = storage.run_complete_many(batch.completions)
             self._count_stale("completion", [c.run_id for c in batch.completions], applied)
             self.stats.completed += len(applied)
             batch.applied_any = batch.applied_any or bool(applied)
             batch.completions = []
         if batch.failures:
-            failed = {
-                row.run_id for row in self._storage.run_fail_many(batch.failures, self._wake_queues)
-            }
+            failed = {row.run_id for row in storage.run_fail_many(batch.failures)}
             self._count_stale("failure", [f.run_id for f in batch.failures], failed)
             self.stats.failed += len(failed)
             batch.applied_any = batch.applied_any or bool(failed)
             batch.failures = []
         if batch.releases:
-            released = self._storage.run_release_many(self._environment, batch.releases)
+            released = storage.run_release_many(self._environment, batch.releases)
             self._count_stale("hand-back", [r.run_id for r in batch.releases], released)
             self.stats.released += len(released)
             batch.releases = []

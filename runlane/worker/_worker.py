@@ -1,49 +1,54 @@
-"""The delivery worker: handler slots, acquisition, wake-ups and a lifecycle writer.
+"""The delivery worker: a lane-agnostic slot pool, the lane's acquirer and a lifecycle writer.
 
 Threads of one worker (``W`` is its number in this process):
 
 - ``runlane-worker-W-slot-I`` (``concurrency`` of them) run handlers; each has its own
   connection for its handler's steps, waits, sleeps and releases. An idle slot waits for a
-  hand-off; when no slot is acquiring, it becomes the acquirer and claims, on the worker's
-  claim connection, as many runs as there are idle slots (``FOR UPDATE SKIP LOCKED``), keeps
-  one and hands the rest to the others. When nothing is due it waits for a wake-up or the
-  poll interval.
+  hand-off; when no slot is acquiring, it becomes the acquirer and asks the lane's acquirer
+  for as many runs as there are idle slots, keeps one and hands the rest to the others.
+  When nothing is due it waits on the acquirer (a wake-up or the poll interval).
 - ``runlane-worker-W-writer`` writes completions, failures, hand-backs and lease extensions in
-  batches, on its own connection, and fails attempts that pass their task's timeout.
-- ``runlane-worker-W-listener`` holds a LISTEN connection; notifications wake the acquirer.
+  batches and fails attempts that pass their task's timeout (see ``_lifecycle.py``).
+- The lane's own threads (the polling lane: ``runlane-worker-W-listener``).
+
+``drain()`` runs the same pool with one slot in the caller's thread, so it claims, honours
+bounded queues and records results exactly as a worker does.
 
 A slot whose handler passed its timeout is abandoned (its thread finishes the handler, whose
 result is discarded) and a fresh slot takes its place, so capacity stays ``concurrency``.
+
+Closing is bounded and loses nothing: acquisition stops, running handlers are asked to stop
+(``StopReason.SHUTDOWN``), slots are joined until the deadline, a claim still in flight is
+aborted, and every run claimed but not finished (including one a late claim returns) is
+handed back with its attempt unspent.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import random
+import math
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
-import psycopg
 
 from runlane._backoff import Backoff
-from runlane._execution import execute_attempt, make_context
+from runlane._execution import Write, execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
 from runlane.context import ContextBackend
-from runlane.errors import ConfigurationError, WorkerFailed
+from runlane.errors import ConfigurationError, StopReason, StorageUnavailable, WorkerFailed
+from runlane.lanes import AcquirerOptions, Lane
 from runlane.storage import ClaimedRun, LeaseRef, Storage
 from runlane.tasks import Queue, Task
 from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
 
-__all__ = ["Listener", "Worker", "WorkerOptions"]
-
-# a private generator: the global one belongs to the application (and to test tools)
-_random = random.Random()
+__all__ = ["Worker", "WorkerOptions", "check_close_timeout", "check_worker_arguments"]
 
 log = logging.getLogger("runlane.worker")
 
@@ -52,41 +57,61 @@ _numbers = itertools.count(1)
 _PREFETCH_BELOW_SECONDS = 0.02
 # a run claimed ahead that waited this long for a slot is handed back
 _PREFETCH_MAX_WAIT_SECONDS = 1.0
-
-
-class Listener(Protocol):
-    def start(self) -> None: ...
-
-    def close(self, timeout: float | None = None) -> None: ...
+# after close's deadline: how long an aborted claim in flight gets to return its runs
+_ABORT_GRACE_SECONDS = 0.5
 
 
 @attrs.frozen
 class WorkerOptions:
     concurrency: int
-    poll_interval: timedelta
     lease: timedelta
     claim_batch: int
     prefetch: int = 0  # runs claimed ahead of free slots while a backlog lasts
     acquirers: int = 1
+    drain: bool = False  # one slot in the caller's thread; stop when nothing is due
 
 
 class _Slot:
     def __init__(self, worker: Worker, index: int) -> None:
         self.index = index
         self.name = f"{worker.name}-slot-{index}"
-        self.storage: Storage = worker.storage.dedicated(self.name)
+        self.inline = worker._options.drain
+        self.storage: Storage = (
+            worker.storage if self.inline else worker.storage.dedicated(self.name)
+        )
         self.backend = worker._make_backend(self.storage)
         self.abandoned = False
         self.thread = threading.Thread(target=worker._slot_main, args=(self,), name=self.name)
         self.thread.daemon = True
 
+    def close_storage(self) -> None:
+        if not self.inline:
+            self.storage.close()
+
+
+def check_close_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+        raise ConfigurationError(f"close timeout must be a number of seconds, got {timeout!r}")
+    if timeout < 0:
+        raise ConfigurationError(f"close timeout must not be negative, got {timeout!r}")
+    return float(timeout)
+
+
+def _remaining(deadline: float | None, floor: float = 0.0) -> float | None:
+    return None if deadline is None else max(floor, deadline - time.monotonic())
+
 
 class Worker:
     """Executes runs of the given queues in ``concurrency`` threads until closed.
 
-    Make one with :meth:`Runlane.create_delivery_worker`. ``close()`` stops acquisition,
-    sets ``context.cancelled`` for running handlers, waits for them up to its timeout, hands
-    unfinished runs back for another worker, flushes pending writes and closes connections.
+    Make one with :meth:`Runlane.create_delivery_worker`. ``close(timeout)`` stops
+    acquisition, asks running handlers to stop (``context.cancelled`` is set,
+    ``context.stop_reason`` is ``StopReason.SHUTDOWN``), waits for them until ``timeout``,
+    hands every unfinished or not yet started run back with its attempt unspent, flushes
+    pending writes and closes connections; it returns within ``timeout`` plus about a second
+    whatever blocks.
     """
 
     def __init__(
@@ -97,17 +122,17 @@ class Worker:
         tasks: dict[str, Task[Any, Any]],
         queues: Sequence[Queue],
         options: WorkerOptions,
-        make_listener: Callable[[Callable[[str | None], None], str], Listener | None],
+        lane: Lane,
         make_backend: Callable[[Storage], ContextBackend],
+        on_closed: Callable[[Worker], None] | None = None,
     ) -> None:
-        self.name = f"runlane-worker-{next(_numbers)}"
+        self.name = f"runlane-{'drain' if options.drain else 'worker'}-{next(_numbers)}"
         self.storage = storage
         self.environment = environment
         self._tasks = tasks
         self._options = options
-        self._queue_names = {q.name for q in queues}
-        self._unbounded = sorted(q.name for q in queues if q.concurrency_limit is None)
-        self._bounded = [q for q in queues if q.concurrency_limit is not None]
+        self._make_backend = make_backend
+        self._on_closed = on_closed
         self._cond = threading.Condition()
         self._handoff: deque[ClaimedRun] = deque()
         self._waiting = 0  # slots inside _next_run, acquirers included
@@ -117,10 +142,10 @@ class Worker:
         # overlapping acquirers halve the batch and double the claims for no gain
         self._max_acquirers = options.acquirers
         self._backlog = False
+        self._drained = False  # drain: a claim found nothing due
         # moving average of handler durations; pessimistic until handlers have been seen
         self._handler_seconds = 1.0
         self._backoff = Backoff()
-        self._wake = threading.Event()
         self._stopping = threading.Event()
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
@@ -134,10 +159,21 @@ class Worker:
         # test hook: set when a claim found nothing due
         self.idle_signal = threading.Event()
         self._tracker = LeaseTracker(options.lease)
-        self._writer_storage = storage.dedicated(f"{self.name}-writer")
-        # claims commit asynchronously: a claim lost to a server crash only returns its runs
-        # to the queue (their handlers' later writes are fenced off); the acquirer uses it
-        self._claim_storage = storage.dedicated(f"{self.name}-claims", synchronous_commit=False)
+        self._writer_storage = (
+            storage if options.drain else storage.dedicated(f"{self.name}-writer")
+        )
+        bounded = [q for q in queues if q.concurrency_limit is not None]
+        self._acquirer = lane.create_acquirer(
+            storage,
+            AcquirerOptions(
+                environment=environment,
+                queues=list(queues),
+                name=self.name,
+                lease=options.lease,
+                drain=options.drain,
+            ),
+            self._on_cancel,
+        )
         self._writer = LifecycleWriter(
             self._writer_storage,
             self._tracker,
@@ -146,19 +182,19 @@ class Worker:
             on_timeout=self._on_timeout,
             on_fatal=self._fail,
             # freed capacity of a bounded queue: let the acquirer look again at once
-            on_written=self._wake.set if self._bounded else None,
-            wake_queues=[q.name for q in self._bounded],
+            on_written=self._acquirer.interrupt if bounded else None,
             on_tick=self._return_stale_prefetch,
+            late_storage=storage,
         )
-        self._listener = make_listener(self._on_wake, f"{self.name}-listener")
-        self._make_backend = make_backend
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the writer, the lane's delivery path and the slot threads."""
         self._writer.start()
-        if self._listener is not None:
-            self._listener.start()
+        self._acquirer.start()
+        if self._options.drain:
+            return
         with self._cond:
             for _ in range(self._options.concurrency):
                 self._start_slot()
@@ -168,6 +204,24 @@ class Worker:
         self._slots.append(slot)
         slot.thread.start()
 
+    def run_inline(self, max_runs: int | None, stop: threading.Event | None) -> int:
+        """drain(): execute due runs in the calling thread until none is due, ``max_runs``
+        handlers ran, or ``stop`` is set; then close. Returns the handlers run."""
+        slot = _Slot(self, 1)
+        try:
+            while max_runs is None or self.runs_executed < max_runs:
+                if stop is not None and stop.is_set():
+                    break
+                claimed = self._next_run(slot)
+                if claimed is None:
+                    break
+                self._execute(slot, claimed)
+        finally:
+            self.close(None)
+        if self._failure is not None:
+            raise self._failure
+        return self.runs_executed
+
     @property
     def stats(self) -> LifecycleStats:
         return self._writer.stats
@@ -175,6 +229,15 @@ class Worker:
     @property
     def failure(self) -> BaseException | None:
         return self._failure
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    @property
+    def acquirer(self) -> object:
+        """The lane's delivery path of this worker (for tests and diagnostics)."""
+        return self._acquirer
 
     def __enter__(self) -> Worker:
         return self
@@ -186,7 +249,8 @@ class Worker:
         """Block until the worker is closed (by ``close`` or by a failure); observes only.
 
         Returns False when ``timeout`` passed first. Raises :class:`WorkerFailed` when a slot
-        failed for infrastructure reasons (a handler's exception is a run failure instead).
+        failed for infrastructure reasons (a handler's exception is a run failure instead);
+        a clean close never raises.
         """
         if not self._closed.wait(timeout):
             return False
@@ -202,82 +266,96 @@ class Worker:
         """Stop the worker; safe to call again and from any thread.
 
         Handlers get until ``timeout`` seconds (None: as long as they take) to return after
-        ``context.cancelled`` is set; runs still executing then are handed back.
+        they are asked to stop; runs still executing then are handed back with their attempt
+        unspent. Returns within ``timeout`` plus about a second whatever blocks.
         """
+        limit = check_close_timeout(timeout)
         with self._close_lock:
             first = not self._close_started
             self._close_started = True
         if not first:
-            self._closed.wait(timeout)
+            self._closed.wait(limit)
             return
         try:
-            self._shutdown(timeout)
+            self._shutdown(limit)
         finally:
             self._closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self)
 
     def _shutdown(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._stopping.set()
-        self._wake.set()
+        self._acquirer.interrupt()
         with self._cond:
             self._cond.notify_all()
             slots = list(self._slots)
         for item in self._tracker.tracked():
-            item.cancel()
-        for slot in slots:
-            if slot.thread is threading.current_thread():
-                continue
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            slot.thread.join(remaining)
+            item.cancel(StopReason.SHUTDOWN)
+        me = threading.current_thread()
+        alive = self._join([s for s in slots if s.thread is not me], deadline)
+        if alive:
+            # a claim in flight (blocked by a lock, a slow server) or a handler ignoring
+            # the stop: abort the claim; runs it still returns are handed back by its thread
+            self._acquirer.abort()
+            alive = self._join(alive, time.monotonic() + _ABORT_GRACE_SECONDS)
         with self._cond:
-            unfinished = list(self._running.values())
-            # claimed ahead of slots that stopped before taking them
-            for claimed in self._handoff:
-                if self._tracker.untrack(claimed.id) is not None:
-                    self._writer.release(_ref(claimed))
+            unfinished = [claimed for claimed, _, _ in self._running.values()]
+            waiting = list(self._handoff)
             self._handoff.clear()
-        for claimed, _, _ in unfinished:
-            if self._tracker.untrack(claimed.id) is not None:
-                log.warning(
-                    "run %s is still executing at close; handing it back for another worker",
-                    claimed.id,
-                )
-                self._writer.release(_ref(claimed))
-        remaining = None if deadline is None else max(1.0, deadline - time.monotonic())
-        self._writer.close(remaining)
-        if self._listener is not None:
-            self._listener.close(remaining)
-        self._writer_storage.close()
-        self._claim_storage.close()
+        self._hand_back(waiting, "claimed ahead and not started")
+        self._hand_back(unfinished, "still executing at close")
+        for slot in alive:
+            log.warning(
+                "runlane: %s did not stop within the close timeout; giving up on it (its run "
+                "was handed back, its result will be discarded)",
+                slot.name,
+            )
+        self._writer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
+        self._acquirer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
+        if self._writer_storage is not self.storage:
+            self._writer_storage.close()
         for slot in slots + self._abandoned:
-            slot.storage.close()
+            if slot not in alive:
+                slot.close_storage()
+
+    @staticmethod
+    def _join(slots: list[_Slot], deadline: float | None) -> list[_Slot]:
+        for slot in slots:
+            slot.thread.join(_remaining(deadline))
+        return [slot for slot in slots if slot.thread.is_alive()]
+
+    def _hand_back(self, runs: Sequence[ClaimedRun], why: str) -> None:
+        for claimed in runs:
+            if self._tracker.untrack(claimed.id) is not None:
+                log.info("runlane: handing run %s back (%s)", claimed.id, why)
+                self._writer.release(_ref(claimed))
 
     def _fail(self, exc: BaseException) -> None:
-        """An infrastructure failure: remember it and close the worker from a fresh thread."""
+        """An infrastructure failure: remember it and close the worker from a fresh thread.
+        Errors once closing began (connections closed under a thread) are not failures."""
+        if self._stopping.is_set():
+            log.debug("runlane: %s: error while closing: %r", self.name, exc)
+            return
         with self._cond:
             if self._failure is None:
                 self._failure = exc
-        if not self._stopping.is_set():
-            threading.Thread(
-                target=self.close,
-                kwargs={"timeout": 30.0},
-                name=f"{self.name}-closer",
-                daemon=True,
-            ).start()
-
-    # -- wake-ups --------------------------------------------------------------------------
-
-    def _on_wake(self, message: str | None) -> None:
-        """A notification: ``queue`` (work arrived), ``cancel|<run id>``, or None (the
-        listener reconnected and may have missed some)."""
-        if message is not None and message.startswith("cancel|"):
-            run_id = message.partition("|")[2]
-            for item in self._tracker.tracked():
-                if str(item.claimed.id) == run_id:
-                    item.cancel()
+        if self._options.drain:
+            self._stopping.set()
             return
-        if message is None or message in self._queue_names:
-            self._wake.set()
+        threading.Thread(
+            target=self.close,
+            kwargs={"timeout": 30.0},
+            name=f"{self.name}-closer",
+            daemon=True,
+        ).start()
+
+    # -- signals from the lane -------------------------------------------------------------
+
+    def _on_cancel(self, run_id: uuid.UUID) -> None:
+        for item in self._tracker.tracked():
+            if item.claimed.id == run_id:
+                item.cancel(StopReason.CANCEL_REQUESTED)
 
     # -- slots -----------------------------------------------------------------------------
 
@@ -289,8 +367,12 @@ class Worker:
                     return
                 self._execute(slot, claimed)
         except BaseException as exc:
-            log.exception("runlane: %s failed", slot.name)
+            if not self._stopping.is_set():
+                log.exception("runlane: %s failed", slot.name)
             self._fail(exc)
+        finally:
+            if self._closed.is_set() and not slot.abandoned:
+                slot.close_storage()  # close gave up on this thread: tidy up behind it
 
     def _unserved(self) -> int:
         """Slots waiting for a run that neither the hand-off nor a claim in flight covers."""
@@ -306,15 +388,15 @@ class Worker:
         return min(want, self._options.claim_batch)
 
     def _next_run(self, slot: _Slot) -> ClaimedRun | None:
-        """The next run for ``slot``: from the hand-off, or by becoming an acquirer and
-        claiming for every waiting slot; None once the worker stops."""
+        """The next run for ``slot``: from the hand-off, or by becoming the acquirer and
+        claiming for every waiting slot; None once the worker stops (or a drain ran dry)."""
         with self._cond:
             self._waiting += 1
         try:
             while True:
                 with self._cond:
                     while True:
-                        if self._stopping.is_set():
+                        if self._stopping.is_set() or self._drained:
                             return None
                         if self._handoff:
                             return self._handoff.popleft()
@@ -351,13 +433,11 @@ class Worker:
         with self._cond:
             returned = [run for run in self._handoff if run.id in ids]
             self._handoff = deque(run for run in self._handoff if run.id not in ids)
-        for run in returned:
-            if self._tracker.untrack(run.id) is not None:
-                self._writer.release(_ref(run))
+        self._hand_back(returned, "waited too long for a slot")
 
     def _acquire_once(self, slot: _Slot) -> ClaimedRun | None:
         """Claim for the waiting slots not yet covered; keep one run, hand off the rest.
-        When nothing is due, wait for a wake-up or the poll interval and return None."""
+        When nothing is due, wait for work (a drain stops instead) and return None."""
         with self._cond:
             want = self._wanted()
             if want <= 0:
@@ -365,10 +445,13 @@ class Worker:
             # bounded queues never prefetch: a waiting lease would hold a scarce slot
             for_bounded = max(1, min(want, self._unserved()))
             self._reserved += want
-        self._wake.clear()
         try:
-            claimed = self._claim(self._claim_storage, want, for_bounded)
-        except psycopg.OperationalError as exc:
+            claimed = self._acquirer.acquire(want, for_bounded)
+        except StorageUnavailable as exc:
+            if self._stopping.is_set():
+                return None
+            if self._options.drain:
+                raise
             log.warning("runlane: %s could not claim (%s); retrying", slot.name, exc)
             self._stopping.wait(self._backoff.next())
             return None
@@ -380,43 +463,28 @@ class Worker:
         for run in claimed:
             self._tracker.hold(run)  # leases are kept from the claim on
         if claimed:
-            if len(claimed) > 1:
-                with self._cond:
+            with self._cond:
+                late = self._stopping.is_set()
+                if not late:
                     self._handoff.extend(claimed[1:])
                     self._cond.notify(len(claimed) - 1)
+            if late:  # a claim that returned after close began: give every run back
+                self._hand_back(claimed, "claimed while the worker was closing")
+                return None
             return claimed[0]
         self.idle_signal.set()
-        if self._stopping.is_set():  # close() may have set the wake-up before our clear()
+        if self._options.drain:
+            with self._cond:
+                self._drained = True
             return None
-        poll = self._options.poll_interval.total_seconds()
-        self._wake.wait(poll * _random.uniform(0.9, 1.1))
+        if not self._stopping.is_set():
+            self._acquirer.wait_for_work()
         return None
-
-    def _claim(self, storage: Storage, want: int, for_bounded: int) -> list[ClaimedRun]:
-        lease = self._options.lease
-        claimed: list[ClaimedRun] = []
-        # bounded queues first, in a rotating order, so no bounded queue starves
-        bounded = list(self._bounded)
-        _random.shuffle(bounded)
-        for q in bounded:
-            room = min(want, for_bounded) - len(claimed)
-            if room <= 0:
-                break
-            assert q.concurrency_limit is not None
-            claimed += storage.run_claim_bounded(
-                self.environment, q.name, q.concurrency_limit, room, lease
-            )
-        if self._unbounded and len(claimed) < want:
-            claimed += storage.run_claim(
-                self.environment, self._unbounded, want - len(claimed), lease
-            )
-        return claimed
 
     def _execute(self, slot: _Slot, claimed: ClaimedRun) -> None:
         if self._stopping.is_set():
             # claimed just before close: give it straight back
-            if self._tracker.untrack(claimed.id) is not None:
-                self._writer.release(_ref(claimed))
+            self._hand_back([claimed], "claimed just before close")
             return
         context = make_context(claimed, self.environment, slot.backend)
         task = self._tasks.get(claimed.task_id)
@@ -436,9 +504,9 @@ class Worker:
             still_ours = self._tracker.untrack(claimed.id) is not None
         self.runs_executed += outcome.handler_ran
         if outcome.write is None:
-            return  # suspended: its write was made on the slot's connection
+            return  # suspended (written on the slot's connection), timed out or lease lost
         if still_ours:
-            self._writer.submit(outcome.write)
+            self._submit(outcome.write)
         else:
             log.info(
                 "run %s attempt %d finished after it was taken from this worker; "
@@ -447,11 +515,17 @@ class Worker:
                 claimed.attempt,
             )
 
+    def _submit(self, write: Write) -> None:
+        if isinstance(write, LeaseRef):
+            self._writer.release(write)
+        else:
+            self._writer.submit(write)
+
     def _on_timeout(self, item: Tracked) -> None:
         """Called by the writer after failing a timed-out attempt: replace its slot."""
         with self._cond:
             entry = self._running.get(item.claimed.id)
-            if entry is None or self._stopping.is_set():
+            if entry is None or self._stopping.is_set() or self._options.drain:
                 return
             slot = entry[1]
             slot.abandoned = True

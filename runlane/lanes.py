@@ -1,0 +1,111 @@
+"""The lane interface: how runs are stored and delivered.
+
+A runtime is built on one lane (``create_runlane(lane=...)``). The engine (the runtime, the
+worker's slot pool, the lifecycle writer, maintenance) is lane-agnostic and imports no
+database or broker driver; everything lane-specific lives behind the protocols below.
+
+A lane provides:
+
+- its **storage** (:class:`runlane.storage.Storage`): where runs live. Storage methods
+  announce nothing themselves: a run becoming runnable, capacity freed in a queue and a
+  requested cancellation are announced at one point inside the storage (for Postgres, one
+  trigger function), and "a run ended: resume its waiters" happens at one point too;
+- its **delivery path** (:class:`Acquirer`): how a worker's slots receive claimed runs. The
+  slot pool asks the acquirer for up to ``want`` runs whenever slots are idle; the acquirer
+  claims them (fenced, bounded queues enforced in storage), and ``wait_for_work`` blocks,
+  interruptibly, while nothing is due. It reports cancellations requested for running
+  attempts through ``on_cancel``;
+- its **maintenance work** (:meth:`Lane.recover_delivery`, the ``DELIVERY_RECOVERY`` phase)
+  and **status fields** (:meth:`Lane.status_fields`, merged into ``StatusReport``);
+- whether it supports ``drain()`` (``drain_unsupported`` is None when it does, else the
+  reason given to the caller).
+
+Every lane must pass the lane conformance suite in ``tests/lanes/``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+import attrs
+
+from runlane.storage import ClaimedRun, MaintenanceFence, Storage
+from runlane.tasks import Queue
+
+__all__ = ["Acquirer", "AcquirerOptions", "Lane"]
+
+
+@attrs.frozen
+class AcquirerOptions:
+    """What a worker tells its lane's acquirer."""
+
+    environment: str
+    queues: Sequence[Queue]
+    name: str  # thread-name prefix of the worker, e.g. "runlane-worker-3"
+    lease: timedelta
+    # True for drain(): it never waits for work, so start no listener or consumer
+    drain: bool
+
+
+class Acquirer(Protocol):
+    """One worker's delivery path. Called by one slot at a time (the pool's acquirer)."""
+
+    def start(self) -> None:
+        """Start background threads (a listener, a broker consumer); idempotent."""
+
+    def acquire(self, want: int, for_bounded: int) -> list[ClaimedRun]:
+        """Claim up to ``want`` runs now (at most ``for_bounded`` of them from bounded queues,
+        which never claim ahead of free slots); ``[]`` when nothing is due. Raises
+        :class:`runlane.StorageUnavailable` when storage cannot be reached (the pool backs
+        off and asks again). Every run returned holds a fresh lease the caller now owns."""
+
+    def wait_for_work(self) -> None:
+        """Block until work may be due: announced, the lane's poll interval passed, or
+        ``interrupt()`` was called (an announcement since the last ``acquire`` began counts)."""
+
+    def interrupt(self) -> None:
+        """Wake an ``acquire`` blocked waiting for work (close, freed local capacity)."""
+
+    def abort(self) -> None:
+        """Cancel a claim statement in flight (close gave up waiting for it); the claim
+        either fails with nothing claimed or returns its runs to the caller as usual."""
+
+    def close(self, timeout: float | None) -> None:
+        """Stop background threads and release connections, within ``timeout``."""
+
+
+class Lane(Protocol):
+    """How a runtime stores and delivers runs; ``postgres_polling_lane`` makes one."""
+
+    @property
+    def name(self) -> str:
+        """A short name for logs and errors, e.g. ``"postgres-polling"``."""
+
+    @property
+    def lease_duration(self) -> timedelta: ...
+
+    @property
+    def drain_unsupported(self) -> str | None:
+        """None when ``drain()`` works on this lane, else why it cannot (for the error)."""
+
+    def create_storage(self) -> Storage: ...
+
+    def create_acquirer(
+        self,
+        storage: Storage,
+        options: AcquirerOptions,
+        on_cancel: Callable[[uuid.UUID], None],
+    ) -> Acquirer:
+        """The delivery path of one worker (or one drain) over ``storage``."""
+
+    def recover_delivery(
+        self, storage: Storage, environment: str, limit: int, fence: MaintenanceFence | None
+    ) -> int:
+        """The lane's part of ``DELIVERY_RECOVERY``: announce again what may have been missed
+        (the polling lane wakes queues whose delayed runs came due). Returns the count."""
+
+    def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
+        """Lane-specific ``StatusReport`` fields (``outbox_pending``, ...)."""

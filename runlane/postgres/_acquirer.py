@@ -1,0 +1,124 @@
+"""The polling lane's delivery path: claims from Postgres, wake-ups from LISTEN.
+
+One acquirer serves one worker (or one drain). Claims run on a connection of their own
+whose commits are asynchronous (a claim lost to a server crash only makes its runs
+claimable again; their handlers' later writes are fenced off). Bounded queues are claimed
+first, in a rotating order so none starves, each under its queue lock; the unbounded queues
+share one claim. While nothing is due, ``wait_for_work`` sleeps until a notification names
+one of the worker's queues, a bounded queue's capacity is freed, the listener reconnected
+(it may have missed some), ``interrupt()`` is called, or the jittered poll interval passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from runlane.lanes import AcquirerOptions
+from runlane.postgres._listener import PostgresListener
+from runlane.storage import ClaimedRun, Storage
+
+__all__ = ["PollingAcquirer"]
+
+log = logging.getLogger("runlane.postgres.acquirer")
+
+# a private generator: the global one belongs to the application (and to test tools)
+_random = random.Random()
+
+
+class PollingAcquirer:
+    def __init__(
+        self,
+        storage: Storage,
+        options: AcquirerOptions,
+        on_cancel: Callable[[uuid.UUID], None],
+        *,
+        poll_interval: timedelta,
+        make_listener: Callable[[Callable[[str | None], None], str], PostgresListener | None],
+    ) -> None:
+        self._environment = options.environment
+        self._lease = options.lease
+        self._poll = poll_interval.total_seconds()
+        self._on_cancel = on_cancel
+        self._queues = {q.name for q in options.queues}
+        self._unbounded = sorted(q.name for q in options.queues if q.concurrency_limit is None)
+        self._bounded = [q for q in options.queues if q.concurrency_limit is not None]
+        self._bounded_names = {q.name for q in self._bounded}
+        self._owns_storage = not options.drain
+        self._storage = (
+            storage
+            if options.drain
+            else storage.dedicated(f"{options.name}-claims", synchronous_commit=False)
+        )
+        self._wake = threading.Event()
+        self._listener = (
+            None if options.drain else make_listener(self._on_notify, f"{options.name}-listener")
+        )
+
+    @property
+    def listener(self) -> PostgresListener | None:
+        return self._listener
+
+    def start(self) -> None:
+        if self._listener is not None:
+            self._listener.start()
+
+    def _on_notify(self, message: str | None) -> None:
+        """``queue`` (work arrived), ``free|queue`` (capacity freed), ``cancel|<run id>``, or
+        None (the listener reconnected and may have missed notifications)."""
+        if message is None:
+            self._wake.set()
+            return
+        kind, _, subject = message.partition("|")
+        if not subject:
+            if kind in self._queues:
+                self._wake.set()
+        elif kind == "free":
+            if subject in self._bounded_names:
+                self._wake.set()
+        elif kind == "cancel":
+            try:
+                run_id = uuid.UUID(subject)
+            except ValueError:
+                log.debug("ignoring a malformed cancel notification %r", message)
+                return
+            self._on_cancel(run_id)
+
+    def acquire(self, want: int, for_bounded: int) -> list[ClaimedRun]:
+        self._wake.clear()
+        claimed: list[ClaimedRun] = []
+        bounded = list(self._bounded)
+        _random.shuffle(bounded)
+        for q in bounded:
+            room = min(want, for_bounded) - len(claimed)
+            if room <= 0:
+                break
+            assert q.concurrency_limit is not None
+            claimed += self._storage.run_claim_bounded(
+                self._environment, q.name, q.concurrency_limit, room, self._lease
+            )
+        if self._unbounded and len(claimed) < want:
+            claimed += self._storage.run_claim(
+                self._environment, self._unbounded, want - len(claimed), self._lease
+            )
+        return claimed
+
+    def wait_for_work(self) -> None:
+        self._wake.wait(self._poll * _random.uniform(0.9, 1.1))
+
+    def interrupt(self) -> None:
+        self._wake.set()
+
+    def abort(self) -> None:
+        self._storage.interrupt()
+
+    def close(self, timeout: float | None) -> None:
+        self._wake.set()
+        if self._listener is not None:
+            self._listener.close(timeout)
+        if self._owns_storage:
+            self._storage.close()

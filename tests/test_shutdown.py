@@ -1,0 +1,393 @@
+"""Shutdown, ownership and stop reasons: each test first reproduces a failure the lanes issue
+described (a claim in flight at close, a blocked completion write, a closed runtime that kept
+its workers, a handler that could not tell shutdown from cancel), then shows it fixed.
+
+Blocking is made real: an advisory lock held from another connection stops a bounded
+queue's claim in flight; a row lock stops a completion write.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+
+from runlane import (
+    ConfigurationError,
+    RetryPolicy,
+    RunContext,
+    RunlaneClosed,
+    RunStatus,
+    StopReason,
+    queue,
+    task,
+)
+from runlane.errors import RunInterrupted
+from tests.conftest import RunlaneFactory
+from tests.helpers import attempt_rows, q, run_row, wait_for_status, wait_until
+
+
+@attrs.frozen
+class Item:
+    n: int
+
+
+ONE_ATTEMPT = RetryPolicy(max_attempts=1)
+
+
+def _runlane_threads(*, with_pool: bool = False) -> list[str]:
+    """Threads of workers, drains and services (and, ``with_pool``, the runtime's pool)."""
+    return sorted(
+        t.name
+        for t in threading.enumerate()
+        if t.is_alive()
+        and t.name.startswith("runlane-")
+        and (with_pool or not t.name.startswith("runlane-t_"))
+    )
+
+
+def _no_runlane_threads() -> bool:
+    return not _runlane_threads()
+
+
+def _hold_claim_lock(database_url: str, schema: str, queue_name: str) -> psycopg.Connection[Any]:
+    """Take the bounded queue's claim lock in an open transaction: claims of the queue wait."""
+    conn = psycopg.connect(database_url)
+    conn.execute(
+        "select pg_advisory_xact_lock(hashtext(%s), hashtext(%s))",
+        (f"runlane:{schema}:default", queue_name),
+    )
+    return conn
+
+
+def _claim_waiting(db: psycopg.Connection[Any]) -> bool:
+    row = db.execute(
+        "select count(*) from pg_stat_activity where application_name like %s "
+        "and wait_event_type = 'Lock'",
+        ("runlane-worker-%-claims",),
+    ).fetchone()
+    return row is not None and int(row[0]) > 0
+
+
+# -- stop reasons ------------------------------------------------------------------------------
+
+
+def test_shutdown_hands_back_a_handler_that_raises_if_stopped(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Before: a handler that watched ``cancelled`` and returned had its unfinished run
+    recorded completed on shutdown. Now it can tell why and hand the run back."""
+    started = threading.Event()
+    seen: list[StopReason | None] = []
+
+    @task(id="careful", schema=Item, retry=ONE_ATTEMPT)
+    def careful(payload: Item, context: RunContext) -> int:
+        if context.attempt > 1:
+            return payload.n
+        started.set()
+        context.cancelled.wait(10)
+        seen.append(context.stop_reason)
+        context.raise_if_stopped()
+        return payload.n
+
+    rl = make_runlane(tasks=[careful])
+    run = rl.trigger(careful, Item(1))
+    worker = rl.create_delivery_worker(concurrency=1)
+    assert started.wait(10)
+    worker.close(timeout=5)
+    assert worker.wait_until_closed(0) is True
+    assert seen == [StopReason.SHUTDOWN]
+    row = run_row(db, schema, run.id)
+    assert row["status"] == "queued"
+    assert attempt_rows(db, schema, run.id) == [(1, "released")]
+    # the attempt was not spent: with max_attempts=1 another worker still completes it
+    with rl.create_delivery_worker(concurrency=1):
+        snap = wait_for_status(rl, run.id, RunStatus.COMPLETED)
+    assert snap.output == 1
+
+
+def test_cancel_is_told_apart_and_ends_cancelled(make_runlane: RunlaneFactory) -> None:
+    started = threading.Event()
+    seen: list[StopReason | None] = []
+
+    @task(id="cancellable", schema=Item)
+    def cancellable(payload: Item, context: RunContext) -> None:
+        started.set()
+        context.cancelled.wait(10)
+        seen.append(context.stop_reason)
+        context.raise_if_stopped()
+
+    rl = make_runlane(tasks=[cancellable])
+    run = rl.trigger(cancellable, Item(1))
+    with rl.create_delivery_worker(concurrency=1):
+        assert started.wait(10)
+        rl.cancel(run.id)
+        wait_for_status(rl, run.id, RunStatus.CANCELLED)
+    assert seen == [StopReason.CANCEL_REQUESTED]
+
+
+def test_a_handler_returning_normally_after_shutdown_completed_its_run(
+    make_runlane: RunlaneFactory,
+) -> None:
+    started = threading.Event()
+
+    @task(id="returns", schema=Item, retry=ONE_ATTEMPT)
+    def returns(payload: Item, context: RunContext) -> str:
+        started.set()
+        context.cancelled.wait(10)
+        return f"stopped:{context.stop_reason}"
+
+    rl = make_runlane(tasks=[returns])
+    run = rl.trigger(returns, Item(1))
+    worker = rl.create_delivery_worker(concurrency=1)
+    assert started.wait(10)
+    worker.close(timeout=5)
+    snap = rl.get_run(run.id)
+    assert snap.status is RunStatus.COMPLETED
+    assert snap.output == f"stopped:{StopReason.SHUTDOWN}"
+
+
+def test_stop_reason_is_none_until_asked_and_raise_if_stopped_needs_a_handler(
+    make_runlane: RunlaneFactory,
+) -> None:
+    reasons: list[StopReason | None] = []
+
+    @task(id="calm", schema=Item)
+    def calm(payload: Item, context: RunContext) -> None:
+        reasons.append(context.stop_reason)
+        context.raise_if_stopped()  # not stopped: returns
+
+    rl = make_runlane(tasks=[calm])
+    run = rl.trigger(calm, Item(1))
+    assert rl.drain().runs_executed == 1
+    assert reasons == [None]
+    assert rl.get_run(run.id).status is RunStatus.COMPLETED
+    loose = RunContext(
+        run_id=uuid.uuid4(), task_id="x", queue="q", attempt=1, max_attempts=1, environment="e"
+    )
+    with pytest.raises(ConfigurationError, match="inside a handler"):
+        loose.raise_if_stopped()
+    assert issubclass(RunInterrupted, Exception)
+
+
+# -- bounded, lossless close --------------------------------------------------------------------
+
+
+def test_close_with_a_claim_in_flight_strands_nothing(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], database_url: str, schema: str
+) -> None:
+    """Before: close(timeout=0.5) during a claim dropped the claimed run's hand-back; its
+    lease lapsed and with max_attempts=1 it failed (LeaseExpired) without ever running.
+    Here the claim is held in flight by the queue's claim lock, and released while close
+    waits, so the claim commits after close began: its run must be handed back."""
+    ran = threading.Event()
+
+    @task(id="scarce", schema=Item, queue="scarce", retry=ONE_ATTEMPT)
+    def scarce(payload: Item, context: RunContext) -> None:
+        ran.set()
+
+    rl = make_runlane(tasks=[scarce], queues=[queue("scarce", concurrency_limit=1)])
+    run = rl.trigger(scarce, Item(1))
+    blocker = _hold_claim_lock(database_url, schema, "scarce")
+    try:
+        worker = rl.create_delivery_worker(concurrency=1)
+        wait_until(lambda: _claim_waiting(db), timeout=10, what="the claim to wait on the lock")
+        closer = threading.Thread(target=worker.close, kwargs={"timeout": 3.0})
+        closer.start()
+        time.sleep(0.2)  # close is now joining the slot whose claim waits
+        blocker.rollback()  # the claim proceeds and commits after close began
+        closer.join(10)
+        assert not closer.is_alive()
+    finally:
+        blocker.close()
+    assert worker.wait_until_closed(0) is True  # a clean close never raises
+    assert not ran.is_set()
+    row = run_row(db, schema, run.id)
+    assert row["status"] == "queued", row
+    with rl.create_delivery_worker(concurrency=1):
+        wait_for_status(rl, run.id, RunStatus.COMPLETED)
+
+
+def test_close_returns_in_time_when_the_claim_stays_blocked(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], database_url: str, schema: str
+) -> None:
+    @task(id="scarce", schema=Item, queue="scarce", retry=ONE_ATTEMPT)
+    def scarce(payload: Item, context: RunContext) -> None:
+        pass
+
+    rl = make_runlane(tasks=[scarce], queues=[queue("scarce", concurrency_limit=1)])
+    run = rl.trigger(scarce, Item(1))
+    blocker = _hold_claim_lock(database_url, schema, "scarce")
+    try:
+        worker = rl.create_delivery_worker(concurrency=1)
+        wait_until(lambda: _claim_waiting(db), timeout=10, what="the claim to wait on the lock")
+        began = time.monotonic()
+        worker.close(timeout=0.5)
+        took = time.monotonic() - began
+    finally:
+        blocker.close()
+    assert took < 2.5, f"close(timeout=0.5) took {took:.2f}s"
+    assert worker.wait_until_closed(0) is True
+    assert run_row(db, schema, run.id)["status"] == "queued"
+    wait_until(_no_runlane_threads, timeout=5, what="runlane threads to end", state=_runlane_threads)
+
+
+def test_close_returns_in_time_when_a_completion_write_is_blocked(
+    make_runlane: RunlaneFactory, database_url: str, schema: str
+) -> None:
+    """Before: a completion blocked by a row lock made close(timeout=0.5) take 5.8 s."""
+    started = threading.Event()
+    proceed = threading.Event()
+
+    @task(id="quick", schema=Item)
+    def quick(payload: Item, context: RunContext) -> int:
+        started.set()
+        proceed.wait(10)
+        return payload.n
+
+    rl = make_runlane(tasks=[quick])
+    run = rl.trigger(quick, Item(7))
+    worker = rl.create_delivery_worker(concurrency=1)
+    assert started.wait(10)
+    locker = psycopg.connect(database_url)
+    try:
+        locker.execute(q("select 1 from {s}.runs where id = %s for update", schema), (run.id,))
+        proceed.set()  # the completion now waits on the row lock
+        time.sleep(0.1)
+        began = time.monotonic()
+        worker.close(timeout=0.5)
+        took = time.monotonic() - began
+    finally:
+        locker.close()
+    assert took < 2.5, f"close(timeout=0.5) took {took:.2f}s"
+    assert worker.wait_until_closed(0) is True
+
+
+def test_close_timeout_must_not_be_negative(make_runlane: RunlaneFactory) -> None:
+    rl = make_runlane()
+    worker = rl.create_delivery_worker(concurrency=1)
+    with pytest.raises(ConfigurationError, match="negative"):
+        worker.close(timeout=-1)
+    with pytest.raises(ConfigurationError, match="negative"):
+        rl.close(timeout=-1)
+    worker.close()
+    worker.close()  # a no-op
+
+
+# -- ownership ----------------------------------------------------------------------------------
+
+
+def test_runtime_close_closes_its_workers_and_services(make_runlane: RunlaneFactory) -> None:
+    """Before: Runlane.close() left its workers and services running."""
+
+    @task(id="noop", schema=Item)
+    def noop(payload: Item, context: RunContext) -> None:
+        pass
+
+    rl = make_runlane(tasks=[noop])
+    worker = rl.create_delivery_worker(concurrency=2)
+    services = rl.start_services()
+    rl.close(timeout=10)
+    assert worker.wait_until_closed(5) is True
+    assert services.wait_until_closed(5) is True
+    wait_until(
+        lambda: not _runlane_threads(with_pool=True),
+        timeout=5,
+        what="runlane threads to end",
+        state=lambda: _runlane_threads(with_pool=True),
+    )
+
+
+def test_a_closed_runtime_refuses_every_method(make_runlane: RunlaneFactory) -> None:
+    @task(id="noop", schema=Item)
+    def noop(payload: Item, context: RunContext) -> None:
+        pass
+
+    rl = make_runlane(tasks=[noop])
+    run = rl.trigger(noop, Item(1))
+    rl.close()
+    rl.close()  # a no-op
+    some_id = run.id
+    calls: dict[str, Any] = {
+        "trigger": lambda: rl.trigger(noop, Item(2)),
+        "trigger_many": lambda: rl.trigger_many(noop, [Item(2)]),
+        "get_run": lambda: rl.get_run(some_id),
+        "wait_for_run": lambda: rl.wait_for_run(some_id, timeout=0.1),
+        "cancel": lambda: rl.cancel(some_id),
+        "create_wait_token": rl.create_wait_token,
+        "get_wait_token": lambda: rl.get_wait_token(some_id),
+        "complete_wait_token": lambda: rl.complete_wait_token(some_id),
+        "create_delivery_worker": lambda: rl.create_delivery_worker(concurrency=1),
+        "drain": rl.drain,
+        "run_maintenance_once": rl.run_maintenance_once,
+        "start_services": rl.start_services,
+        "status": rl.status,
+    }
+    for name, call in calls.items():
+        with pytest.raises(RunlaneClosed, match=r"start\(\)"):
+            call()
+        assert _no_runlane_threads(), f"{name} started threads on a closed runtime"
+    rl.start()  # opens it again
+    assert rl.get_run(run.id).status is RunStatus.QUEUED
+
+
+def test_bounded_pass_entry_point_works_every_time(make_runlane: RunlaneFactory) -> None:
+    """Before: start()/run_maintenance_once()/close() on a shared runtime failed on its
+    second invocation."""
+    rl = make_runlane()
+    for _ in range(3):
+        rl.start()
+        rl.run_maintenance_once()
+        rl.close()
+
+
+# -- drain runs through the worker's path --------------------------------------------------------
+
+
+def test_drain_honours_bounded_queues_beside_a_worker(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Before: a drain beside workers put 2 live leases on a queue limited to 1."""
+    inside = threading.Event()
+    release = threading.Event()
+
+    @task(id="limited", schema=Item, queue="limited")
+    def limited(payload: Item, context: RunContext) -> None:
+        inside.set()
+        release.wait(10)
+
+    rl = make_runlane(tasks=[limited], queues=[queue("limited", concurrency_limit=1)])
+    first = rl.trigger(limited, Item(1))
+    second = rl.trigger(limited, Item(2))
+    with rl.create_delivery_worker(concurrency=2):
+        assert inside.wait(10)
+        assert rl.drain().runs_executed == 0  # the queue's one slot is taken
+        live = db.execute(
+            q("select count(*) from {s}.runs where status = 'running'", schema)
+        ).fetchone()
+        assert live is not None and live[0] == 1
+        release.set()
+        wait_for_status(rl, first.id, RunStatus.COMPLETED)
+        wait_for_status(rl, second.id, RunStatus.COMPLETED)
+
+
+def test_drain_records_results_through_the_writer(make_runlane: RunlaneFactory) -> None:
+    @task(id="double", schema=Item, retry=RetryPolicy(max_attempts=2, initial_delay=timedelta(0)))
+    def double(payload: Item, context: RunContext) -> int:
+        if payload.n < 0:
+            raise ValueError("negative")
+        return payload.n * 2
+
+    rl = make_runlane(tasks=[double])
+    good = rl.trigger(double, Item(3))
+    bad = rl.trigger(double, Item(-1))
+    assert rl.drain().runs_executed == 2
+    assert rl.get_run(good.id).output == 6
+    assert rl.get_run(bad.id).status is RunStatus.RETRYING
+    assert _no_runlane_threads()
