@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,8 +19,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runlane import RunContext, RunStatus, create_runlane, task
-from runlane.cli import main
+from runlane import ConfigurationError, RunContext, RunStatus, create_runlane, task
+from runlane.cli import (
+    EXIT_CONFIGURATION,
+    EXIT_FAILURE,
+    EXIT_FORCED,
+    _JsonFormatter,
+    _parser,
+    load_app,
+    main,
+)
 from runlane.postgres import postgres_polling_lane
 
 APP = textwrap.dedent(
@@ -120,16 +130,36 @@ def test_worker_runs_and_closes_cleanly_on_a_signal(
     assert alive == (0,)
 
 
-def test_worker_exits_non_zero_when_the_worker_fails(
-    tmp_path: Path, database_url: str, fresh_schema: str
+@pytest.mark.parametrize("command", ["worker", "maintenance"])
+def test_unmigrated_schema_exits_at_once_with_the_migrate_hint(
+    tmp_path: Path, database_url: str, fresh_schema: str, command: str
 ) -> None:
-    # an unmigrated schema: the first claim fails for an infrastructure reason
-    with _spawn(tmp_path, database_url, fresh_schema, "worker", "cliapp:runlane") as proc:
+    """No thread starts and nothing is retried: one line naming the migrate step, exit 1."""
+    started = time.monotonic()
+    with _spawn(tmp_path, database_url, fresh_schema, command, "cliapp:runlane") as proc:
         code = proc.wait(timeout=60)
         assert proc.stderr is not None
         err = proc.stderr.read()
-    assert code == 1
-    assert "WorkerFailed" in err
+    assert code == EXIT_FAILURE
+    assert time.monotonic() - started < 20
+    (line,) = [line for line in err.splitlines() if line.startswith("runlane: error: ")]
+    assert "runlane migrate" in line
+    assert fresh_schema in line
+    assert "Traceback" not in err
+
+
+def test_worker_exits_non_zero_when_the_worker_fails(
+    tmp_path: Path, database_url: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    # the schema disappears under a running worker: its next claim fails for good
+    with _spawn(tmp_path, database_url, schema, "worker", "cliapp:runlane") as proc:
+        _wait_for_line(proc, "SIGTERM or Ctrl-C stops it")
+        db.execute(sql.SQL("drop schema {} cascade").format(sql.Identifier(schema)))
+        code = proc.wait(timeout=60)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    assert code == EXIT_FAILURE
+    assert [line for line in err.splitlines() if line.startswith("runlane: error: ")]
     assert "runlane migrate" in err
 
 
@@ -151,23 +181,141 @@ def test_maintenance_closes_cleanly_on_sigterm(
     assert live == (0,)  # the bands' leases were released on the way out
 
 
-def test_unknown_queue_and_bad_app_exit_non_zero(
+def test_second_signal_stops_a_worker_at_once(
+    tmp_path: Path, database_url: str, schema: str
+) -> None:
+    """A handler that ignores the stop keeps the graceful close waiting; a second SIGTERM
+    exits at once with code 3 and leaves the run to lease expiry."""
+
+    @task(id="cli.echo")
+    def echo(payload: object, context: RunContext) -> object:
+        return payload
+
+    producer = create_runlane(
+        lane=postgres_polling_lane(connection_string=database_url, schema=schema), tasks=[echo]
+    )
+    try:
+        handle = producer.trigger(echo, {"hang": True})
+        with _spawn(tmp_path, database_url, schema, "worker", "cliapp:runlane") as proc:
+            _wait_for_line(proc, f"hanging {handle.id}")
+            proc.send_signal(signal.SIGTERM)
+            _wait_for_line(proc, "SIGTERM received; closing")
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == EXIT_FORCED
+            assert time.monotonic() - started < 5
+            assert proc.stderr is not None
+            assert "second signal: exiting now" in proc.stderr.read()
+        assert producer.get_run(handle.id).status is RunStatus.RUNNING  # left to lease expiry
+    finally:
+        producer.close()
+
+
+def test_second_signal_stops_maintenance_at_once(
+    tmp_path: Path, database_url: str, schema: str
+) -> None:
+    """Bands stuck in a statement (their lease rows locked elsewhere) keep the graceful
+    close waiting; a second signal exits at once with code 3."""
+    with _spawn(tmp_path, database_url, schema, "maintenance", "cliapp:runlane") as proc:
+        _wait_for_line(proc, "SIGTERM or Ctrl-C stops it")
+        with psycopg.connect(database_url) as blocker:
+            deadline = time.monotonic() + 30
+            while not blocker.execute(
+                sql.SQL("select * from {}.maintenance_leases for update").format(
+                    sql.Identifier(schema)
+                )
+            ).fetchall():
+                assert time.monotonic() < deadline, "no band was ever acquired"
+                blocker.rollback()
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            _wait_for_line(proc, "SIGTERM received; closing")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == EXIT_FORCED
+            blocker.rollback()
+
+
+def test_configuration_errors_are_one_line_and_exit_2(
     tmp_path: Path, database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "cliapp.py").write_text(APP)
+    (tmp_path / "cliapp.py").write_text(APP + "\nnot_a_runlane = 42\n")
     os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"] = database_url, schema
     sys.path.insert(0, str(tmp_path))
     try:
-        assert main(["worker", "cliapp:runlane", "--queues", "nope"]) == 1
-        assert "unknown queues ['nope']" in capsys.readouterr().err
-        with pytest.raises(SystemExit, match="has no attribute"):
-            main(["worker", "cliapp:missing"])
-        with pytest.raises(SystemExit, match="module:attribute"):
-            main(["drain", "cliapp"])
+        cases = [
+            (["worker", "cliapp:runlane", "--queues", "nope"], "unknown queues ['nope']"),
+            (["worker", "cliapp:missing"], "has no attribute 'missing'"),
+            (["drain", "cliapp"], "module:attribute"),
+            (["status", "no_such_module:app"], "cannot import 'no_such_module'"),
+            (["maintenance", "cliapp:not_a_runlane"], "is a int, not a Runlane"),
+        ]
+        for argv, message in cases:
+            assert main(argv) == EXIT_CONFIGURATION, argv
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.startswith("runlane: error: ")]
+            assert len(lines) == 1, err
+            assert message in lines[0]
+            assert "Traceback" not in err
+        with pytest.raises(ConfigurationError, match="module:attribute"):
+            load_app("cliapp")
+        saved = {k: os.environ.pop(k, None) for k in ("RUNLANE_DATABASE_URL", "DATABASE_URL")}
+        try:
+            assert main(["migrate"]) == EXIT_CONFIGURATION
+            assert "runlane: error: no database URL" in capsys.readouterr().err
+        finally:
+            os.environ.update({k: v for k, v in saved.items() if v is not None})
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("cliapp", None)
         del os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"]
+
+
+def test_runtime_errors_are_one_line_and_exit_1(
+    tmp_path: Path, database_url: str, fresh_schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "cliapp.py").write_text(APP)
+    os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"] = database_url, fresh_schema
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for argv in (["status", "cliapp:runlane"], ["maintenance", "cliapp:runlane", "--once"]):
+            sys.modules.pop("cliapp", None)  # a fresh runtime for each command
+            assert main(argv) == EXIT_FAILURE
+            err = capsys.readouterr().err
+            assert err.startswith("runlane: error: "), err
+            assert "runlane migrate" in err
+            assert len(err.strip().splitlines()) == 1, err
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("cliapp", None)
+        del os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"]
+
+
+def test_version_help_and_log_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("runlane ")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for code in ("0  success", "1  a runtime failure", "2  a usage", "3  a second SIGTERM"):
+        assert code in out
+    args = _parser().parse_args(["--log-level", "debug", "worker", "m:a"])
+    assert (args.log_level, args.log_format) == ("DEBUG", "text")
+    args = _parser().parse_args(["worker", "m:a", "--log-format", "json"])
+    assert (args.log_level, args.log_format) == ("INFO", "json")
+
+
+def test_json_log_lines_carry_structured_fields() -> None:
+    record = logging.makeLogRecord(
+        {"name": "runlane.worker", "levelname": "INFO", "msg": "run %s done", "args": ("r1",)}
+    )
+    record.run_id = "r1"
+    record.duration_ms = 12
+    entry = json.loads(_JsonFormatter().format(record))
+    assert entry["message"] == "run r1 done"
+    assert (entry["level"], entry["logger"]) == ("INFO", "runlane.worker")
+    assert (entry["run_id"], entry["duration_ms"]) == ("r1", 12)
 
 
 def test_a_killed_worker_loses_no_run(tmp_path: Path, database_url: str, schema: str) -> None:
