@@ -24,6 +24,7 @@ from runlane.errors import (
     TaskTimeout,
 )
 from runlane.models import RunError
+from runlane.retry import next_retry_delay
 from runlane.storage import ClaimedRun, Completion, Failure, LeaseRef
 from runlane.tasks import Task
 
@@ -79,7 +80,9 @@ def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Failure
 def _failure(
     claimed: ClaimedRun, exc: BaseException, *, retry: Task[Any, Any] | None, with_tb: bool = True
 ) -> Failure:
-    retryable = retry is not None and claimed.attempts_consumed < claimed.max_attempts
+    """The failed attempt's write; ``retry`` is the task whose policy may retry it (None:
+    the failure is not retryable). The delay, or None once attempts are spent, comes from
+    ``next_retry_delay``, the arithmetic maintenance uses for expired attempts too."""
     module = type(exc).__module__
     error = RunError(
         type=type(exc).__qualname__
@@ -89,10 +92,8 @@ def _failure(
         traceback=_storable("".join(traceback.format_exception(exc))) if with_tb else None,
         retryable=retry is not None,
     )
-    delay = (
-        retry.retry.delay_after(claimed.attempts_consumed)
-        if retry is not None and retryable
-        else None
+    delay = next_retry_delay(
+        None if retry is None else retry.retry, claimed.attempts_consumed, claimed.max_attempts
     )
     return Failure(
         run_id=claimed.id,
