@@ -50,7 +50,13 @@ from runlane import (
 )
 from runlane.postgres import PostgresStorage
 from runlane.postgres._sql import statements
-from runlane.storage import MaintenanceFence, NewRuns, RetryPolicyRow, ScheduledRun, ScheduleState
+from runlane.storage import (
+    Expiration,
+    MaintenanceFence,
+    NewRuns,
+    ScheduledRun,
+    ScheduleState,
+)
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb, run_together
 
@@ -352,14 +358,14 @@ def test_frozen_owner_is_fenced_out_after_expiry(make_runlane: RunlaneFactory, d
     dbx.make_due_retry(handle.id)
     tables = ("runs", "attempts", "schedules", "schedule_slots", "wait_tokens")
     before = {t: dbx.all(f"select x::text from {{schema}}.{t} x order by 1") for t in tables}
-    policy = RetryPolicyRow("ok", 0.0, 1.0, 0.0, 0.0)
+    expiration = Expiration(handle.id, 1, uuid.uuid4(), "{}", None)
     retention = {
         s: timedelta(0) for s in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
     }
     slot = dbx.all("select now()")[0][0]
     writes: list[Callable[[], object]] = [
         lambda: storage.run_deliver_due(env, 10, fence=old),
-        lambda: storage.run_expire_attempts(env, 10, [policy], policy, fence=old),
+        lambda: storage.run_expire_many([expiration], fence=old),
         lambda: storage.run_prune(env, retention, 10, fence=old),
         lambda: storage.wait_token_time_out_due(env, 10, fence=old),
         lambda: storage.run_resume_waiters(env, 10, fence=old),
