@@ -10,7 +10,7 @@ import attrs
 
 from runlane.errors import ConfigurationError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["RetryPolicy", "next_retry_delay"]
 
 # a private generator: the global one belongs to the application (and to test tools)
 _random = random.Random()
@@ -91,3 +91,21 @@ class RetryPolicy:
         spread = (rng or _random).uniform(1 - self.jitter, 1 + self.jitter)
         seconds = min(base * spread, cap)
         return timedelta(seconds=max(seconds, 0.0))
+
+
+def next_retry_delay(
+    policy: RetryPolicy | None,
+    attempts_consumed: int,
+    max_attempts: int,
+    rng: random.Random | None = None,
+) -> timedelta | None:
+    """The wait before the next attempt of a run whose attempt failed (a raised exception,
+    a timeout, a lapsed lease), or None when there is none: ``policy`` None (the failure is
+    not retryable) or the run's attempts are spent (``attempts_consumed``, this attempt
+    included, has reached ``max_attempts``, the run's own budget).
+
+    The one place where "attempts spent" is decided and the backoff computed; storage only
+    applies the answer."""
+    if policy is None or attempts_consumed >= max_attempts:
+        return None
+    return policy.delay_after(max(attempts_consumed, 1), rng)
