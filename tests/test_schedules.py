@@ -406,13 +406,18 @@ class Tables(SchemaDb):
             (by, schedule_id),
         )
 
-    def wait_until_due(self, schedule_id: str, timeout: float = 5.0) -> None:
-        """Poll the database clock until the schedule's awaited slot has passed."""
-        _, _, slot = self.state(schedule_id)
-        deadline = time.monotonic() + timeout
-        while self.now() < slot:
-            assert time.monotonic() < deadline, f"slot {slot} did not pass within {timeout}s"
-            time.sleep(0.02)
+    def advance(self, schedule_id: str, by: timedelta) -> None:
+        """Move the schedule's clock ``by`` forward: its awaited slot and its fired slots move
+        that far into the past, as if that much database time had passed (no sleeping)."""
+        for shift in (-timedelta(days=3650), timedelta(days=3650) - by):  # no key collisions
+            self.conn.execute(
+                self.q(
+                    "update {schema}.schedule_slots set slot_at = slot_at + %s "
+                    "where schedule_id = %s"
+                ),
+                (shift, schedule_id),
+            )
+        self.move_next_slot(schedule_id, -by)
 
 
 @pytest.fixture
@@ -441,7 +446,9 @@ def test_first_sighting_creates_nothing_then_one_run_per_due_slot(
     assert awaited.microsecond == 0
     assert before < awaited <= before + timedelta(seconds=2)
 
-    tables.wait_until_due("every-second")
+    # two seconds pass: the awaited slot (at most two seconds ahead) is due
+    tables.advance("every-second", timedelta(seconds=2))
+    awaited -= timedelta(seconds=2)
     second = rl.run_maintenance_once()
     assert second.schedules_created == 1
     assert second.total == 1
@@ -467,16 +474,18 @@ def test_repeated_passes_never_fire_a_slot_twice(
 ) -> None:
     rl = make_runlane(tasks=[report], schedules=[every_second()])
     rl.run_maintenance_once()
-    tables.wait_until_due("every-second")
     created = 0
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        created += rl.run_maintenance_once().schedules_created
-        time.sleep(0.05)
+    started = time.monotonic()
+    for _ in range(3):
+        tables.advance("every-second", timedelta(seconds=1))  # one second passes
+        for _ in range(5):  # and several passes run within it
+            created += rl.run_maintenance_once().schedules_created
+    # one slot per second passed: three moved, plus any real second boundary crossed
+    real_seconds = time.monotonic() - started
     slots = tables.slots("every-second")
     runs = tables.runs("report")
     assert created == len(slots) == len(runs)
-    assert 2 <= created <= 5  # about one per second for 2.5 s
+    assert 3 <= created <= 3 + int(real_seconds) + 1
     assert {run_id for _, run_id in slots} == {run[0] for run in runs}
     # distinct whole-second slots, in order
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(slots)]
@@ -500,7 +509,7 @@ def test_racing_replicas_create_exactly_one_run_per_slot(
     assert len(tables.conn.execute(tables.q("select * from {schema}.schedules")).fetchall()) == 1
     total = 0
     for _ in range(3):
-        tables.wait_until_due("every-second")
+        tables.advance("every-second", timedelta(seconds=1))
         round_created = sum(r.schedules_created for r in race())
         assert round_created >= 1
         total += round_created
