@@ -20,6 +20,8 @@ from runlane.models import RunSnapshot, RunStatus, WaitToken
 __all__ = [
     "ClaimedRun",
     "Completion",
+    "Expiration",
+    "ExpiredAttempt",
     "Failure",
     "FailureApplied",
     "InsertedRun",
@@ -28,7 +30,6 @@ __all__ = [
     "MaintenanceLeaseRow",
     "NewRuns",
     "PruneResult",
-    "RetryPolicyRow",
     "ScheduleState",
     "ScheduledRun",
     "StepStored",
@@ -130,14 +131,29 @@ class MaintenanceLeaseRow:
 
 
 @attrs.frozen
-class RetryPolicyRow:
-    """A task's backoff, handed to attempt expiry so lapsed attempts retry per policy."""
+class ExpiredAttempt:
+    """An attempt whose lease lapsed by database time, as listed for attempt expiry."""
 
+    run_id: uuid.UUID
     task_id: str
-    initial_seconds: float
-    multiplier: float
-    max_seconds: float
-    jitter: float
+    attempt: int
+    attempts_consumed: int  # attempts that count against max_attempts, this one included
+    max_attempts: int
+    lease_token: uuid.UUID
+    lease_expires_at: datetime
+    cancel_requested: bool  # the run is cancellation_requested: it ends cancelled
+
+
+@attrs.frozen
+class Expiration:
+    """How attempt expiry finalizes one listed attempt (applied only if the run still holds
+    that lease and it is still lapsed)."""
+
+    run_id: uuid.UUID
+    attempt: int
+    lease_token: uuid.UUID
+    error: str  # JSON text of a RunError
+    retry_delay: timedelta | None  # None: no further attempt (the run fails)
 
 
 @attrs.frozen
@@ -224,17 +240,16 @@ class Storage(Protocol):
         """Claim from a bounded queue: at most ``concurrency_limit`` live leases in the queue
         across every claimer, enforced inside the claim (claimers of the queue serialise)."""
 
-    def run_complete_many(
-        self, completions: Sequence[Completion], wake_queues: Sequence[str] = ()
-    ) -> set[uuid.UUID]:
+    def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Complete the attempts that still hold their lease; returns the run ids applied.
-        Workers of ``wake_queues`` (bounded queues whose capacity this frees) are woken."""
+        (Storage announces the capacity freed in their queues, and resumes runs waiting on
+        them.)"""
 
-    def run_fail_many(
-        self, failures: Sequence[Failure], wake_queues: Sequence[str] = ()
-    ) -> list[FailureApplied]:
-        """Fail the attempts that still hold their lease: ``retrying`` when a delay is given
-        and attempts remain, else ``failed``; returns what was applied."""
+    def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
+        """Fail the attempts that still hold their lease: ``retrying`` after ``retry_delay``,
+        or ``failed`` when it is None (the caller decides, see
+        :func:`runlane.retry.next_retry_delay`); a run whose cancellation was requested
+        becomes ``cancelled``. Returns what was applied."""
 
     def run_release_many(self, environment: str, leases: Sequence[LeaseRef]) -> set[uuid.UUID]:
         """Hand attempts back unconsumed: their runs become claimable again at once (a run
@@ -244,6 +259,11 @@ class Storage(Protocol):
         """A view of this storage on a connection of its own, for one thread. Without
         ``synchronous_commit`` a commit may be lost to a server crash (never to a client
         failure); only claims, which a crash merely returns to the queue, use that."""
+
+    def interrupt(self) -> None:
+        """Cancel the statement in flight on a dedicated view's connection, from another
+        thread (close at its deadline); the blocked call raises ``StorageUnavailable``. A
+        no-op when idle, and on a storage that is not a dedicated view."""
 
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta
@@ -263,19 +283,18 @@ class Storage(Protocol):
 
     def database_now(self) -> datetime: ...
 
-    def run_expire_attempts(
-        self,
-        environment: str,
-        limit: int,
-        policies: Sequence[RetryPolicyRow],
-        default_policy: RetryPolicyRow,
-        *,
-        fence: MaintenanceFence | None = None,
+    def run_list_expired(self, environment: str, limit: int) -> list[ExpiredAttempt]:
+        """Up to ``limit`` attempts whose lease lapsed by database time, oldest first."""
+
+    def run_expire_many(
+        self, expirations: Sequence[Expiration], *, fence: MaintenanceFence | None = None
     ) -> list[FailureApplied]:
-        """Finalize attempts whose lease lapsed: retry, fail, or cancel."""
+        """Finalize listed attempts whose run still holds that lease, still lapsed:
+        ``retrying`` after the delay, ``failed`` without one, ``cancelled`` when cancellation
+        was requested; each attempt is recorded as expired. Returns what was applied."""
 
     def run_wake_due_queues(self, environment: str, window: timedelta, limit: int) -> list[str]:
-        """Notify queues whose delayed runs came due within ``window``; returns them."""
+        """Announce queues whose delayed runs came due within ``window``; returns them."""
 
     def run_prune(
         self,

@@ -34,14 +34,15 @@ from psycopg import sql
 
 from runlane.models import RunStatus
 from runlane.postgres import PostgresStorage
+from runlane.retry import RetryPolicy, next_retry_delay
 from runlane.storage import (
     ClaimedRun,
     Completion,
+    Expiration,
     Failure,
     FailureApplied,
     LeaseRef,
     NewRuns,
-    RetryPolicyRow,
     StepStored,
     SuspendResult,
 )
@@ -103,10 +104,27 @@ def storage_factory(database_url: str, schema: str) -> Iterator[Callable[[], Pos
 
 # -- the model --------------------------------------------------------------------------------
 
-# Attempt expiry in these tests retries at once: no backoff, no jitter.
-NO_BACKOFF = RetryPolicyRow(
-    task_id="*", initial_seconds=0.0, multiplier=1.0, max_seconds=0.0, jitter=0.0
+# Failures and attempt expiry in these tests retry at once: no backoff, no jitter.
+NO_BACKOFF = RetryPolicy(
+    initial_delay=timedelta(0), max_delay=timedelta(0), multiplier=1.0, jitter=0.0
 )
+
+
+def expire_lapsed(storage: PostgresStorage) -> list[FailureApplied]:
+    """Maintenance's ATTEMPT_EXPIRY on the storage: list the lapsed attempts, decide each
+    one with next_retry_delay, write them (each lease re-checked in the write)."""
+    return storage.run_expire_many(
+        [
+            Expiration(
+                a.run_id,
+                a.attempt,
+                a.lease_token,
+                ERROR,
+                next_retry_delay(NO_BACKOFF, a.attempts_consumed, a.max_attempts),
+            )
+            for a in storage.run_list_expired(ENV, 10)
+        ]
+    )
 
 
 @attrs.define
@@ -230,9 +248,23 @@ class FencingMachine(RuleBasedStateMachine):
                 ]
             )
         if op in ("fail_retry", "fail_final"):
-            delay = timedelta(0) if op == "fail_retry" else None
+            # the caller decides whether attempts remain, as the engine does
+            policy = NO_BACKOFF if op == "fail_retry" else None
             failed = self.storage.run_fail_many(
-                [Failure(r.run_id, r.attempt, r.lease_token, ERROR, delay) for r in refs]
+                [
+                    Failure(
+                        r.run_id,
+                        r.attempt,
+                        r.lease_token,
+                        ERROR,
+                        next_retry_delay(
+                            policy,
+                            r.attempt - self.runs[r.run_id].releases,
+                            self.runs[r.run_id].max_attempts,
+                        ),
+                    )
+                    for r in refs
+                ]
             )
             assert len({f.run_id for f in failed}) == len(failed)
             return {f.run_id for f in failed}
@@ -446,7 +478,7 @@ class FencingMachine(RuleBasedStateMachine):
     @rule()
     def expire_lapsed_attempts(self) -> None:
         """Maintenance's ATTEMPT_EXPIRY: lapsed attempts are finalized; live ones untouched."""
-        applied = self.storage.run_expire_attempts(ENV, 10, [], NO_BACKOFF)
+        applied = expire_lapsed(self.storage)
         expected = {
             r.id: "failed" if r.spent else "retrying"
             for r in self.with_status("running")
@@ -709,16 +741,12 @@ def test_released_attempts_do_not_count_against_max_attempts(
     second = claim_one(storage)
     assert (second.attempt, second.attempts_consumed) == (2, 1)
     lapse_lease(db, schema, run_id)
-    assert storage.run_expire_attempts(ENV, 10, [], NO_BACKOFF) == [
-        FailureApplied(run_id, RunStatus.RETRYING)
-    ]
+    assert expire_lapsed(storage) == [FailureApplied(run_id, RunStatus.RETRYING)]
     assert storage.run_deliver_due(ENV, 10) == 1
     third = claim_one(storage)
     assert (third.attempt, third.attempts_consumed) == (3, 2)
     lapse_lease(db, schema, run_id)
-    assert storage.run_expire_attempts(ENV, 10, [], NO_BACKOFF) == [
-        FailureApplied(run_id, RunStatus.FAILED)
-    ]
+    assert expire_lapsed(storage) == [FailureApplied(run_id, RunStatus.FAILED)]
     outcomes = db.execute(
         sql.SQL("select attempt, outcome from {}.attempts where run_id = %s order by 1").format(
             sql.Identifier(schema)

@@ -714,7 +714,7 @@ def test_status_is_data(rl: Runlane) -> None:
     assert report.environment == "default"
     assert (report.queued_due, report.running, report.tombstones_with_children) == (0, 0, 0)
     assert report.maintenance_leases == ()
-    assert report.outbox_pending is None
+    assert report.outbox_pending == 0  # the polling lane has no outbox
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -738,7 +738,7 @@ def test_cli_migrate_rejects_a_bad_schema_name(
     assert main(["migrate", "--database-url", database_url, "--schema", "Bad-Name"]) != 0
     captured = capsys.readouterr()
     assert "Bad-Name" in captured.err
-    assert "ConfigurationError" in captured.err
+    assert "schema name" in captured.err and "Traceback" not in captured.err
 
 
 def test_cli_status_and_maintenance_once(
@@ -777,7 +777,7 @@ def test_cli_status_and_maintenance_once(
 
 
 def test_cli_rejects_an_app_that_is_not_a_runlane(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit, match="not a Runlane"):
-        main(["status", "tests.test_maintenance:ALL_TASKS"])
-    with pytest.raises(SystemExit, match="module:attribute"):
-        main(["status", "tests.test_maintenance"])
+    assert main(["status", "tests.test_maintenance:ALL_TASKS"]) == 2
+    assert "not a Runlane" in capsys.readouterr().err
+    assert main(["status", "tests.test_maintenance"]) == 2
+    assert "module:attribute" in capsys.readouterr().err

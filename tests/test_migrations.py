@@ -30,12 +30,15 @@ from runlane.postgres import (
     apply_postgres_storage_migrations,
     postgres_polling_lane,
 )
-from runlane.postgres._migrations import _LOCK_CLASS, latest_version
-from runlane.postgres._sql import load_migration_files
+from runlane.postgres._migrations import _LOCK_CLASS, _checksum, latest_version
+from runlane.postgres._sql import load_migration_files, render
 from tests.helpers import Conn, count_runs
 
 # A connection string that fails at once if anything tries to use it.
 UNREACHABLE = "host=/nonexistent/runlane-test dbname=nothing connect_timeout=1"
+# the schema version this release installs, and every migration in order
+LATEST = 2
+ALL = tuple(range(1, LATEST + 1))
 
 
 @attrs.frozen
@@ -139,11 +142,12 @@ def test_apply_to_fresh_schema_creates_tables_and_ledger(
 ) -> None:
     assert not schema_exists(db, fresh_schema)
     result = migrate(database_url, fresh_schema)
-    assert result == MigrationResult(schema=fresh_schema, applied=(1,), version=1)
-    assert latest_version() == 1
+    assert result == MigrationResult(schema=fresh_schema, applied=ALL, version=LATEST)
+    assert latest_version() == LATEST
     assert {"runs", "attempts", "runlane_migrations"} <= tables(db, fresh_schema)
-    (row,) = ledger(db, fresh_schema)
-    assert row[:3] == (1, "initial", shipped_checksum())
+    first, second = ledger(db, fresh_schema)
+    assert first[:3] == (1, "initial", shipped_checksum())
+    assert second[:2] == (2, "announce")
     assert "lease_token" in columns(db, fresh_schema, "runs")
     assert columns(db, fresh_schema, "runlane_migrations") == [
         "version",
@@ -158,9 +162,58 @@ def test_reapplying_is_a_no_op(database_url: str, schema: str, db: Conn) -> None
     before_relations = relations(db, schema)
     for _ in range(2):
         result = migrate(database_url, schema)
-        assert result == MigrationResult(schema=schema, applied=(), version=1)
+        assert result == MigrationResult(schema=schema, applied=(), version=LATEST)
     assert ledger(db, schema) == before_ledger  # same row, same applied_at
     assert relations(db, schema) == before_relations
+
+
+def install_version_1(db: Conn, name: str) -> None:
+    """A schema as the release that shipped only migration 1 left it."""
+    (version, migration, text), *_ = load_migration_files()
+    assert (version, migration) == (1, "initial")
+    create_ledger(db, name, [])
+    db.execute(render(text, name).encode("utf-8"))
+    db.execute(
+        sql.SQL(
+            "insert into {}.runlane_migrations (version, name, checksum) values (1, %s, %s)"
+        ).format(sql.Identifier(name)),
+        (migration, _checksum(text)),
+    )
+
+
+def test_version_1_schema_upgrades_in_place_keeping_its_runs(
+    database_url: str, fresh_schema: str, db: Conn, make_runtime: Any
+) -> None:
+    install_version_1(db, fresh_schema)
+    db.execute(
+        sql.SQL(
+            "insert into {}.runs (id, environment, task_id, queue, status, payload, "
+            "max_attempts, due_at) values (%s, 'default', 'ping', 'default', 'queued', "
+            "'{{\"n\": 5}}', 1, now())"
+        ).format(sql.Identifier(fresh_schema)),
+        (uuid.UUID(int=5),),
+    )
+    before = tables(db, fresh_schema)
+    runtime: Runlane = make_runtime(fresh_schema)
+    # a runtime of this release refuses the old schema, naming the step
+    with pytest.raises(SchemaNotMigrated, match="version 1, this runlane needs 2"):
+        runtime.get_run(uuid.UUID(int=5))
+
+    result = migrate(database_url, fresh_schema)
+    assert result == MigrationResult(schema=fresh_schema, applied=(2,), version=LATEST)
+    assert tables(db, fresh_schema) == before
+    assert [row[:2] for row in ledger(db, fresh_schema)] == [(1, "initial"), (2, "announce")]
+    triggers = db.execute(
+        "select tgname from pg_trigger t join pg_class c on c.oid = t.tgrelid "
+        "join pg_namespace n on n.oid = c.relnamespace "
+        "where n.nspname = %s and not t.tgisinternal order by 1",
+        (fresh_schema,),
+    ).fetchall()
+    assert triggers == [("runlane_runs_inserted",), ("runlane_runs_updated",)]
+    # the run written under version 1 is intact and runs under version 2
+    assert runtime.get_run(uuid.UUID(int=5)).payload == {"n": 5}
+    assert runtime.drain().runs_executed == 1
+    assert runtime.get_run(uuid.UUID(int=5)).output == 5
 
 
 def test_concurrent_migrators_settle_on_one_owner(
@@ -191,9 +244,9 @@ def test_concurrent_migrators_settle_on_one_owner(
     assert not any(w.is_alive() for w in workers)
     assert errors == []
     assert len(results) == threads
-    assert sorted(r.applied for r in results) == [(), (), (), (), (), (1,)]
-    assert all(r.version == 1 and r.schema == fresh_schema for r in results)
-    assert len(ledger(db, fresh_schema)) == 1
+    assert sorted(r.applied for r in results) == [(), (), (), (), (), ALL]
+    assert all(r.version == LATEST and r.schema == fresh_schema for r in results)
+    assert len(ledger(db, fresh_schema)) == LATEST
     assert {"runs", "attempts", "runlane_migrations"} <= tables(db, fresh_schema)
 
 
@@ -206,7 +259,7 @@ def test_different_schemas_migrate_independently(database_url: str, db: Conn) ->
             holder.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, first))
 
             second_result = migrate(database_url, second)  # would hang if it waited on `first`
-            assert second_result.applied == (1,)
+            assert second_result.applied == ALL
 
             blocked: list[MigrationResult] = []
             done = threading.Event()
@@ -228,9 +281,9 @@ def test_different_schemas_migrate_independently(database_url: str, db: Conn) ->
         # the holder's transaction ended: the waiting migrator proceeds
         thread.join(timeout=30)
         assert done.is_set()
-        assert blocked == [MigrationResult(schema=first, applied=(1,), version=1)]
-        assert len(ledger(db, first)) == 1
-        assert len(ledger(db, second)) == 1
+        assert blocked == [MigrationResult(schema=first, applied=ALL, version=LATEST)]
+        assert len(ledger(db, first)) == LATEST
+        assert len(ledger(db, second)) == LATEST
         db.execute(
             sql.SQL(
                 "insert into {}.runs (id, environment, task_id, queue, status, payload, "
@@ -297,7 +350,7 @@ def test_bad_schema_names_are_rejected_before_connecting(
 def test_good_schema_names_are_accepted(database_url: str, db: Conn, name: str) -> None:
     existed = schema_exists(db, name)
     try:
-        assert migrate(database_url, name).version == 1
+        assert migrate(database_url, name).version == LATEST
         assert "runs" in tables(db, name)
     finally:
         if not existed:

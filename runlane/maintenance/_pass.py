@@ -7,13 +7,14 @@ services, each write also carries the band's fence (see ``_services.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from runlane._codec import dump_json
 from runlane._ids import new_run_id
+from runlane.errors import LeaseExpired
 from runlane.maintenance._types import (
     MaintenanceLimits,
     MaintenancePhase,
@@ -21,11 +22,12 @@ from runlane.maintenance._types import (
     RetentionPolicy,
 )
 from runlane.models import RunStatus
-from runlane.retry import RetryPolicy
+from runlane.retry import RetryPolicy, next_retry_delay
 from runlane.schedules import Schedule, due_slots, next_slot
 from runlane.storage import (
+    Expiration,
+    ExpiredAttempt,
     MaintenanceFence,
-    RetryPolicyRow,
     ScheduledRun,
     ScheduleState,
     Storage,
@@ -56,18 +58,9 @@ class MaintenanceScope:
     tasks: Mapping[str, Task[Any, Any]]
     schedules: Sequence[ScheduleEntry]
     retention: RetentionPolicy
-    # delayed runs that came due within this window get their queue woken
-    wake_window: timedelta = timedelta(minutes=1)
-
-
-def _policy_row(task_id: str, policy: RetryPolicy) -> RetryPolicyRow:
-    return RetryPolicyRow(
-        task_id=task_id,
-        initial_seconds=policy.initial_delay.total_seconds(),
-        multiplier=float(policy.multiplier),
-        max_seconds=policy.max_delay.total_seconds(),
-        jitter=float(policy.jitter),
-    )
+    # the lane's DELIVERY_RECOVERY work: (environment, limit, fence) -> records changed
+    # (the polling lane announces queues whose delayed runs came due)
+    recover_delivery: Callable[[str, int, MaintenanceFence | None], int]
 
 
 def _schedules(scope: MaintenanceScope, limit: int, fence: MaintenanceFence | None) -> int:
@@ -115,14 +108,43 @@ def _schedules(scope: MaintenanceScope, limit: int, fence: MaintenanceFence | No
     return created
 
 
+_DEFAULT_POLICY = RetryPolicy()
+
+
+def _expiration(scope: MaintenanceScope, lapsed: ExpiredAttempt) -> Expiration:
+    """How one lapsed attempt ends: the same retry arithmetic as a raised exception, with
+    the policy of its task (the default policy for a task this runtime does not know)."""
+    task = scope.tasks.get(lapsed.task_id)
+    policy = task.retry if task is not None else _DEFAULT_POLICY
+    error = {
+        "type": f"{LeaseExpired.__module__}.{LeaseExpired.__qualname__}",
+        "message": (
+            f"attempt {lapsed.attempt} lost its lease (expired at {lapsed.lease_expires_at}): "
+            "its worker crashed, froze, or lost its database connection"
+        ),
+        "traceback": None,
+        "retryable": True,
+    }
+    return Expiration(
+        run_id=lapsed.run_id,
+        attempt=lapsed.attempt,
+        lease_token=lapsed.lease_token,
+        error=dump_json(error),
+        retry_delay=next_retry_delay(policy, lapsed.attempts_consumed, lapsed.max_attempts),
+    )
+
+
 def _expire(
     scope: MaintenanceScope, limit: int, fence: MaintenanceFence | None
 ) -> MaintenanceResult:
     if limit == 0:
         return MaintenanceResult()
-    policies = [_policy_row(task_id, t.retry) for task_id, t in scope.tasks.items()]
-    applied = scope.storage.run_expire_attempts(
-        scope.environment, limit, policies, _policy_row("", RetryPolicy()), fence=fence
+    lapsed = scope.storage.run_list_expired(scope.environment, limit)
+    if not lapsed:
+        return MaintenanceResult()
+    # the write re-checks each lease: one extended or finished since the listing is kept
+    applied = scope.storage.run_expire_many(
+        [_expiration(scope, attempt) for attempt in lapsed], fence=fence
     )
     cancelled = sum(1 for row in applied if row.status is RunStatus.CANCELLED)
     return MaintenanceResult(
@@ -187,11 +209,11 @@ def run_phase(
         return _expire(scope, limits.attempt_expiry_limit, fence)
     if phase is MaintenancePhase.DELIVERY_RECOVERY:
         woken = (
-            storage.run_wake_due_queues(env, scope.wake_window, limits.delivery_recovery_limit)
+            scope.recover_delivery(env, limits.delivery_recovery_limit, fence)
             if limits.delivery_recovery_limit
-            else []
+            else 0
         )
-        return MaintenanceResult(queues_woken=len(woken))
+        return MaintenanceResult(queues_woken=woken)
     if phase is MaintenancePhase.CLEANUP:
         return _cleanup(scope, limits.cleanup_limit, fence)
     raise AssertionError(f"unknown phase {phase!r}")

@@ -1,19 +1,131 @@
-"""Where the Postgres storage gets its connections: a shared pool, or one dedicated connection."""
+"""Where the Postgres storage gets its connections (a shared pool, or one dedicated
+connection), and the one place where driver errors become runlane errors."""
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 import psycopg
+import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-__all__ = ["Conn", "ConnectionSource", "DedicatedSource", "PoolSource"]
+from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError, StorageUnavailable
+
+__all__ = [
+    "Conn",
+    "ConnectionSource",
+    "DedicatedSource",
+    "PoolSource",
+    "check_conninfo",
+    "connection_failed",
+    "describe_target",
+    "storage_error",
+]
+
+log = logging.getLogger("runlane.postgres")
 
 Conn = psycopg.Connection[TupleRow]
+
+# TCP keepalives for connections held for a long time (as the listener's): a half-open
+# connection is noticed after about keepalives_idle + interval * count seconds of silence
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
+# unacknowledged data older than this breaks the connection (libpq 12+, Linux)
+_TCP_USER_TIMEOUT_MS = 20_000
+
+
+def check_conninfo(connection_string: object) -> dict[str, Any]:
+    """The parsed connection string; :class:`ConfigurationError` when it is not one.
+
+    The message never repeats the string (it may hold a password), nor libpq's complaint
+    (which quotes it)."""
+    if not isinstance(connection_string, str) or not connection_string.strip():
+        raise ConfigurationError(
+            "the connection string is empty: pass a PostgreSQL URI such as "
+            "postgresql://user@host:5432/dbname, or key=value pairs such as "
+            "'host=... port=5432 dbname=...'"
+        )
+    try:
+        params = conninfo_to_dict(connection_string)
+    except psycopg.Error:
+        raise ConfigurationError(
+            "the connection string is not a valid PostgreSQL connection string (libpq could "
+            "not parse it; it is not repeated here because it may hold a password): pass a URI "
+            "such as postgresql://user@host:5432/dbname, or key=value pairs such as "
+            "'host=... port=5432 dbname=...'"
+        ) from None
+    port = params.get("port")
+    if port is not None and not all(p.strip().isdigit() for p in str(port).split(",") if p):
+        raise ConfigurationError(
+            f"the connection string's port {port!r} is not a number: use e.g. port=5432"
+        )
+    return params
+
+
+def describe_target(connection_string: str) -> str:
+    """``host:port`` of a connection string (never its password), for error messages."""
+    try:
+        params = conninfo_to_dict(connection_string)
+    except psycopg.Error:
+        return "the configured server"
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    return f"{host}:{port}"
+
+
+def connection_failed(exc: BaseException) -> bool:
+    """A failure of the connection (refused, timed out, broken, cancelled), not a statement
+    error: these become :class:`StorageUnavailable` once retries are spent."""
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
+        return True
+    if isinstance(exc, psycopg_pool.TooManyRequests | psycopg.errors.QueryCanceled):
+        return True
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return False
+    if isinstance(exc, psycopg.OperationalError):
+        return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+    return False
+
+
+def _scrubbed(text: str, connection_string: str) -> str:
+    try:
+        password = conninfo_to_dict(connection_string).get("password")
+    except psycopg.Error:
+        return "(detail withheld)"
+    if password:
+        text = text.replace(str(password), "***")
+    return text
+
+
+def storage_error(exc: psycopg.Error, connection_string: str, what: str) -> RunlaneError:
+    """The runlane error a driver error becomes at the storage boundary (raise it ``from``
+    the driver error)."""
+    detail = _scrubbed(str(exc).strip() or type(exc).__name__, connection_string)
+    if connection_failed(exc):
+        target = describe_target(connection_string)
+        if isinstance(exc, psycopg.errors.QueryCanceled):
+            cause = f"its statement was cancelled ({detail})"
+        else:
+            cause = f"{type(exc).__name__}: {detail}"
+        return StorageUnavailable(
+            f"runlane could not {what}: the database at {target} is unavailable ({cause}). "
+            f"Is PostgreSQL running at {target} and reachable from here? Check the "
+            "connection string, the firewall, and max_connections"
+        )
+    return RunlaneError(
+        f"unexpected database error while trying to {what} ({type(exc).__name__}: {detail})"
+    )
 
 
 class ConnectionSource(Protocol):
@@ -23,52 +135,96 @@ class ConnectionSource(Protocol):
 
     def connection(self) -> AbstractContextManager[Conn]: ...
 
+    def interrupt(self) -> None: ...
+
 
 class PoolSource:
-    """A psycopg pool shared by every thread of a runtime (producers, reads, drain)."""
+    """A psycopg pool shared by every thread of a runtime (producers, reads, drain).
+
+    A pool that failed to open (the database was down) is thrown away: the next ``open``
+    builds a fresh one, so a failed first use does not poison the runtime."""
 
     def __init__(self, conninfo: str, *, min_size: int, max_size: int, name: str, timeout: float):
+        self._conninfo = conninfo
+        self._min_size = min_size
+        self._max_size = max_size
+        self._name = name
         self._timeout = timeout
-        self._pool: ConnectionPool[Conn] = ConnectionPool(
-            conninfo,
-            min_size=min_size,
-            max_size=max_size,
-            open=False,
-            name=name,
-            kwargs={"autocommit": True, "application_name": name[:63]},
-            timeout=timeout,
-        )
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool[Conn] | None = None
 
     def open(self) -> None:
-        self._pool.open(wait=True, timeout=self._timeout)
+        with self._lock:
+            if self._pool is not None:
+                return
+            pool: ConnectionPool[Conn] = ConnectionPool(
+                self._conninfo,
+                min_size=self._min_size,
+                max_size=self._max_size,
+                open=False,
+                name=self._name,
+                kwargs={"autocommit": True, "application_name": self._name[:63]},
+                timeout=self._timeout,
+            )
+            try:
+                pool.open(wait=True, timeout=self._timeout)
+            except BaseException:
+                pool.close()
+                raise
+            self._pool = pool
 
     def close(self) -> None:
-        self._pool.close()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
-        with self._pool.connection() as conn:
+        pool = self._pool
+        if pool is None:
+            raise psycopg_pool.PoolClosed(f"the pool {self._name!r} is not open")
+        with pool.connection() as conn:
             yield conn
+
+    def interrupt(self) -> None:
+        """Pooled connections are shared: nothing to interrupt."""
 
 
 class DedicatedSource:
     """One connection owned by one thread (a worker slot, the lifecycle writer).
 
     Opened on first use and again after it breaks, so a server restart costs one failed
-    statement, not the owner.
+    statement, not the owner. TCP keepalives, ``tcp_user_timeout`` and ``statement_timeout``
+    make a half-open connection or a statement blocked for too long fail instead of hanging;
+    ``interrupt()`` cancels the statement in flight from another thread.
     """
 
     def __init__(
-        self, conninfo: str, *, timeout: float, name: str, synchronous_commit: bool = True
+        self,
+        conninfo: str,
+        *,
+        timeout: float,
+        name: str,
+        synchronous_commit: bool = True,
+        statement_timeout: float | None = 60.0,
     ) -> None:
         self._conninfo = conninfo
         self._timeout = timeout
         self._name = name
-        self._options: dict[str, Any] = (
-            {} if synchronous_commit else {"options": "-c synchronous_commit=off"}
-        )
+        settings = []
+        if not synchronous_commit:
+            settings.append("-c synchronous_commit=off")
+        if statement_timeout is not None:
+            settings.append(f"-c statement_timeout={max(1, round(statement_timeout * 1000))}")
+        self._options: dict[str, Any] = dict(KEEPALIVES)
+        if psycopg.pq.version() >= 120000:
+            self._options["tcp_user_timeout"] = _TCP_USER_TIMEOUT_MS
+        if settings:
+            self._options["options"] = " ".join(settings)
         self._lock = threading.Lock()
         self._conn: Conn | None = None
+        self._busy = False
         self._closed = False
 
     def open(self) -> None:
@@ -81,22 +237,50 @@ class DedicatedSource:
         if conn is not None:
             conn.close()
 
+    def interrupt(self) -> None:
+        """Cancel the statement in flight on this connection, if any (from another thread).
+        The statement fails with QueryCanceled; errors of the cancel itself are ignored."""
+        with self._lock:
+            conn = self._conn if self._busy else None
+        if conn is None:
+            return
+        try:
+            conn.cancel_safe(timeout=max(1.0, min(self._timeout, 5.0)))
+        except Exception:  # best effort: the statement may have ended meanwhile
+            log.debug("%s: cancelling the statement in flight failed", self._name, exc_info=True)
+
+    def _closed_error(self) -> RunlaneClosed:
+        return RunlaneClosed(
+            f"{self._name}: this storage view was closed; its owner (a worker slot or a "
+            "writer) has shut down"
+        )
+
     @contextmanager
     def connection(self) -> Iterator[Conn]:
         with self._lock:
             if self._closed:
-                raise psycopg.OperationalError(f"{self._name}: connection source closed")
+                raise self._closed_error()
             conn = self._conn
-            if conn is None or conn.closed or conn.broken:
-                if conn is not None:
-                    conn.close()
-                conn = self._conn = psycopg.connect(
-                    self._conninfo,
-                    autocommit=True,
-                    connect_timeout=max(1, int(self._timeout)),
-                    application_name=self._name[:63],
-                    **self._options,
-                )
+            stale = conn is not None and (conn.closed or conn.broken)
+            if stale:
+                self._conn = None
+        if stale and conn is not None:
+            conn.close()
+        if conn is None or stale:
+            # connect outside the lock: close() and interrupt() must not wait for it
+            conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=max(1, int(self._timeout)),
+                application_name=self._name[:63],
+                **self._options,
+            )
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise self._closed_error()
+            self._conn = conn
+            self._busy = True
         try:
             yield conn
         except psycopg.OperationalError:
@@ -106,3 +290,6 @@ class DedicatedSource:
                         self._conn = None
                 conn.close()
             raise
+        finally:
+            with self._lock:
+                self._busy = False

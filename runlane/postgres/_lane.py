@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import attrs
 
 from runlane.errors import ConfigurationError
+from runlane.lanes import AcquirerOptions
+from runlane.postgres._acquirer import PollingAcquirer
+from runlane.postgres._connections import check_conninfo
 from runlane.postgres._listener import PostgresListener
-from runlane.postgres._sql import validate_schema_name
-from runlane.postgres._storage import PostgresStorage, notify_channel
+from runlane.postgres._sql import notify_channel, validate_schema_name
+from runlane.postgres._storage import PostgresStorage
+from runlane.storage import MaintenanceFence, Storage
 
 __all__ = ["PostgresPollingLane", "postgres_polling_lane"]
+
+# delivery recovery announces queues whose delayed runs came due within this window
+WAKE_WINDOW = timedelta(minutes=1)
 
 
 @attrs.frozen
@@ -28,6 +37,15 @@ class PostgresPollingLane:
     poll_interval: timedelta
     listen: bool
 
+    @property
+    def name(self) -> str:
+        return "postgres-polling"
+
+    @property
+    def drain_unsupported(self) -> str | None:
+        """None: ``drain()`` works on this lane (runs are claimed straight from storage)."""
+        return None
+
     def create_storage(self) -> PostgresStorage:
         return PostgresStorage(
             connection_string=self.connection_string,
@@ -35,6 +53,36 @@ class PostgresPollingLane:
             pool_min_size=self.pool_min_size,
             pool_max_size=self.pool_max_size,
             connect_timeout=self.connect_timeout,
+        )
+
+    def recover_delivery(
+        self, storage: Storage, environment: str, limit: int, fence: MaintenanceFence | None
+    ) -> int:
+        """Announce the queues whose delayed runs came due within the last minute: nothing
+        announced them (they were not due when written), and an idle worker polls only
+        every ``poll_interval``. Writes nothing, so the fence is not needed. Returns the
+        number of queues announced."""
+        return len(storage.run_wake_due_queues(environment, WAKE_WINDOW, limit))
+
+    def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
+        """The polling lane has no outbox: nothing is ever pending publication."""
+        return {"outbox_pending": 0}
+
+    def create_acquirer(
+        self,
+        storage: Storage,
+        options: AcquirerOptions,
+        on_cancel: Callable[[uuid.UUID], None],
+    ) -> PollingAcquirer:
+        """Claims from Postgres; LISTEN wake-ups (unless ``listen=False`` or draining)."""
+        return PollingAcquirer(
+            storage,
+            options,
+            on_cancel,
+            poll_interval=self.poll_interval,
+            make_listener=lambda on_wake, name: self.create_listener(
+                options.environment, on_wake, name
+            ),
         )
 
     def create_listener(
@@ -74,6 +122,7 @@ def postgres_polling_lane(
     """
     if not isinstance(connection_string, str) or not connection_string:
         raise ConfigurationError("postgres_polling_lane needs a connection_string")
+    check_conninfo(connection_string)
     validate_schema_name(schema)
     if pool_min_size < 0 or pool_max_size < max(pool_min_size, 1):
         raise ConfigurationError(

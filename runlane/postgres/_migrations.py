@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import attrs
 import psycopg
 from psycopg import sql
 
 from runlane.errors import IncompatibleSchema
+from runlane.postgres._connections import check_conninfo, storage_error
 from runlane.postgres._sql import load_migration_files, render, validate_schema_name
 
 __all__ = [
@@ -24,6 +26,7 @@ _LEDGER_COLUMNS = {"version", "name", "checksum", "applied_at"}
 # First key of the two-key advisory lock; the second is hashtext(schema), so migrators of
 # different schemas never wait on each other.
 _LOCK_CLASS = 0x726C6D67
+_CONNECT_TIMEOUT = 10  # seconds, unless the connection string sets connect_timeout
 
 
 @attrs.frozen
@@ -117,11 +120,26 @@ def apply_postgres_storage_migrations(
 
     Concurrent callers serialise on an advisory lock scoped to the schema: one applies the
     migrations, the others wait and then find nothing to do. A ledger this release does not
-    recognise raises :class:`~runlane.IncompatibleSchema` and changes nothing.
+    recognise raises :class:`~runlane.IncompatibleSchema` and changes nothing. A malformed
+    connection string raises :class:`~runlane.ConfigurationError`; a database that cannot
+    be reached :class:`~runlane.StorageUnavailable`.
     """
+    params = check_conninfo(connection_string)
     validate_schema_name(schema)
+    try:
+        return _apply(connection_string, schema, "connect_timeout" in params)
+    except psycopg.Error as exc:
+        raise storage_error(exc, connection_string, f"migrate schema {schema!r}") from exc
+
+
+def _apply(connection_string: str, schema: str, timeout_given: bool) -> MigrationResult:
     files = load_migration_files()
-    with psycopg.connect(connection_string, autocommit=True) as conn, conn.transaction():
+    # libpq waits forever for an unreachable host unless told otherwise
+    timeout: dict[str, Any] = {} if timeout_given else {"connect_timeout": _CONNECT_TIMEOUT}
+    with (
+        psycopg.connect(connection_string, autocommit=True, **timeout) as conn,
+        conn.transaction(),
+    ):
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, schema))
         conn.execute(sql.SQL("create schema if not exists {}").format(sql.Identifier(schema)))
         if not _check_ledger_shape(conn, schema):

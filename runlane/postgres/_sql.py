@@ -1,4 +1,8 @@
-"""Loads the named SQL blocks in ``sql/`` and renders them for one schema."""
+"""Loads the named SQL blocks of the ``*.sql`` files in ``sql/`` and renders them for one schema.
+
+Statements are split by concern (``runs.sql``, ``claims.sql``, ``lifecycle.sql``, ...); a name
+is unique across all of them. Migrations live in ``sql/migrations/`` and are not statements.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,13 @@ from psycopg import sql
 
 from runlane.errors import ConfigurationError
 
-__all__ = ["load_migration_files", "render", "statements", "validate_schema_name"]
+__all__ = [
+    "load_migration_files",
+    "notify_channel",
+    "render",
+    "statements",
+    "validate_schema_name",
+]
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BLOCK_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
@@ -28,28 +38,51 @@ def validate_schema_name(schema: str) -> str:
     return schema
 
 
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of a schema (channel names are cut at 63 bytes)."""
+    return f"runlane.{schema}"[:63]
+
+
 def render(text: str, schema: str) -> str:
-    """Substitute the quoted schema name for ``{schema}`` in ``text``."""
+    """Substitute the quoted schema name for ``{schema}`` in ``text``, and the schema's
+    NOTIFY channel, as a string literal, for ``{channel}``."""
     validate_schema_name(schema)
-    return sql.SQL(text).format(schema=sql.Identifier(schema)).as_string()
+    return (
+        sql.SQL(text)
+        .format(schema=sql.Identifier(schema), channel=sql.Literal(notify_channel(schema)))
+        .as_string()
+    )
 
 
-def _read(*parts: str) -> str:
-    return resources.files("runlane.postgres").joinpath("sql", *parts).read_text("utf-8")
+def parse_blocks(files: dict[str, str]) -> dict[str, str]:
+    """The named blocks of ``{file name: text}``; a name defined twice (in one file or two)
+    is an error naming both places."""
+    blocks: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for file_name in sorted(files):
+        text = files[file_name]
+        headers = list(_BLOCK_HEADER.finditer(text))
+        for index, header in enumerate(headers):
+            end = headers[index + 1].start() if index + 1 < len(headers) else len(text)
+            name = header["name"]
+            if name in blocks:
+                raise RuntimeError(
+                    f"statement {name!r} is defined twice: in {where[name]} and in {file_name}"
+                )
+            blocks[name] = text[header.end() : end].strip()
+            where[name] = file_name
+    return blocks
 
 
 @cache
 def _blocks() -> dict[str, str]:
-    text = _read("queries.sql")
-    headers = list(_BLOCK_HEADER.finditer(text))
-    blocks: dict[str, str] = {}
-    for index, header in enumerate(headers):
-        end = headers[index + 1].start() if index + 1 < len(headers) else len(text)
-        body = text[header.end() : end].strip()
-        if header["name"] in blocks:
-            raise RuntimeError(f"queries.sql defines {header['name']!r} twice")
-        blocks[header["name"]] = body
-    return blocks
+    folder = resources.files("runlane.postgres").joinpath("sql")
+    files = {
+        entry.name: entry.read_text("utf-8")
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql") and entry.is_file()
+    }
+    return parse_blocks(files)
 
 
 def statements(schema: str) -> dict[str, str]:

@@ -13,16 +13,34 @@ from typing import Any, TypeVar
 
 import attrs
 import psycopg
+import psycopg_pool
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
-from runlane.errors import ConfigurationError, IncompatibleSchema, SchemaNotMigrated, StaleLease
+from runlane.errors import (
+    ConfigurationError,
+    IncompatibleSchema,
+    RunlaneClosed,
+    RunlaneError,
+    SchemaNotMigrated,
+    StaleLease,
+)
 from runlane.models import RunError, RunSnapshot, RunStatus, WaitToken, WaitTokenStatus
-from runlane.postgres._connections import Conn, ConnectionSource, DedicatedSource, PoolSource
+from runlane.postgres._connections import (
+    Conn,
+    ConnectionSource,
+    DedicatedSource,
+    PoolSource,
+    check_conninfo,
+    connection_failed,
+    storage_error,
+)
 from runlane.postgres._migrations import known_checksums, latest_version
-from runlane.postgres._sql import statements, validate_schema_name
+from runlane.postgres._sql import notify_channel, statements, validate_schema_name
 from runlane.storage import (
     ClaimedRun,
     Completion,
+    Expiration,
+    ExpiredAttempt,
     Failure,
     FailureApplied,
     InsertedRun,
@@ -31,14 +49,13 @@ from runlane.storage import (
     MaintenanceLeaseRow,
     NewRuns,
     PruneResult,
-    RetryPolicyRow,
     ScheduledRun,
     ScheduleState,
     StepStored,
     SuspendResult,
 )
 
-__all__ = ["PostgresStorage"]
+__all__ = ["PostgresStorage", "notify_channel"]
 
 log = logging.getLogger("runlane.postgres")
 
@@ -48,14 +65,18 @@ T = TypeVar("T")
 _RECONNECT_DELAYS = (0.05, 0.25, 1.0)
 
 
-def notify_channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel of a schema (channel names are cut at 63 bytes)."""
-    return f"runlane.{schema}"[:63]
-
-
 def _connection_lost(exc: psycopg.OperationalError) -> bool:
-    """A failure of the connection itself, not of the statement (which would be repeated)."""
-    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+    """A failure of the connection itself, worth repeating the statement on a new one: not
+    a cancelled statement (close() interrupted it, or statement_timeout), and not a pool
+    that already waited its whole timeout for a connection."""
+    if isinstance(
+        exc,
+        psycopg.errors.QueryCanceled
+        | psycopg.errors.LockNotAvailable
+        | psycopg_pool.PoolTimeout
+        | psycopg_pool.PoolClosed
+        | psycopg_pool.TooManyRequests,
+    ):
         return False
     return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
@@ -81,6 +102,11 @@ class PostgresStorage:
     The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a
     view of the same storage bound to one connection of its own, for a thread that must not
     wait on the pool (a worker slot, the lifecycle writer).
+
+    No driver exception leaves a method: a connection that cannot be had or broke (once the
+    reconnect retries are spent) raises :class:`~runlane.StorageUnavailable`, any other
+    database error a :class:`~runlane.RunlaneError`; a closed storage raises
+    :class:`~runlane.RunlaneClosed`.
     """
 
     def __init__(
@@ -91,14 +117,17 @@ class PostgresStorage:
         pool_min_size: int = 1,
         pool_max_size: int = 10,
         connect_timeout: float = 10.0,
+        statement_timeout: float | None = 60.0,
         _source: ConnectionSource | None = None,
         _gate: _SchemaGate | None = None,
     ) -> None:
         self.schema = validate_schema_name(schema)
-        self.channel = notify_channel(schema)
+        check_conninfo(connection_string)
         self._sql = statements(schema)
         self._conninfo = connection_string
         self._connect_timeout = connect_timeout
+        # of dedicated views' statements: a statement blocked longer than this fails
+        self._statement_timeout = statement_timeout
         self._source: ConnectionSource = _source or PoolSource(
             connection_string,
             min_size=pool_min_size,
@@ -118,12 +147,17 @@ class PostgresStorage:
     # -- lifecycle -----------------------------------------------------------------------
 
     def open(self) -> None:
+        """Connect (the pool's minimum connections); idempotent. A failed open leaves the
+        storage closed but re-openable: the next call tries again from scratch."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("this storage was closed; create a new runtime")
+                raise self._closed_error()
             if self._opened:
                 return
-            self._source.open()
+            try:
+                self._source.open()
+            except psycopg.Error as exc:
+                raise storage_error(exc, self._conninfo, "open its connection pool") from exc
             self._opened = True
 
     def close(self) -> None:
@@ -132,6 +166,18 @@ class PostgresStorage:
                 return
             self._closed = True
         self._source.close()
+
+    def interrupt(self) -> None:
+        """Cancel the statement in flight on a dedicated view's connection (called from
+        another thread, e.g. by close at its deadline); the blocked call then raises
+        :class:`~runlane.StorageUnavailable`. A no-op when idle, and on the pooled storage."""
+        self._source.interrupt()
+
+    def _closed_error(self) -> RunlaneClosed:
+        return RunlaneClosed(
+            f"this runlane storage (schema {self.schema!r}) was closed: call start() on the "
+            "runtime to open it again, or build a new runtime"
+        )
 
     def dedicated(self, name: str, *, synchronous_commit: bool = True) -> PostgresStorage:
         """A view of this storage on one connection of its own, for one thread.
@@ -143,11 +189,13 @@ class PostgresStorage:
             timeout=self._connect_timeout,
             name=name,
             synchronous_commit=synchronous_commit,
+            statement_timeout=self._statement_timeout,
         )
         return PostgresStorage(
             connection_string=self._conninfo,
             schema=self.schema,
             connect_timeout=self._connect_timeout,
+            statement_timeout=self._statement_timeout,
             _source=source,
             _gate=self._gate,
         )
@@ -195,12 +243,19 @@ class PostgresStorage:
             )
         self._gate.checked = True
 
+    def _error(self, exc: psycopg.Error) -> RunlaneError:
+        """The runlane error a driver error becomes (the one boundary where that happens)."""
+        if self._closed and connection_failed(exc):
+            return self._closed_error()
+        return storage_error(exc, self._conninfo, f"use schema {self.schema!r}")
+
     def _with_conn(self, fn: Callable[[Conn], T]) -> T:
         """Run ``fn`` on a connection, retrying a few times when the connection itself broke.
 
         Every caller's statement is safe to repeat: inserts carry client-made ids and
         ``on conflict do nothing``, fenced writes reject a second application, and a claim
-        whose answer was lost only leaves leases that expire and are recovered.
+        whose answer was lost only leaves leases that expire and are recovered. Driver
+        errors leave as runlane errors (see the class docstring).
         """
         self.open()
         for delay in (*_RECONNECT_DELAYS, None):
@@ -210,8 +265,10 @@ class PostgresStorage:
                     with self._translated():
                         return fn(conn)
             except psycopg.OperationalError as exc:
-                if delay is None or not _connection_lost(exc):
-                    raise
+                if delay is None or not _connection_lost(exc) or self._closed:
+                    raise self._error(exc) from exc
+            except psycopg.Error as exc:
+                raise self._error(exc) from exc
             log.warning("runlane: database connection lost; retrying in %.2fs", delay)
             time.sleep(delay)
         raise AssertionError("unreachable")
@@ -231,7 +288,6 @@ class PostgresStorage:
             "ids": list(runs.ids),
             "payloads": list(runs.payloads),
             "idempotency_keys": list(runs.idempotency_keys),
-            "channel": self.channel,
         }
 
         def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:
@@ -250,8 +306,13 @@ class PostgresStorage:
             )
         if not self._gate.checked:
             self._with_conn(lambda conn: None)  # checks the schema on a pool connection
-        with self._translated():
-            return insert(connection)
+        try:
+            with self._translated():
+                return insert(connection)
+        except psycopg.Error as exc:
+            raise storage_error(
+                exc, self._conninfo, "insert runs on the caller's connection (connection=)"
+            ) from exc
 
     def _resolve_conflicts(
         self, cur: psycopg.Cursor[TupleRow], runs: NewRuns, inserted: set[uuid.UUID]
@@ -349,9 +410,7 @@ class PostgresStorage:
 
         return self._with_conn(claim)
 
-    def run_complete_many(
-        self, completions: Sequence[Completion], wake_queues: Sequence[str] = ()
-    ) -> set[uuid.UUID]:
+    def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         if not completions:
             return set()
         params = {
@@ -359,16 +418,12 @@ class PostgresStorage:
             "attempts": [c.attempt for c in completions],
             "lease_tokens": [c.lease_token for c in completions],
             "outputs": [c.output for c in completions],
-            "channel": self.channel,
-            "wake_queues": list(wake_queues),
         }
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
         )
 
-    def run_fail_many(
-        self, failures: Sequence[Failure], wake_queues: Sequence[str] = ()
-    ) -> list[FailureApplied]:
+    def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
         if not failures:
             return []
         params = {
@@ -379,8 +434,6 @@ class PostgresStorage:
             "retry_delay_seconds": [
                 None if f.retry_delay is None else f.retry_delay.total_seconds() for f in failures
             ],
-            "channel": self.channel,
-            "wake_queues": list(wake_queues),
         }
 
         def fail(conn: Conn) -> list[FailureApplied]:
@@ -392,11 +445,7 @@ class PostgresStorage:
     def run_release_many(self, environment: str, leases: Sequence[LeaseRef]) -> set[uuid.UUID]:
         if not leases:
             return set()
-        params = {
-            **_lease_params(leases),
-            "environment": environment,
-            "channel": self.channel,
-        }
+        params = _lease_params(leases)
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["run_release_many"], params)}
         )
@@ -417,7 +466,7 @@ class PostgresStorage:
     def run_deliver_due(
         self, environment: str, limit: int, *, fence: MaintenanceFence | None = None
     ) -> int:
-        params = {"environment": environment, "limit": limit, "channel": self.channel}
+        params = {"environment": environment, "limit": limit}
         return self._fenced(
             fence, lambda conn: len(conn.execute(self._sql["run_deliver_due"], params).fetchall())
         )
@@ -450,32 +499,45 @@ class PostgresStorage:
 
         return self._with_conn(now)
 
-    def run_expire_attempts(
-        self,
-        environment: str,
-        limit: int,
-        policies: Sequence[RetryPolicyRow],
-        default_policy: RetryPolicyRow,
-        *,
-        fence: MaintenanceFence | None = None,
+    def run_list_expired(self, environment: str, limit: int) -> list[ExpiredAttempt]:
+        params = {"environment": environment, "limit": limit}
+
+        def listed(conn: Conn) -> list[ExpiredAttempt]:
+            rows = conn.execute(self._sql["run_list_expired"], params).fetchall()
+            return [
+                ExpiredAttempt(
+                    run_id=row[0],
+                    task_id=row[1],
+                    attempt=row[2],
+                    attempts_consumed=row[3],
+                    max_attempts=row[4],
+                    lease_token=row[5],
+                    lease_expires_at=row[6],
+                    cancel_requested=bool(row[7]),
+                )
+                for row in rows
+            ]
+
+        return self._with_conn(listed)
+
+    def run_expire_many(
+        self, expirations: Sequence[Expiration], *, fence: MaintenanceFence | None = None
     ) -> list[FailureApplied]:
+        if not expirations:
+            return []
         params = {
-            "environment": environment,
-            "limit": limit,
-            "task_ids": [p.task_id for p in policies],
-            "initial_seconds": [p.initial_seconds for p in policies],
-            "multipliers": [p.multiplier for p in policies],
-            "max_seconds": [p.max_seconds for p in policies],
-            "jitters": [p.jitter for p in policies],
-            "default_initial_seconds": default_policy.initial_seconds,
-            "default_multiplier": default_policy.multiplier,
-            "default_max_seconds": default_policy.max_seconds,
-            "default_jitter": default_policy.jitter,
-            "channel": self.channel,
+            "ids": [e.run_id for e in expirations],
+            "attempts": [e.attempt for e in expirations],
+            "lease_tokens": [e.lease_token for e in expirations],
+            "errors": [e.error for e in expirations],
+            "retry_delay_seconds": [
+                None if e.retry_delay is None else e.retry_delay.total_seconds()
+                for e in expirations
+            ],
         }
 
         def expire(conn: Conn) -> list[FailureApplied]:
-            rows = conn.execute(self._sql["run_expire_attempts"], params).fetchall()
+            rows = conn.execute(self._sql["run_expire_many"], params).fetchall()
             return [FailureApplied(run_id=row[0], status=RunStatus(row[1])) for row in rows]
 
         return self._fenced(fence, expire)
@@ -485,7 +547,6 @@ class PostgresStorage:
             "environment": environment,
             "window_seconds": window.total_seconds(),
             "limit": limit,
-            "channel": self.channel,
         }
         return self._with_conn(
             lambda conn: [row[1] for row in conn.execute(self._sql["run_wake_due_queues"], params)]
@@ -539,7 +600,7 @@ class PostgresStorage:
         *,
         fence: MaintenanceFence | None = None,
     ) -> bool:
-        params = {**attrs.asdict(run), "channel": self.channel}
+        params = attrs.asdict(run)
         advance = {
             "environment": run.environment,
             "schedule_id": run.schedule_id,
@@ -682,7 +743,6 @@ class PostgresStorage:
         params = {
             "environment": environment,
             "limit": limit,
-            "channel": self.channel,
             "token_ids": list(token_ids or []) if narrowed else None,
             "run_ids": list(run_ids or []) if narrowed else None,
         }
@@ -746,7 +806,7 @@ class PostgresStorage:
         )
 
     def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
-        params = {"environment": environment, "id": run_id, "channel": self.channel}
+        params = {"environment": environment, "id": run_id}
 
         def cancel(conn: Conn) -> tuple[RunStatus, RunStatus] | None:
             row = conn.execute(self._sql["run_cancel"], params).fetchone()

@@ -1,0 +1,51 @@
+-- Claims: due queued runs move to running under fresh leases.
+--
+-- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
+-- {schema} is replaced by the quoted schema name once, when the storage is created.
+-- Parameters are psycopg named placeholders. Every write an attempt makes is fenced by
+-- run id, attempt number and lease token; every maintenance write re-checks its condition
+-- in the statement that changes the row. Names are unique across the files of sql/.
+
+-- name: run_claim
+-- The next due queued runs of the given queues, by priority, then due time, then id.
+-- With a concurrency_limit (a bounded queue: one queue, after queue_claim_lock in the same
+-- transaction) it claims only as many as the limit leaves after the queue's live leases;
+-- without one, the live count is skipped by a one-time filter.
+with live as (
+    select count(*) as n
+    from {schema}.runs
+    where %(concurrency_limit)s::int is not null
+      and environment = %(environment)s
+      and queue = any(%(queues)s::text[])
+      and status in ('running', 'cancellation_requested')
+      and lease_expires_at > now()
+), candidates as materialized (
+    select id
+    from {schema}.runs
+    where environment = %(environment)s
+      and status = 'queued'
+      and queue = any(%(queues)s::text[])
+      and due_at <= now()
+    order by priority desc, due_at, id
+    limit greatest(0, least(%(limit)s,
+                            coalesce(%(concurrency_limit)s::int - (select n from live),
+                                     %(limit)s)))
+    for update skip locked
+)
+update {schema}.runs as r
+set status = 'running',
+    attempt = r.attempt + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+    attempt_started_at = now(),
+    started_at = coalesce(r.started_at, now()),
+    updated_at = now()
+from candidates as c
+where r.id = c.id
+returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases, r.max_attempts,
+          r.lease_token, r.payload, r.lease_expires_at;
+
+-- name: queue_claim_lock
+-- Serialises claimers of one bounded queue until their transaction ends, so the next
+-- claimer's count (a later statement, a later snapshot) sees every lease taken before it.
+select pg_advisory_xact_lock(hashtext(%(lock_scope)s), hashtext(%(queue)s));

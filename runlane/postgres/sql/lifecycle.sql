@@ -1,0 +1,124 @@
+-- Lifecycle writes of an attempt holding its lease: complete, fail, hand back, extend.
+--
+-- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
+-- {schema} is replaced by the quoted schema name once, when the storage is created.
+-- Parameters are psycopg named placeholders. Every write an attempt makes is fenced by
+-- run id, attempt number and lease token; every maintenance write re-checks its condition
+-- in the statement that changes the row. Names are unique across the files of sql/.
+
+-- name: run_complete_many
+-- Announcing freed capacity and resuming runs that wait on these ones happen in the runs
+-- update trigger (migration 0002), as for every statement below.
+with input as (
+    select *
+    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+                %(outputs)s::text[])
+        as i(id, attempt, lease_token, output)
+), done as (
+    update {schema}.runs as r
+    set status = case when r.status = 'cancellation_requested' then 'cancelled'
+                      else 'completed' end,
+        -- a run cancelled while its handler ran keeps no output
+        output = case when r.status = 'cancellation_requested' then null
+                      else i.output::jsonb end,
+        error = null,
+        lease_token = null,
+        lease_expires_at = null,
+        finished_at = now(),
+        updated_at = now()
+    from input as i
+    where r.id = i.id
+      and r.attempt = i.attempt
+      and r.lease_token = i.lease_token
+      and r.status in ('running', 'cancellation_requested')
+    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at
+), recorded as (
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
+    select id, attempt, lease_token, status, attempt_started_at from done
+)
+select id from done;
+
+-- name: run_fail_many
+-- The caller decides whether another attempt follows (runlane.retry.next_retry_delay): a
+-- null retry delay fails the run for good, else it retries after the delay. A run whose
+-- cancellation was requested becomes cancelled.
+with input as (
+    select *
+    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+                %(errors)s::text[], %(retry_delay_seconds)s::float8[])
+        as i(id, attempt, lease_token, error, retry_delay_seconds)
+), done as (
+    update {schema}.runs as r
+    set status = case
+            when r.status = 'cancellation_requested' then 'cancelled'
+            when i.retry_delay_seconds is null then 'failed'
+            else 'retrying' end,
+        due_at = case
+            when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
+                then r.due_at
+            else now() + i.retry_delay_seconds * interval '1 second' end,
+        finished_at = case
+            when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
+                then now() end,
+        error = i.error::jsonb,
+        lease_token = null,
+        lease_expires_at = null,
+        updated_at = now()
+    from input as i
+    where r.id = i.id
+      and r.attempt = i.attempt
+      and r.lease_token = i.lease_token
+      and r.status in ('running', 'cancellation_requested')
+    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at
+), recorded as (
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at)
+    select id, attempt, lease_token, status, error, attempt_started_at from done
+)
+select id, status from done;
+
+-- name: run_release_many
+-- Hands attempts back unconsumed (worker shutdown): the run is claimable again at once.
+with input as (
+    select *
+    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
+        as i(id, attempt, lease_token)
+), done as (
+    update {schema}.runs as r
+    set status = case when r.status = 'cancellation_requested' then 'cancelled'
+                      else 'queued' end,
+        finished_at = case when r.status = 'cancellation_requested' then now() end,
+        due_at = now(),
+        releases = r.releases + 1,
+        lease_token = null,
+        lease_expires_at = null,
+        updated_at = now()
+    from input as i
+    where r.id = i.id
+      and r.attempt = i.attempt
+      and r.lease_token = i.lease_token
+      and r.status in ('running', 'cancellation_requested')
+    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at
+), recorded as (
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
+    select id, attempt, lease_token,
+           case when status = 'queued' then 'released' else status end, attempt_started_at
+    from done
+)
+select id from done;
+
+-- name: run_extend_leases
+-- An expired lease is not revived: its queue slot may already belong to another attempt.
+with input as (
+    select *
+    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
+        as i(id, attempt, lease_token)
+)
+update {schema}.runs as r
+set lease_expires_at = now() + %(lease_seconds)s * interval '1 second'
+from input as i
+where r.id = i.id
+  and r.attempt = i.attempt
+  and r.lease_token = i.lease_token
+  and r.status in ('running', 'cancellation_requested')
+  and r.lease_expires_at > now()
+returning r.id, r.status;

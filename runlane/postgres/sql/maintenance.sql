@@ -1,0 +1,221 @@
+-- Maintenance: band leases and fences, due delivery, attempt expiry, delivery recovery,
+-- cleanup.
+--
+-- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
+-- {schema} is replaced by the quoted schema name once, when the storage is created.
+-- Parameters are psycopg named placeholders. Every write an attempt makes is fenced by
+-- run id, attempt number and lease token; every maintenance write re-checks its condition
+-- in the statement that changes the row. Names are unique across the files of sql/.
+
+-- name: maintenance_fence
+-- First statement of a band's write transaction: the lease must still be this owner's and
+-- live. FOR SHARE makes a takeover (an UPDATE of the row) wait until this transaction ends,
+-- so an old owner can never write after a new one has begun.
+select 1
+from {schema}.maintenance_leases
+where environment = %(environment)s
+  and band = %(band)s
+  and owner = %(owner)s
+  and fencing = %(fencing)s
+  and expires_at > clock_timestamp()
+for share;
+
+-- name: maintenance_lease_acquire
+-- Succeeds only when the band has no lease row or its lease has expired; a takeover bumps
+-- the fencing number. Times come from clock_timestamp(), read after the row is locked.
+insert into {schema}.maintenance_leases as l (
+    environment, band, owner, fencing, expires_at, acquired_at)
+values (%(environment)s, %(band)s, %(owner)s, 1,
+        clock_timestamp() + %(lease_seconds)s * interval '1 second', clock_timestamp())
+on conflict (environment, band) do update
+set owner = excluded.owner,
+    fencing = l.fencing + 1,
+    expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
+    acquired_at = clock_timestamp()
+where l.expires_at <= clock_timestamp()
+returning fencing;
+
+-- name: maintenance_lease_refresh
+update {schema}.maintenance_leases
+set expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
+where environment = %(environment)s
+  and band = %(band)s
+  and owner = %(owner)s
+  and fencing = %(fencing)s
+  and expires_at > clock_timestamp()
+returning fencing;
+
+-- name: maintenance_lease_release
+update {schema}.maintenance_leases
+set expires_at = clock_timestamp()
+where environment = %(environment)s
+  and band = %(band)s
+  and owner = %(owner)s
+  and fencing = %(fencing)s
+  and expires_at > clock_timestamp()
+returning fencing;
+
+-- name: maintenance_lease_list
+select band, owner, fencing, expires_at, expires_at > clock_timestamp() as live
+from {schema}.maintenance_leases
+where environment = %(environment)s
+order by band;
+
+-- name: run_deliver_due
+-- Retries, releases and durable sleeps whose due time has passed become queued (and are
+-- announced by the update trigger).
+with due as materialized (
+    select id
+    from {schema}.runs
+    where environment = %(environment)s
+      and due_at <= now()
+      and (status in ('retrying', 'released') or (status = 'waiting' and wait_kind = 'sleep'))
+    order by due_at, id
+    limit %(limit)s
+    for update skip locked
+)
+update {schema}.runs as r
+set status = 'queued', wait_kind = null, updated_at = now()
+from due
+where r.id = due.id
+  and (r.status in ('retrying', 'released')
+       or (r.status = 'waiting' and r.wait_kind = 'sleep'))
+  and r.due_at <= now()
+returning r.id, r.queue;
+
+-- name: run_list_expired
+-- Attempts whose lease lapsed by database time, oldest first. Only a list: the caller
+-- decides each one's fate (runlane.retry.next_retry_delay) and run_expire_many writes it,
+-- re-checking the lease there.
+select id, task_id, attempt, attempt - releases as attempts_consumed, max_attempts,
+       lease_token, lease_expires_at, status = 'cancellation_requested' as cancel_requested
+from {schema}.runs
+where environment = %(environment)s
+  and status in ('running', 'cancellation_requested')
+  and lease_expires_at < now()
+  and lease_token is not null
+order by lease_expires_at
+limit %(limit)s;
+
+-- name: run_expire_many
+-- Finalizes listed attempts whose lease is still the listed one and still lapsed (an
+-- attempt extended, completed or re-leased meanwhile is left alone): retrying after the
+-- given delay, failed when there is none, cancelled when cancellation was requested. The
+-- attempt is recorded as expired. A row locked by an in-flight write (a completion racing
+-- this) is skipped, not waited for: the next pass sees what that write did.
+with input as (
+    select *
+    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+                %(errors)s::text[], %(retry_delay_seconds)s::float8[])
+        as i(id, attempt, lease_token, error, retry_delay_seconds)
+), locked as materialized (
+    select r.id
+    from {schema}.runs as r
+    join input as i on i.id = r.id
+    where r.attempt = i.attempt
+      and r.lease_token = i.lease_token
+      and r.status in ('running', 'cancellation_requested')
+      and r.lease_expires_at < now()
+    for update of r skip locked
+), done as (
+    update {schema}.runs as r
+    set status = case
+            when r.status = 'cancellation_requested' then 'cancelled'
+            when i.retry_delay_seconds is null then 'failed'
+            else 'retrying' end,
+        due_at = case
+            when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
+                then r.due_at
+            else now() + i.retry_delay_seconds * interval '1 second' end,
+        finished_at = case
+            when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
+                then now() end,
+        error = case when r.status = 'cancellation_requested' then r.error
+                     else i.error::jsonb end,
+        lease_token = null,
+        lease_expires_at = null,
+        updated_at = now()
+    from input as i
+    join locked as l on l.id = i.id
+    where r.id = i.id
+      and r.attempt = i.attempt
+      and r.lease_token = i.lease_token
+      and r.status in ('running', 'cancellation_requested')
+      and r.lease_expires_at < now()
+    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at
+), recorded as (
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at)
+    select id, attempt, lease_token, 'expired', error, attempt_started_at
+    from done
+)
+select id, status from done;
+
+-- name: run_wake_due_queues
+-- Delivery recovery for the polling lane: announce queues whose delayed runs came due
+-- within the last window (nothing announced them: they were not due when written).
+with recent as (
+    select distinct queue
+    from {schema}.runs
+    where environment = %(environment)s
+      and status = 'queued'
+      and due_at <= now()
+      and due_at > now() - %(window_seconds)s * interval '1 second'
+    limit %(limit)s
+)
+select {schema}.runlane_announce(%(environment)s, 'due', queue), queue from recent;
+
+-- name: run_prune
+-- Cleanup: deletes terminal runs past retention; one that still has children becomes a
+-- tombstone counting them, and each deleted child lowers its tombstoned parent's count.
+-- Tombstones whose count reached zero are deleted like any other run.
+with doomed as materialized (
+    select id, parent_run_id, pruned_at is not null as was_tombstone
+    from {schema}.runs
+    where environment = %(environment)s
+      and ((pruned_at is null
+            and status in ('completed', 'failed', 'cancelled')
+            and finished_at < now() - case status
+                when 'completed' then %(completed_seconds)s
+                when 'failed' then %(failed_seconds)s
+                else %(cancelled_seconds)s end * interval '1 second')
+           or (pruned_at is not null and remaining_children <= 0))
+    order by finished_at
+    limit %(limit)s
+    for update skip locked
+), child_counts as (
+    select c.parent_run_id as id, count(*) as n
+    from {schema}.runs as c
+    where c.parent_run_id in (select id from doomed)
+    group by c.parent_run_id
+), surviving as (
+    -- children that outlive this statement: not doomed, or doomed but tombstoned themselves
+    select c.parent_run_id as id, count(*) as n
+    from {schema}.runs as c
+    where c.parent_run_id in (select id from child_counts)
+      and (c.id not in (select id from doomed) or c.id in (select id from child_counts))
+    group by c.parent_run_id
+), tombstoned as (
+    update {schema}.runs as r
+    set pruned_at = now(), remaining_children = coalesce(s.n, 0), payload = 'null'::jsonb,
+        output = null, updated_at = now()
+    from child_counts as cc
+    join doomed as d on d.id = cc.id
+    left join surviving as s on s.id = cc.id
+    where r.id = cc.id and not d.was_tombstone
+    returning r.id
+), deleted as (
+    delete from {schema}.runs as r
+    using doomed as d
+    where r.id = d.id and d.id not in (select id from child_counts)
+    returning r.id, r.parent_run_id
+), parents as (
+    update {schema}.runs as p
+    set remaining_children = p.remaining_children - g.n, updated_at = now()
+    from (select parent_run_id, count(*) as n from deleted
+          where parent_run_id is not null group by parent_run_id) as g
+    where p.id = g.parent_run_id and p.pruned_at is not null
+    returning p.id
+)
+select (select count(*) from deleted) as deleted,
+       (select count(*) from tombstoned) as tombstoned,
+       (select count(*) from parents) as parents_updated;

@@ -1,0 +1,53 @@
+-- Runs: schema check, insert, point reads, database time.
+--
+-- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
+-- {schema} is replaced by the quoted schema name once, when the storage is created.
+-- Parameters are psycopg named placeholders. Every write an attempt makes is fenced by
+-- run id, attempt number and lease token; every maintenance write re-checks its condition
+-- in the statement that changes the row. Names are unique across the files of sql/.
+
+-- name: schema_version
+select version, checksum from {schema}.runlane_migrations order by version;
+
+-- name: database_now
+select now();
+
+-- name: run_insert_many
+-- Runs inserted due now are announced by the insert trigger (at commit, so only for runs
+-- that exist); delayed runs are found by polling and by delivery recovery.
+insert into {schema}.runs as r (
+    id, environment, task_id, queue, status, priority, payload, max_attempts,
+    idempotency_key, parent_run_id, due_at)
+select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
+       i.payload::jsonb, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
+       coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second')
+from unnest(%(ids)s::uuid[], %(payloads)s::text[], %(idempotency_keys)s::text[])
+    as i(id, payload, idempotency_key)
+-- one lock order for every caller, so batches sharing keys cannot deadlock; ids grow
+-- in payload order, so a key repeated in a batch still goes to its first payload
+order by i.idempotency_key, i.id
+-- no conflict target: an idempotency key match and a repeated id (a statement retried
+-- after its first answer was lost) both leave the existing row alone
+on conflict do nothing
+returning r.id;
+
+-- name: run_find_existing
+select id, idempotency_key, queue
+from {schema}.runs
+where environment = %(environment)s
+  and task_id = %(task_id)s
+  and (id = any(%(ids)s::uuid[]) or idempotency_key = any(%(idempotency_keys)s::text[]));
+
+-- name: run_get
+select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
+       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
+       started_at, finished_at
+from {schema}.runs
+where id = %(id)s and environment = %(environment)s;
+
+-- name: run_get_many
+select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
+       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
+       started_at, finished_at
+from {schema}.runs
+where id = any(%(ids)s::uuid[]) and environment = %(environment)s;

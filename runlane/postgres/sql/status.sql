@@ -1,0 +1,38 @@
+-- The monitoring view.
+--
+-- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
+-- {schema} is replaced by the quoted schema name once, when the storage is created.
+-- Parameters are psycopg named placeholders. Every write an attempt makes is fenced by
+-- run id, attempt number and lease token; every maintenance write re-checks its condition
+-- in the statement that changes the row. Names are unique across the files of sql/.
+
+-- name: status_counts
+-- The "monitor progress" view: counts that must keep falling when maintenance is healthy.
+select
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'queued' and due_at <= now())
+        as queued_due,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'running') as running,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status in ('retrying', 'released')
+        and due_at < now()) as deferred_past_due,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status in ('running', 'cancellation_requested')
+        and lease_expires_at < now()) as expired_leases,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'cancellation_requested'
+        and (lease_expires_at is null or lease_expires_at < now())) as stuck_cancellations,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and pruned_at is not null
+        and remaining_children > 0) as tombstones_with_children,
+    (select min(due_at) from {schema}.runs
+      where environment = %(environment)s and status in ('retrying', 'released')
+        and due_at < now()) as oldest_deferred_due_at,
+    (select count(*) from {schema}.wait_tokens
+      where environment = %(environment)s and status = 'pending'
+        and timeout_at < now()) as tokens_past_timeout,
+    (select count(distinct r.wait_token_id) from {schema}.runs as r
+      join {schema}.wait_tokens as t on t.id = r.wait_token_id
+      where r.environment = %(environment)s and r.status = 'waiting'
+        and r.wait_kind = 'token' and t.status <> 'pending') as resolved_tokens_with_waiting_runs;
