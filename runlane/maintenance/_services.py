@@ -302,8 +302,9 @@ class Services:
         """Block until ``predicate()`` holds; False when ``timeout`` passed first.
 
         ``predicate`` is checked at once, then again after every pass, attempt to acquire
-        a band, band lost, reported failure and stop: a signal for tests and health checks instead of
-        polling. It runs in the calling thread, without any lock of the services held."""
+        a band, band lost, reported failure and stop: a signal for tests and health checks
+        instead of polling. It runs in the calling thread, without any lock of the services
+        held."""
         timeout = _check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
