@@ -36,7 +36,7 @@ class TcpProxy:
         params = conninfo_to_dict(database_url)
         params.update(host="127.0.0.1", port=str(self.port))
         params.pop("hostaddr", None)
-        return make_conninfo(**params)
+        return make_conninfo("", **params)
 
     def up(self) -> None:
         with self._lock:

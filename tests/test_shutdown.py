@@ -30,7 +30,7 @@ from runlane import (
 )
 from runlane.errors import RunInterrupted
 from tests.conftest import RunlaneFactory
-from tests.helpers import attempt_rows, q, run_row, wait_for_status, wait_until
+from tests.helpers import attempt_rows, count_runs, q, run_row, wait_for_status, wait_until
 
 
 @attrs.frozen
@@ -304,7 +304,9 @@ def test_runtime_close_closes_its_workers_and_services(make_runlane: RunlaneFact
     )
 
 
-def test_a_closed_runtime_refuses_every_method(make_runlane: RunlaneFactory) -> None:
+def test_a_closed_runtime_refuses_every_method(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
     @task(id="noop", schema=Item)
     def noop(payload: Item, context: RunContext) -> None:
         pass
@@ -335,6 +337,7 @@ def test_a_closed_runtime_refuses_every_method(make_runlane: RunlaneFactory) -> 
         assert _no_runlane_threads(), f"{name} started threads on a closed runtime"
     rl.start()  # opens it again
     assert rl.get_run(run.id).status is RunStatus.QUEUED
+    assert count_runs(db, schema) == 1  # nothing was written while closed
 
 
 def test_bounded_pass_entry_point_works_every_time(make_runlane: RunlaneFactory) -> None:
