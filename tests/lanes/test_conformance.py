@@ -20,12 +20,13 @@ from runlane import (
     ConfigurationError,
     RetryPolicy,
     RunContext,
+    RunlaneClosed,
     RunStatus,
+    StopReason,
     Worker,
     queue,
     task,
 )
-from runlane.errors import RunlaneClosed, StopReason
 from tests.helpers import run_together, wait_until
 from tests.lanes.conftest import LaneHarness, runlane_threads, wait_threads_gone
 
@@ -296,11 +297,12 @@ def test_a_bounded_queue_never_runs_two_handlers_at_once(lane_factory: LaneHarne
         workers.append(rl.create_delivery_worker(concurrency=3))
 
     drain_errors: list[BaseException] = []
+    drained = [0]
 
     def drain_beside() -> None:
         try:
             while not stop_drain.is_set():
-                rl.drain(stop=stop_drain)
+                drained[0] += rl.drain(stop=stop_drain).runs_executed
                 stop_drain.wait(0.01)  # drain returns while the queue is full: ask again
         except BaseException as exc:
             drain_errors.append(exc)
@@ -322,6 +324,7 @@ def test_a_bounded_queue_never_runs_two_handlers_at_once(lane_factory: LaneHarne
             worker.close(timeout=5)
     assert drainer is None or not drainer.is_alive()
     assert drain_errors == []
+    # drained[0] is how many the drain ran beside the workers (timing decides; often 1-3)
     assert most[0] == 1, f"{most[0]} handlers of a queue limited to 1 ran at once"
     for n, handle in enumerate(handles):
         snap = rl.get_run(handle.id)
