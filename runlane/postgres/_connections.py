@@ -3,6 +3,7 @@ connection), and the one place where driver errors become runlane errors."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -56,15 +57,17 @@ def check_conninfo(connection_string: object) -> dict[str, Any]:
             "postgresql://user@host:5432/dbname, or key=value pairs such as "
             "'host=... port=5432 dbname=...'"
         )
-    try:
+    params: dict[str, Any] | None = None
+    # raised below, outside any handler: libpq's message, chained, would quote the string
+    with contextlib.suppress(psycopg.Error):
         params = conninfo_to_dict(connection_string)
-    except psycopg.Error:
+    if params is None:
         raise ConfigurationError(
             "the connection string is not a valid PostgreSQL connection string (libpq could "
             "not parse it; it is not repeated here because it may hold a password): pass a URI "
             "such as postgresql://user@host:5432/dbname, or key=value pairs such as "
             "'host=... port=5432 dbname=...'"
-        ) from None
+        )
     port = params.get("port")
     if port is not None and not all(p.strip().isdigit() for p in str(port).split(",") if p):
         raise ConfigurationError(
@@ -141,8 +144,10 @@ class ConnectionSource(Protocol):
 class PoolSource:
     """A psycopg pool shared by every thread of a runtime (producers, reads, drain).
 
-    A pool that failed to open (the database was down) is thrown away: the next ``open``
-    builds a fresh one, so a failed first use does not poison the runtime."""
+    A pool that failed to open, or that could not hand out a connection within its timeout
+    (the database is down), is thrown away: the next use builds a fresh one, which connects
+    at once when the database is back. A failed first use therefore does not poison the
+    runtime, and recovery after an outage does not wait out the pool's reconnect backoff."""
 
     def __init__(self, conninfo: str, *, min_size: int, max_size: int, name: str, timeout: float):
         self._conninfo = conninfo
@@ -152,11 +157,17 @@ class PoolSource:
         self._timeout = timeout
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Conn] | None = None
+        self._closed = False
 
     def open(self) -> None:
+        self._current()
+
+    def _current(self) -> ConnectionPool[Conn]:
         with self._lock:
+            if self._closed:
+                raise psycopg_pool.PoolClosed(f"the pool {self._name!r} was closed")
             if self._pool is not None:
-                return
+                return self._pool
             pool: ConnectionPool[Conn] = ConnectionPool(
                 self._conninfo,
                 min_size=self._min_size,
@@ -172,20 +183,32 @@ class PoolSource:
                 pool.close()
                 raise
             self._pool = pool
+            return pool
+
+    def _discard(self, pool: ConnectionPool[Conn]) -> None:
+        with self._lock:
+            if self._pool is not pool:
+                return
+            self._pool = None
+        # connections in use stay usable until returned; waiters fail with PoolClosed
+        pool.close(timeout=0)
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
-        pool = self._pool
-        if pool is None:
-            raise psycopg_pool.PoolClosed(f"the pool {self._name!r} is not open")
-        with pool.connection() as conn:
-            yield conn
+        pool = self._current()
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except psycopg_pool.PoolTimeout:  # only acquiring raises it
+            self._discard(pool)
+            raise
 
     def interrupt(self) -> None:
         """Pooled connections are shared: nothing to interrupt."""
