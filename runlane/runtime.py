@@ -171,6 +171,9 @@ class Runlane:
             self._started = False
             owned, self._owned = self._owned, []
         for item in owned:
+            if isinstance(item, Worker):
+                item.stop_acquiring()  # first everywhere: no worker takes another's hand-back
+        for item in owned:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 item.close(remaining)

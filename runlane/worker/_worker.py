@@ -111,7 +111,7 @@ class Worker:
     ``context.stop_reason`` is ``StopReason.SHUTDOWN``), waits for them until ``timeout``,
     hands every unfinished or not yet started run back with its attempt unspent, flushes
     pending writes and closes connections; it returns within ``timeout`` plus about a second
-    whatever blocks.
+    (the grace an aborted claim or a cancelled write gets) whatever blocks.
     """
 
     def __init__(
@@ -283,22 +283,34 @@ class Worker:
             if self._on_closed is not None:
                 self._on_closed(self)
 
-    def _shutdown(self, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def stop_acquiring(self) -> None:
+        """The first step of closing: claim nothing more and ask running handlers to stop.
+        ``Runlane.close()`` calls it on every worker first, so a run one worker hands back
+        is not claimed by another worker of the same closing runtime."""
         self._stopping.set()
         self._acquirer.interrupt()
         with self._cond:
             self._cond.notify_all()
-            slots = list(self._slots)
         for item in self._tracker.tracked():
             item.cancel(StopReason.SHUTDOWN)
+
+    def _shutdown(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.stop_acquiring()
+        with self._cond:
+            slots = list(self._slots)
         me = threading.current_thread()
         alive = self._join([s for s in slots if s.thread is not me], deadline)
-        if alive:
-            # a claim in flight (blocked by a lock, a slow server) or a handler ignoring
-            # the stop: abort the claim; runs it still returns are handed back by its thread
+        with self._cond:
+            executing = {id(entry[1]) for entry in self._running.values()}
+        claiming = [s for s in alive if id(s) not in executing]
+        if claiming:
+            # a claim in flight (blocked by a lock, a slow server): abort it; runs it still
+            # returns are handed back by its thread. A handler that ignores the stop gets
+            # no grace: its run is handed back now.
             self._acquirer.abort()
-            alive = self._join(alive, time.monotonic() + _ABORT_GRACE_SECONDS)
+            self._join(claiming, time.monotonic() + _ABORT_GRACE_SECONDS)
+            alive = [s for s in alive if s.thread.is_alive()]
         with self._cond:
             unfinished = [claimed for claimed, _, _ in self._running.values()]
             waiting = list(self._handoff)

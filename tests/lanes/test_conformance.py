@@ -509,12 +509,6 @@ def test_a_closed_runtime_closes_its_workers_and_refuses_new_work(
     assert calls.per_run == Counter({done.id: 1, held.id: 1})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine defect: Runlane.close() closes its workers one after the other, so a run "
-    "the first hands back is claimed and started again by another worker of the same "
-    "closing runtime",
-)
 def test_a_closing_runtime_does_not_restart_what_its_workers_hand_back(
     lane_factory: LaneHarness,
 ) -> None:
