@@ -235,7 +235,9 @@ def test_close_returns_in_time_when_the_claim_stays_blocked(
     assert took < 2.5, f"close(timeout=0.5) took {took:.2f}s"
     assert worker.wait_until_closed(0) is True
     assert run_row(db, schema, run.id)["status"] == "queued"
-    wait_until(_no_runlane_threads, timeout=5, what="runlane threads to end", state=_runlane_threads)
+    wait_until(
+        _no_runlane_threads, timeout=5, what="runlane threads to end", state=_runlane_threads
+    )
 
 
 def test_close_returns_in_time_when_a_completion_write_is_blocked(
@@ -374,7 +376,8 @@ def test_drain_honours_bounded_queues_beside_a_worker(
         live = db.execute(
             q("select count(*) from {s}.runs where status = 'running'", schema)
         ).fetchone()
-        assert live is not None and live[0] == 1
+        assert live is not None
+        assert live[0] == 1
         release.set()
         wait_for_status(rl, first.id, RunStatus.COMPLETED)
         wait_for_status(rl, second.id, RunStatus.COMPLETED)
