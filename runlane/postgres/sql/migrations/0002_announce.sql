@@ -48,18 +48,15 @@ returns trigger
 language plpgsql
 as $$
 begin
-    -- a run ended: the runs waiting on it resume now
+    -- a run ended: the runs waiting on it resume now (a waiting run's target is never
+    -- terminal before this statement, so no need to look at the old rows)
     if exists (select from new_rows where status in ('completed', 'failed', 'cancelled')) then
         update {schema}.runs as p
         set status = 'queued', due_at = now(), wait_kind = null, wait_run_id = null,
             updated_at = now()
         where p.status = 'waiting' and p.wait_kind = 'run'
           and p.wait_run_id in (
-              select n.id
-              from new_rows as n
-              join old_rows as o on o.id = n.id
-              where n.status in ('completed', 'failed', 'cancelled')
-                and o.status not in ('completed', 'failed', 'cancelled'));
+              select id from new_rows where status in ('completed', 'failed', 'cancelled'));
     end if;
     -- most statements (claims, lease extensions) change nothing worth announcing
     if exists (select from new_rows
@@ -67,22 +64,22 @@ begin
                   or lease_token is null) then
         perform {schema}.runlane_announce(a.environment, a.kind, a.subject)
         from (
-            select n.environment, 'due' as kind, n.queue as subject
+            select distinct n.environment, k.kind, k.subject
             from new_rows as n
             join old_rows as o on o.id = n.id
-            where n.status = 'queued' and o.status <> 'queued' and n.due_at <= now()
-            union
-            select o.environment, 'free', o.queue
-            from old_rows as o
-            join new_rows as n on n.id = o.id
-            where o.status in ('running', 'cancellation_requested')
-              and n.status not in ('running', 'cancellation_requested')
-            union
-            select n.environment, 'cancel', n.id::text
-            from new_rows as n
-            join old_rows as o on o.id = n.id
-            where n.status = 'cancellation_requested'
-              and o.status <> 'cancellation_requested'
+            cross join lateral (values
+                (case when n.status = 'queued' and o.status <> 'queued'
+                           and n.due_at <= now() then 'due' end,
+                 n.queue),
+                (case when o.status in ('running', 'cancellation_requested')
+                           and n.status not in ('running', 'cancellation_requested')
+                      then 'free' end,
+                 n.queue),
+                (case when n.status = 'cancellation_requested'
+                           and o.status <> 'cancellation_requested' then 'cancel' end,
+                 n.id::text)
+            ) as k(kind, subject)
+            where k.kind is not null
         ) as a;
     end if;
     return null;
