@@ -363,14 +363,28 @@ class _JsonFormatter(logging.Formatter):
 
 
 class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The handler ``runlane`` installs; replaced, not stacked, when main() runs again."""
+    """The handler ``runlane`` installs; replaced, not stacked, when main() runs again.
+
+    It writes to whatever ``sys.stderr`` is when a record is emitted, so a thread that logs
+    after ``main()`` returned (or after a test swapped stderr) never hits a closed stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        """The stream is always the current sys.stderr."""
 
 
 def _configure_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, _CliHandler)]:
         root.removeHandler(handler)
-    handler = _CliHandler(sys.stderr)
+    handler = _CliHandler()
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
