@@ -738,7 +738,8 @@ def test_cli_migrate_rejects_a_bad_schema_name(
     assert main(["migrate", "--database-url", database_url, "--schema", "Bad-Name"]) != 0
     captured = capsys.readouterr()
     assert "Bad-Name" in captured.err
-    assert "schema name" in captured.err and "Traceback" not in captured.err
+    assert "schema name" in captured.err
+    assert "Traceback" not in captured.err
 
 
 def test_cli_status_and_maintenance_once(
