@@ -38,7 +38,7 @@ from runlane.models import (
     WaitToken,
 )
 from runlane.schedules import Schedule
-from runlane.storage import NewRuns, Storage
+from runlane.storage import NewRuns
 from runlane.tasks import Queue, Task, _check_name
 from runlane.worker import Worker
 from runlane.worker._worker import WorkerOptions, check_close_timeout, check_worker_arguments
@@ -125,10 +125,6 @@ class Runlane:
         )
 
     # -- lifecycle -----------------------------------------------------------------------
-
-    @property
-    def storage(self) -> Storage:  # TODO(issue 8): tests move to a helper; then drop this
-        return self._storage
 
     @property
     def lane(self) -> Lane:

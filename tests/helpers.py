@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from runlane import RetryPolicy, Runlane, RunSnapshot, RunStatus
+from runlane.storage import Storage
 from runlane.worker import Worker
 
 Conn = psycopg.Connection[Any]
@@ -187,3 +188,8 @@ def run_together(
     if errors:
         raise errors[0]
     return [results[i] for i in range(len(jobs))]
+
+
+def storage_of(rl: Runlane) -> Storage:
+    """The runtime's storage: an internal, reached by tests that drive storage directly."""
+    return rl._storage

@@ -40,6 +40,7 @@ from tests.helpers import (
     make_due,
     q,
     run_row,
+    storage_of,
     wait_for_status,
     wait_until,
 )
@@ -386,7 +387,7 @@ def test_cancel_a_run_whose_worker_died_is_finalized_by_maintenance(
     rl = make_runlane(tasks=[noop])
     handle = rl.trigger(noop, {})
     # a worker claims the run and is never heard from again
-    (claimed,) = rl.storage.run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
+    (claimed,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
     result = rl.cancel(handle.id)
     assert result == CancelResult(
         run_id=handle.id,
@@ -421,7 +422,7 @@ def test_cancel_a_run_whose_worker_died_is_finalized_by_maintenance(
     late = Completion(
         run_id=handle.id, attempt=claimed.attempt, lease_token=claimed.lease_token, output='"x"'
     )
-    assert rl.storage.run_complete_many([late]) == set()
+    assert storage_of(rl).run_complete_many([late]) == set()
     assert rl.get_run(handle.id) == snap
     assert_nothing_runs_it(rl, handle.id)
 

@@ -37,7 +37,7 @@ from runlane import (
 from runlane.cli import main
 from runlane.storage import ClaimedRun, Completion, Failure, LeaseRef
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb
+from tests.helpers import Conn, SchemaDb, storage_of
 
 # Set by the CLI tests: ``runlane status tests.test_maintenance:CLI_APP``.
 CLI_APP: Runlane | None = None
@@ -149,7 +149,7 @@ def rl(make_runlane: RunlaneFactory) -> Runlane:
 def claim(
     rl: Runlane, count: int = 1, lease: timedelta = timedelta(seconds=30)
 ) -> list[ClaimedRun]:
-    claimed = rl.storage.run_claim(rl.environment, ["default"], count, lease)
+    claimed = storage_of(rl).run_claim(rl.environment, ["default"], count, lease)
     assert len(claimed) == count
     return claimed
 
@@ -378,7 +378,7 @@ def test_stale_attempt_cannot_write_after_expiry(rl: Runlane, dbx: Db) -> None:
     only(rl.run_maintenance_once(), attempts_expired=1)
     before = dbx.all("select r::text from {schema}.runs r")
     old = LeaseRef(claimed.id, claimed.attempt, claimed.lease_token)
-    storage = rl.storage
+    storage = storage_of(rl)
     assert (
         storage.run_complete_many([Completion(old.run_id, old.attempt, old.lease_token, "1")])
         == set()
@@ -416,7 +416,7 @@ def test_cancellation_whose_attempt_is_gone_becomes_cancelled(rl: Runlane, dbx: 
     assert (report.stuck_cancellations, report.expired_leases) == (0, 0)
     # the stale attempt cannot complete it afterwards
     done = Completion(claimed.id, claimed.attempt, claimed.lease_token, "1")
-    assert rl.storage.run_complete_many([done]) == set()
+    assert storage_of(rl).run_complete_many([done]) == set()
     assert rl.get_run(handle.id).status is RunStatus.CANCELLED
 
 
@@ -428,7 +428,7 @@ def test_run_completed_in_between_is_never_overwritten(rl: Runlane, dbx: Db) -> 
     # the slow worker finishes before maintenance gets to it: its lease lapsed but was not
     # finalized, so its completion is still accepted
     done = Completion(claimed.id, claimed.attempt, claimed.lease_token, json.dumps("late"))
-    assert rl.storage.run_complete_many([done]) == {handle.id}
+    assert storage_of(rl).run_complete_many([done]) == {handle.id}
     only(rl.run_maintenance_once())
     snap = rl.get_run(handle.id)
     assert (snap.status, snap.output, snap.error) == (RunStatus.COMPLETED, "late", None)
@@ -448,7 +448,7 @@ def test_expired_run_locked_by_an_inflight_write_is_skipped(
         only(rl.run_maintenance_once())  # skipped, not blocked
         writer.rollback()
     done = Completion(claimed.id, claimed.attempt, claimed.lease_token, json.dumps("x"))
-    assert rl.storage.run_complete_many([done]) == {handle.id}
+    assert storage_of(rl).run_complete_many([done]) == {handle.id}
     only(rl.run_maintenance_once())
     assert rl.get_run(handle.id).status is RunStatus.COMPLETED
 

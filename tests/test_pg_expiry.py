@@ -20,7 +20,7 @@ from runlane.postgres import PostgresStorage
 from runlane.retry import next_retry_delay
 from runlane.storage import ClaimedRun, Completion, Expiration, ExpiredAttempt, NewRuns, Storage
 from tests.conftest import RunlaneFactory
-from tests.helpers import SchemaDb
+from tests.helpers import SchemaDb, storage_of
 
 ENV = "default"
 LEASE = timedelta(seconds=60)
@@ -75,7 +75,7 @@ def test_expired_attempts_back_off_exactly_as_next_retry_delay_says(
     rl: Runlane, dbx: SchemaDb
 ) -> None:
     handle = rl.trigger(capped, None)
-    storage = rl.storage
+    storage = storage_of(rl)
     for attempt in (1, 2):
         claimed = claim(storage)
         assert (claimed.attempt, claimed.attempts_consumed) == (attempt, attempt)
@@ -109,7 +109,7 @@ def test_expired_attempts_back_off_exactly_as_next_retry_delay_says(
 
 
 def test_an_unknown_task_expires_with_the_default_policy(rl: Runlane, dbx: SchemaDb) -> None:
-    storage = rl.storage
+    storage = storage_of(rl)
     run_id = uuid.uuid4()
     storage.run_insert_many(
         NewRuns(ENV, "gone", "default", [run_id], ["null"], [None], 0, 1, timedelta(0), None)
@@ -122,7 +122,7 @@ def test_an_unknown_task_expires_with_the_default_policy(rl: Runlane, dbx: Schem
 
 def test_a_lapsed_cancellation_ends_cancelled(rl: Runlane, dbx: SchemaDb) -> None:
     handle = rl.trigger(capped, None)
-    claim(rl.storage)
+    claim(storage_of(rl))
     rl.cancel(handle.id)
     lapse(dbx, handle.id)
     result = rl.run_maintenance_once(EXPIRY_ONLY)

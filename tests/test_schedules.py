@@ -28,7 +28,7 @@ from runlane import (
 from runlane.schedules import due_slots, next_slot
 from runlane.storage import ScheduledRun, ScheduleState
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb, run_together
+from tests.helpers import Conn, SchemaDb, run_together, storage_of
 
 UTC_ZONE = ZoneInfo("UTC")
 PARIS = ZoneInfo("Europe/Paris")
@@ -641,7 +641,7 @@ def test_stale_replica_writes_cannot_move_a_schedule_back(
     rl.run_maintenance_once()
     _, _, awaited = tables.state("m")
     stale = ScheduleState("m", "* * * * *", "UTC", awaited - timedelta(hours=1))
-    rl.storage.schedule_state_reset(rl.environment, stale)
+    storage_of(rl).schedule_state_reset(rl.environment, stale)
     assert tables.state("m")[2] == awaited
 
     tables.move_next_slot("m", -timedelta(minutes=10))
@@ -653,6 +653,9 @@ def test_stale_replica_writes_cannot_move_a_schedule_back(
     # a replica that read the schedule before that pass fires the same slot and tries to
     # advance from what it read: no second run, and the awaited slot stays
     late = ScheduledRun(rl.environment, "m", fired, uuid.uuid4(), "tick", "default", 0, "null", 3)
-    assert rl.storage.schedule_fire(late, next_slot_at=old_read, expected_slot_at=old_read) is False
+    assert (
+        storage_of(rl).schedule_fire(late, next_slot_at=old_read, expected_slot_at=old_read)
+        is False
+    )
     assert tables.state("m")[2] == current
     assert len(tables.runs("tick")) == 1

@@ -58,7 +58,7 @@ from runlane.storage import (
     ScheduleState,
 )
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb, run_together
+from tests.helpers import Conn, SchemaDb, run_together, storage_of
 
 T = TypeVar("T")
 
@@ -248,8 +248,8 @@ def test_two_replicas_split_the_bands_and_fail_over(
     for band, fencing in old.items():
         fence = MaintenanceFence(rl_a.environment, band, first.owner, fencing)
         with pytest.raises(StaleLease):
-            rl_a.storage.run_deliver_due(rl_a.environment, 10, fence=fence)
-        assert not rl_a.storage.maintenance_lease_refresh(fence, SHORT)
+            storage_of(rl_a).run_deliver_due(rl_a.environment, 10, fence=fence)
+        assert not storage_of(rl_a).maintenance_lease_refresh(fence, SHORT)
     assert observed.seen == []
 
 
@@ -263,7 +263,7 @@ def test_services_do_the_work(
     runtime.drain()
     assert runtime.get_run(retry.id).status is RunStatus.RETRYING
     expiring = runtime.trigger(ok, None)
-    (claimed,) = runtime.storage.run_claim(runtime.environment, ["default"], 1, SHORT)
+    (claimed,) = storage_of(runtime).run_claim(runtime.environment, ["default"], 1, SHORT)
     assert claimed.id == expiring.id
     observed = Observed()
     running = services(runtime, observed)
@@ -336,7 +336,7 @@ def test_replica_whose_refresh_fails_stops_the_band_and_reports_it(
 
 def test_frozen_owner_is_fenced_out_after_expiry(make_runlane: RunlaneFactory, dbx: Db) -> None:
     runtime = make_runlane(tasks=[ok])
-    storage, env = runtime.storage, runtime.environment
+    storage, env = storage_of(runtime), runtime.environment
     handle = runtime.trigger(ok, None)
     frozen, other = uuid.uuid4(), uuid.uuid4()
     first = storage.maintenance_lease_acquire(env, "delivery", frozen, SHORT)
@@ -399,7 +399,7 @@ def test_takeover_waits_for_the_old_owners_write_transaction(
     write transaction is open waits until it ends, so the old owner never writes after the
     new one has begun."""
     runtime = make_runlane(tasks=[ok])
-    storage, env = runtime.storage, runtime.environment
+    storage, env = storage_of(runtime), runtime.environment
     handle = runtime.trigger(ok, None)
     fencing = storage.maintenance_lease_acquire(env, "delivery", uuid.uuid4(), SHORT)
     assert fencing is not None

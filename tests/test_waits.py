@@ -53,6 +53,7 @@ from tests.helpers import (
     listener_ready,
     q,
     run_row,
+    storage_of,
     wait_for_status,
     wait_until,
 )
@@ -300,7 +301,7 @@ def maintain_until_delivered(rl: Runlane, due_at: Any, *, timeout: float) -> lis
     deadline = time.monotonic() + timeout
     while True:
         result = rl.run_maintenance_once()
-        after = rl.storage.database_now()
+        after = storage_of(rl).database_now()
         passes.append(after >= due_at)
         if result.due_runs_delivered:
             assert result.due_runs_delivered == 1
@@ -340,7 +341,7 @@ def manual_context(
         attempt=claimed.attempt,
         max_attempts=claimed.max_attempts,
         environment=rl.environment,
-        backend=ManualBackend(rl.storage),
+        backend=ManualBackend(storage_of(rl)),
         lease_token=claimed.lease_token if lease_token is None else lease_token,
     )
 
@@ -476,7 +477,7 @@ def test_stale_attempt_cannot_store_a_step(
 ) -> None:
     rl = make_runlane(tasks=[noop])
     handle = rl.trigger(noop, {})
-    (first,) = rl.storage.run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
+    (first,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
     assert first.id == handle.id
 
     # a token that never was this attempt's
@@ -489,8 +490,8 @@ def test_stale_attempt_cannot_store_a_step(
     # the current attempt stores; then it is handed back and the run is claimed again
     current = manual_context(rl, first)
     assert current.step("s", lambda: "one") == "one"
-    assert rl.storage.run_release_many(rl.environment, [ref(first)]) == {handle.id}
-    (second,) = rl.storage.run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
+    assert storage_of(rl).run_release_many(rl.environment, [ref(first)]) == {handle.id}
+    (second,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
     assert (second.id, second.attempt) == (handle.id, 2)
     assert second.lease_token != first.lease_token
 
@@ -501,7 +502,9 @@ def test_stale_attempt_cannot_store_a_step(
     with pytest.raises(StaleLease):
         current.step("t", lambda: "late")
     assert current.cancelled.is_set()
-    assert rl.storage.step_store(ref(first), "u", '"late"') == StepStored(fenced=False, output=None)
+    assert storage_of(rl).step_store(ref(first), "u", '"late"') == StepStored(
+        fenced=False, output=None
+    )
     assert stored_steps(db, schema, handle.id) == {"s": "one"}
     assert not manual_context(rl, second).cancelled.is_set()
 
@@ -511,22 +514,22 @@ def test_first_step_writer_wins(
 ) -> None:
     rl = make_runlane(tasks=[noop])
     handle = rl.trigger(noop, {})
-    (first,) = rl.storage.run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
+    (first,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
     ctx1 = manual_context(rl, first)
 
     # another writer of the same attempt stores between the step's read and its write
     def racing() -> str:
-        stored = rl.storage.step_store(ref(first), "s", '"first"')
+        stored = storage_of(rl).step_store(ref(first), "s", '"first"')
         assert stored == StepStored(fenced=True, output="first")
         return "second"
 
     assert ctx1.step("s", racing) == "first"
 
-    assert rl.storage.run_release_many(rl.environment, [ref(first)]) == {handle.id}
-    (second,) = rl.storage.run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
+    assert storage_of(rl).run_release_many(rl.environment, [ref(first)]) == {handle.id}
+    (second,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(seconds=30))
     assert second.attempt == 2
     # a later attempt writing a different value gets the first value back
-    assert rl.storage.step_store(ref(second), "s", '"third"') == StepStored(
+    assert storage_of(rl).step_store(ref(second), "s", '"third"') == StepStored(
         fenced=True, output="first"
     )
     calls: list[str] = []
@@ -555,7 +558,9 @@ def test_token_timeout_raises_wait_token_timed_out_unlike_a_none_output(
 
     assert timed.timeout_at is not None
     deadline = timed.timeout_at
-    wait_until(lambda: rl.storage.database_now() > deadline, timeout=5, what="the timeout to pass")
+    wait_until(
+        lambda: storage_of(rl).database_now() > deadline, timeout=5, what="the timeout to pass"
+    )
     result = rl.run_maintenance_once()
     assert result.wait_tokens_timed_out == 1
     assert result.wait_token_runs_resumed == 1
@@ -787,7 +792,7 @@ def test_completion_racing_timeout_has_one_winner_and_resumes_once(
                     timed_out[index] = result.wait_tokens_timed_out
                     resumed_by_passes[index] = result.wait_token_runs_resumed
                 else:
-                    timed_out[index] = rl.storage.wait_token_time_out_due(rl.environment, 100)
+                    timed_out[index] = storage_of(rl).wait_token_time_out_due(rl.environment, 100)
             except BaseException as exc:
                 errors.append(exc)
 
