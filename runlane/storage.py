@@ -20,6 +20,7 @@ from runlane.models import RunSnapshot, RunStatus, WaitToken
 __all__ = [
     "ClaimedRun",
     "Completion",
+    "DeliveryState",
     "Expiration",
     "ExpiredAttempt",
     "Failure",
@@ -29,6 +30,7 @@ __all__ = [
     "MaintenanceFence",
     "MaintenanceLeaseRow",
     "NewRuns",
+    "OutboxItem",
     "PruneResult",
     "ScheduleState",
     "ScheduledRun",
@@ -195,6 +197,26 @@ class SuspendResult:
 
     target_open: bool
     suspended: bool
+
+
+@attrs.frozen
+class OutboxItem:
+    """An outbox item under a publisher's claim: publish ``run_id`` to ``queue``'s transport
+    queue with ``id`` as the message id, then record the result presenting ``claim_token``."""
+
+    id: uuid.UUID
+    run_id: uuid.UUID
+    queue: str
+    claim_token: uuid.UUID
+
+
+@attrs.frozen
+class DeliveryState:
+    """Why a run named by a delivery was not claimed."""
+
+    status: RunStatus
+    queue: str
+    due_now: bool
 
 
 @attrs.frozen

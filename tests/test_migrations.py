@@ -37,7 +37,7 @@ from tests.helpers import Conn, count_runs
 # A connection string that fails at once if anything tries to use it.
 UNREACHABLE = "host=/nonexistent/runlane-test dbname=nothing connect_timeout=1"
 # the schema version this release installs, and every migration in order
-LATEST = 2
+LATEST = 3
 ALL = tuple(range(1, LATEST + 1))
 
 
@@ -145,9 +145,10 @@ def test_apply_to_fresh_schema_creates_tables_and_ledger(
     assert result == MigrationResult(schema=fresh_schema, applied=ALL, version=LATEST)
     assert latest_version() == LATEST
     assert {"runs", "attempts", "runlane_migrations"} <= tables(db, fresh_schema)
-    first, second = ledger(db, fresh_schema)
+    first, second, third = ledger(db, fresh_schema)
     assert first[:3] == (1, "initial", shipped_checksum())
     assert second[:2] == (2, "announce")
+    assert third[:2] == (3, "outbox")
     assert "lease_token" in columns(db, fresh_schema, "runs")
     assert columns(db, fresh_schema, "runlane_migrations") == [
         "version",
@@ -196,13 +197,17 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
     before = tables(db, fresh_schema)
     runtime: Runlane = make_runtime(fresh_schema)
     # a runtime of this release refuses the old schema, naming the step
-    with pytest.raises(SchemaNotMigrated, match="version 1, this runlane needs 2"):
+    with pytest.raises(SchemaNotMigrated, match=f"version 1, this runlane needs {LATEST}"):
         runtime.get_run(uuid.UUID(int=5))
 
     result = migrate(database_url, fresh_schema)
-    assert result == MigrationResult(schema=fresh_schema, applied=(2,), version=LATEST)
-    assert tables(db, fresh_schema) == before
-    assert [row[:2] for row in ledger(db, fresh_schema)] == [(1, "initial"), (2, "announce")]
+    assert result == MigrationResult(schema=fresh_schema, applied=ALL[1:], version=LATEST)
+    assert tables(db, fresh_schema) == before | {"outbox", "outbox_environments"}
+    assert [row[:2] for row in ledger(db, fresh_schema)] == [
+        (1, "initial"),
+        (2, "announce"),
+        (3, "outbox"),
+    ]
     triggers = db.execute(
         "select tgname from pg_trigger t join pg_class c on c.oid = t.tgrelid "
         "join pg_namespace n on n.oid = c.relnamespace "

@@ -35,6 +35,7 @@ from runlane.postgres._connections import (
     storage_error,
 )
 from runlane.postgres._migrations import known_checksums, latest_version
+from runlane.postgres._outbox import EagerPublisher, OutboxMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
 from runlane.storage import (
     ClaimedRun,
@@ -96,7 +97,7 @@ class _SchemaGate:
         self.checked = False
 
 
-class PostgresStorage:
+class PostgresStorage(OutboxMethods):
     """Storage in one Postgres schema.
 
     The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a
@@ -120,6 +121,7 @@ class PostgresStorage:
         statement_timeout: float | None = 60.0,
         _source: ConnectionSource | None = None,
         _gate: _SchemaGate | None = None,
+        _eager: EagerPublisher | None = None,
     ) -> None:
         self.schema = validate_schema_name(schema)
         check_conninfo(connection_string)
@@ -136,6 +138,8 @@ class PostgresStorage:
             timeout=connect_timeout,
         )
         self._gate = _gate or _SchemaGate()
+        # a transport lane's publisher: triggers store their items claimed and hand them over
+        self._eager: EagerPublisher | None = _eager
         self._lock = threading.Lock()
         self._opened = False
         self._closed = False
@@ -198,7 +202,13 @@ class PostgresStorage:
             statement_timeout=self._statement_timeout,
             _source=source,
             _gate=self._gate,
+            _eager=self._eager,
         )
+
+    def attach_eager_publisher(self, publisher: EagerPublisher) -> None:
+        """Triggers without ``connection=`` store their outbox items already claimed and
+        hand them to ``publisher`` after commit (a transport lane calls this)."""
+        self._eager = publisher
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -275,8 +285,8 @@ class PostgresStorage:
 
     # -- runs ----------------------------------------------------------------------------
 
-    def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
-        params = {
+    def _insert_params(self, runs: NewRuns) -> dict[str, Any]:
+        return {
             "environment": runs.environment,
             "task_id": runs.task_id,
             "queue": runs.queue,
@@ -289,6 +299,20 @@ class PostgresStorage:
             "payloads": list(runs.payloads),
             "idempotency_keys": list(runs.idempotency_keys),
         }
+
+    def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
+        return _claimed(rows)
+
+    def _resolve_inserted(
+        self, conn: Conn, runs: NewRuns, inserted: set[uuid.UUID]
+    ) -> list[InsertedRun]:
+        with conn.cursor(row_factory=tuple_row) as cur:
+            return self._resolve_conflicts(cur, runs, inserted)
+
+    def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
+        if connection is None and self._eager is not None:
+            return self._insert_eager(runs, self._eager)
+        params = self._insert_params(runs)
 
         def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:
             with conn.cursor(row_factory=tuple_row) as cur:

@@ -1,0 +1,216 @@
+"""The Postgres storage's outbox methods (transport lanes) and claims by run id.
+
+Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in
+``sql/outbox.sql`` and the triggers that write items in migration 3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar
+
+from psycopg.rows import dict_row
+
+from runlane.models import RunStatus
+from runlane.postgres._connections import Conn
+from runlane.storage import ClaimedRun, DeliveryState, InsertedRun, NewRuns, OutboxItem
+
+__all__ = ["EagerPublisher", "OutboxMethods", "eager_item_id"]
+
+T = TypeVar("T")
+
+
+def eager_item_id(claim: uuid.UUID, run_id: uuid.UUID) -> uuid.UUID:
+    """The id the insert trigger gives an eagerly claimed item: md5(claim || run id)."""
+    return uuid.UUID(hashlib.md5(f"{claim}{run_id}".encode(), usedforsecurity=False).hexdigest())
+
+
+class EagerPublisher(Protocol):
+    """Publishes the items of an eager trigger after its commit (a transport lane's)."""
+
+    def submit(self, items: Sequence[OutboxItem]) -> None: ...
+
+
+class OutboxMethods:
+    """Outbox statements; expects the attributes PostgresStorage has."""
+
+    schema: str
+    _sql: dict[str, str]
+    _eager: EagerPublisher | None
+
+    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
+        raise NotImplementedError
+
+    def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
+        raise NotImplementedError
+
+    def _insert_params(self, runs: NewRuns) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _resolve_inserted(
+        self, conn: Conn, runs: NewRuns, inserted: set[uuid.UUID]
+    ) -> list[InsertedRun]:
+        raise NotImplementedError
+
+    # -- the producer side ---------------------------------------------------------------
+
+    def outbox_enable(self, environment: str, claim: timedelta) -> None:
+        """Runs of ``environment`` becoming queued get outbox items from now on."""
+        params = {"environment": environment, "claim_seconds": claim.total_seconds()}
+        self._with_conn(lambda conn: conn.execute(self._sql["outbox_enable"], params))
+
+    def _insert_eager(self, runs: NewRuns, publisher: EagerPublisher) -> list[InsertedRun]:
+        """Insert with the items of runs due now already claimed; hand them to the publisher
+        once committed (a producer that dies now leaves them to be published after their
+        claim expires)."""
+        claim = uuid.uuid4()
+        params = {**self._insert_params(runs), "claim": str(claim)}
+
+        def insert(conn: Conn) -> tuple[list[InsertedRun], list[uuid.UUID]]:
+            rows = conn.execute(self._sql["run_insert_many_claimed"], params).fetchall()
+            inserted = {row[0] for row in rows}
+            due_now = [row[0] for row in rows if row[1]]
+            if len(inserted) == len(runs.ids):
+                made = [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
+            else:
+                made = self._resolve_inserted(conn, runs, inserted)
+            return made, due_now
+
+        made, due_now = self._with_conn(insert)
+        if due_now:
+            publisher.submit(
+                [OutboxItem(eager_item_id(claim, r), r, runs.queue, claim) for r in due_now]
+            )
+        return made
+
+    # -- publishers ----------------------------------------------------------------------
+
+    def outbox_claim_page(self, environment: str, limit: int, claim: timedelta) -> list[OutboxItem]:
+        """Claim up to ``limit`` publishable items, each under a fresh token that expires
+        ``claim`` after database now."""
+        params = {
+            "environment": environment,
+            "limit": limit,
+            "claim_seconds": claim.total_seconds(),
+        }
+        return self._with_conn(
+            lambda conn: [
+                OutboxItem(*row) for row in conn.execute(self._sql["outbox_claim_page"], params)
+            ]
+        )
+
+    def outbox_published(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]:
+        """Delete the items whose claim is still theirs; returns the ids deleted."""
+        if not items:
+            return set()
+        params = {"ids": [i.id for i in items], "tokens": [i.claim_token for i in items]}
+        return self._with_conn(
+            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_published"], params)}
+        )
+
+    def outbox_failed(
+        self, items: Sequence[OutboxItem], error: str, delay: timedelta
+    ) -> set[uuid.UUID]:
+        """Release the items whose claim is still theirs for a try after ``delay``."""
+        if not items:
+            return set()
+        params = {
+            "ids": [i.id for i in items],
+            "tokens": [i.claim_token for i in items],
+            "errors": [error[:2000]] * len(items),
+            "delay_seconds": [delay.total_seconds()] * len(items),
+        }
+        return self._with_conn(
+            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_failed"], params)}
+        )
+
+    def outbox_defer(self, environment: str, run_ids: Sequence[uuid.UUID], delay: timedelta) -> int:
+        """Publish the still-queued runs again after ``delay`` (or their due time)."""
+        if not run_ids:
+            return 0
+        params = {
+            "environment": environment,
+            "ids": list(run_ids),
+            "delay_seconds": delay.total_seconds(),
+        }
+        return self._with_conn(
+            lambda conn: len(conn.execute(self._sql["outbox_defer"], params).fetchall())
+        )
+
+    def outbox_recover(self, environment: str, threshold: timedelta, limit: int) -> int:
+        """Announce again runs queued past ``threshold`` that have no outbox item."""
+        params = {
+            "environment": environment,
+            "threshold_seconds": threshold.total_seconds(),
+            "limit": limit,
+        }
+        return self._with_conn(
+            lambda conn: len(conn.execute(self._sql["outbox_recover"], params).fetchall())
+        )
+
+    def outbox_status(self, environment: str) -> dict[str, Any]:
+        """``outbox_pending`` and ``outbox_oldest_age_seconds`` (None when empty)."""
+
+        def status(conn: Conn) -> dict[str, Any]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["outbox_status"], {"environment": environment})
+                row = cur.fetchone()
+            assert row is not None
+            return dict(row)
+
+        return self._with_conn(status)
+
+    # -- consumers -----------------------------------------------------------------------
+
+    def run_claim_ids(
+        self,
+        environment: str,
+        run_ids: Sequence[uuid.UUID],
+        lease: timedelta,
+        *,
+        queue: str | None = None,
+        concurrency_limit: int | None = None,
+    ) -> list[ClaimedRun]:
+        """Claim the named runs that are queued and due, with the same fenced claim as
+        ``run_claim``; for a bounded ``queue`` (all ids of that queue) at most as many as
+        its ``concurrency_limit`` leaves, under the queue's claim lock."""
+        if not run_ids:
+            return []
+        params = {
+            "environment": environment,
+            "ids": list(run_ids),
+            "queue": queue,
+            "concurrency_limit": concurrency_limit,
+            "lease_seconds": lease.total_seconds(),
+            "lock_scope": f"runlane:{self.schema}:{environment}",
+        }
+
+        def claim(conn: Conn) -> list[ClaimedRun]:
+            if concurrency_limit is None:
+                return self._claimed_rows(
+                    conn.execute(self._sql["run_claim_ids"], params).fetchall()
+                )
+            with conn.transaction():
+                conn.execute(self._sql["queue_claim_lock"], params)
+                return self._claimed_rows(
+                    conn.execute(self._sql["run_claim_ids"], params).fetchall()
+                )
+
+        return self._with_conn(claim)
+
+    def run_delivery_state(
+        self, environment: str, run_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, DeliveryState]:
+        """Status, queue and dueness of the named runs that exist."""
+        if not run_ids:
+            return {}
+        params = {"environment": environment, "ids": list(run_ids)}
+        return self._with_conn(
+            lambda conn: {
+                row[0]: DeliveryState(RunStatus(row[1]), row[2], bool(row[3]))
+                for row in conn.execute(self._sql["run_delivery_state"], params)
+            }
+        )

@@ -1,0 +1,160 @@
+-- The outbox of transport lanes (migration 3), and claims of runs named by a delivery.
+--
+-- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
+-- {schema} is replaced by the quoted schema name once, when the storage is created.
+-- Every publisher write is fenced by the item's claim token.
+
+-- name: outbox_enable
+-- Runs of the environment becoming queued get outbox items from now on.
+insert into {schema}.outbox_environments (environment, claim_seconds)
+values (%(environment)s, %(claim_seconds)s)
+on conflict (environment) do update set claim_seconds = excluded.claim_seconds;
+
+-- name: run_insert_many_claimed
+-- run_insert_many for an eager trigger: the transaction-local setting makes the insert
+-- trigger store the items of runs due now already claimed by %(claim)s (their ids are
+-- md5(claim || run id)); returns whether each inserted run is due now.
+with claim as materialized (
+    select set_config('runlane.outbox_claim', %(claim)s, true)
+)
+insert into {schema}.runs as r (
+    id, environment, task_id, queue, status, priority, payload, max_attempts,
+    idempotency_key, parent_run_id, due_at)
+select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
+       i.payload::jsonb, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
+       coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second')
+from unnest(%(ids)s::uuid[], %(payloads)s::text[], %(idempotency_keys)s::text[])
+    as i(id, payload, idempotency_key)
+cross join claim
+order by i.idempotency_key, i.id
+on conflict do nothing
+returning r.id, r.due_at <= now() as due_now;
+
+-- name: outbox_claim_page
+-- One bounded page of publishable items, each under a fresh claim token expiring at a
+-- database time; items claimed by a live claim or not yet available are skipped.
+with page as materialized (
+    select id
+    from {schema}.outbox
+    where environment = %(environment)s
+      and available_at <= now()
+      and (claim_token is null or claim_expires_at < now())
+    order by available_at, id
+    limit %(limit)s
+    for update skip locked
+)
+update {schema}.outbox as o
+set claim_token = gen_random_uuid(),
+    claim_expires_at = now() + %(claim_seconds)s * interval '1 second'
+from page
+where o.id = page.id
+returning o.id, o.run_id, o.queue, o.claim_token;
+
+-- name: outbox_published
+-- Confirmed by the broker: the items go, if the claim is still the publisher's.
+delete from {schema}.outbox as o
+using unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as i(id, token)
+where o.id = i.id and o.claim_token = i.token
+returning o.id;
+
+-- name: outbox_failed
+-- Not confirmed: the items are released for a later try after a back-off, if the claim is
+-- still the publisher's.
+update {schema}.outbox as o
+set claim_token = null,
+    claim_expires_at = null,
+    failures = o.failures + 1,
+    last_error = i.error,
+    available_at = now() + i.delay_seconds * interval '1 second'
+from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(errors)s::text[],
+            %(delay_seconds)s::float8[]) as i(id, token, error, delay_seconds)
+where o.id = i.id and o.claim_token = i.token
+returning o.id;
+
+-- name: outbox_defer
+-- A delivery that could not start its run (a bounded queue at capacity, a run not due yet):
+-- a new item publishes the run again later, while the run is still queued.
+insert into {schema}.outbox (id, environment, run_id, queue, available_at)
+select gen_random_uuid(), r.environment, r.id, r.queue,
+       greatest(r.due_at, now() + %(delay_seconds)s * interval '1 second')
+from {schema}.runs as r
+where r.id = any(%(ids)s::uuid[])
+  and r.environment = %(environment)s
+  and r.status = 'queued'
+returning run_id;
+
+-- name: outbox_recover
+-- Delivery recovery: runs queued and due for longer than the threshold, untouched for as
+-- long, with no outbox item (a purged queue, a dead-lettered message) are announced again.
+-- Touching updated_at keeps the next pass from announcing them again before the threshold.
+with lost as materialized (
+    select r.id
+    from {schema}.runs as r
+    where r.environment = %(environment)s
+      and r.status = 'queued'
+      and r.due_at < now() - %(threshold_seconds)s * interval '1 second'
+      and r.updated_at < now() - %(threshold_seconds)s * interval '1 second'
+      and not exists (select from {schema}.outbox as o where o.run_id = r.id)
+    order by r.due_at, r.id
+    limit %(limit)s
+    for update of r skip locked
+), touched as (
+    update {schema}.runs as r
+    set updated_at = now()
+    from lost
+    where r.id = lost.id and r.status = 'queued'
+    returning r.id, r.environment, r.queue
+)
+insert into {schema}.outbox (id, environment, run_id, queue, available_at)
+select gen_random_uuid(), environment, id, queue, now()
+from touched
+returning run_id;
+
+-- name: outbox_status
+select count(*) as outbox_pending,
+       extract(epoch from now() - min(created_at))::float8 as outbox_oldest_age_seconds
+from {schema}.outbox
+where environment = %(environment)s;
+
+-- name: run_claim_ids
+-- Claim runs named by deliveries: the same fenced claim as run_claim, narrowed to ids.
+-- With a concurrency_limit (one bounded queue, after queue_claim_lock in the same
+-- transaction) at most as many as the limit leaves after the queue's live leases.
+with live as (
+    select count(*) as n
+    from {schema}.runs
+    where %(concurrency_limit)s::int is not null
+      and environment = %(environment)s
+      and queue = %(queue)s
+      and status in ('running', 'cancellation_requested')
+      and lease_expires_at > now()
+), candidates as materialized (
+    select id
+    from {schema}.runs
+    where id = any(%(ids)s::uuid[])
+      and environment = %(environment)s
+      and status = 'queued'
+      and due_at <= now()
+    order by priority desc, due_at, id
+    limit greatest(0, coalesce(%(concurrency_limit)s::int - (select n from live),
+                               cardinality(%(ids)s::uuid[])))
+    for update skip locked
+)
+update {schema}.runs as r
+set status = 'running',
+    attempt = r.attempt + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+    attempt_started_at = now(),
+    started_at = coalesce(r.started_at, now()),
+    updated_at = now()
+from candidates as c
+where r.id = c.id
+returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases, r.max_attempts,
+          r.lease_token, r.payload, r.lease_expires_at;
+
+-- name: run_delivery_state
+-- Why named runs were not claimed: their status, queue and whether they are due.
+select id, status, queue, due_at <= now() as due_now
+from {schema}.runs
+where id = any(%(ids)s::uuid[]) and environment = %(environment)s;
