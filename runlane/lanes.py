@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from runlane.maintenance._types import MaintenanceLimits
 from runlane.storage import ClaimedRun, MaintenanceFence, Storage
 from runlane.tasks import Queue
 
@@ -48,6 +49,7 @@ class AcquirerOptions:
     lease: timedelta
     # True for drain(): it never waits for work, so start no listener or consumer
     drain: bool
+    concurrency: int = 1  # the worker's slots (a broker consumer's prefetch)
 
 
 class Acquirer(Protocol):
@@ -93,6 +95,10 @@ class Lane(Protocol):
 
     def create_storage(self) -> Storage: ...
 
+    def prepare(self, storage: Storage, environment: str) -> None:
+        """Called once per runtime (and again after it is reopened) before its first
+        operation on ``storage``: a transport lane enables its outbox for the environment."""
+
     def create_acquirer(
         self,
         storage: Storage,
@@ -102,10 +108,17 @@ class Lane(Protocol):
         """The delivery path of one worker (or one drain) over ``storage``."""
 
     def recover_delivery(
-        self, storage: Storage, environment: str, limit: int, fence: MaintenanceFence | None
-    ) -> int:
+        self,
+        storage: Storage,
+        environment: str,
+        limits: MaintenanceLimits,
+        fence: MaintenanceFence | None,
+    ) -> dict[str, int]:
         """The lane's part of ``DELIVERY_RECOVERY``: announce again what may have been missed
-        (the polling lane wakes queues whose delayed runs came due). Returns the count."""
+        (the polling lane wakes queues whose delayed runs came due; a transport lane
+        publishes pending outbox items and re-announces runs lost by the broker). Returns
+        ``MaintenanceResult`` fields: ``queues_woken``, ``outbox_published``,
+        ``deliveries_recovered``."""
 
     def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
         """Lane-specific ``StatusReport`` fields (``outbox_pending``, ...)."""

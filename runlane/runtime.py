@@ -98,8 +98,8 @@ class Runlane:
             tasks=self._tasks,
             schedules=self._schedules,
             retention=self._retention,
-            recover_delivery=lambda env, limit, fence: lane.recover_delivery(
-                storage, env, limit, fence
+            recover_delivery=lambda env, limits, fence: lane.recover_delivery(
+                storage, env, limits, fence
             ),
         )
 
@@ -152,6 +152,7 @@ class Runlane:
             if self._started:
                 return
             self._storage.open()
+            self._lane.prepare(self._storage, self.environment)
             self._started = True
 
     def close(self, timeout: float | None = None) -> None:
@@ -212,6 +213,7 @@ class Runlane:
                     raise self._closed_error()
                 if not self._started:
                     self._storage.open()
+                    self._lane.prepare(self._storage, self.environment)
                     self._started = True
 
     def _check_open(self) -> None:

@@ -206,6 +206,7 @@ class OutboxItem:
 
     id: uuid.UUID
     run_id: uuid.UUID
+    environment: str
     queue: str
     claim_token: uuid.UUID
 

@@ -60,7 +60,7 @@ class MaintenanceScope:
     retention: RetentionPolicy
     # the lane's DELIVERY_RECOVERY work: (environment, limit, fence) -> records changed
     # (the polling lane announces queues whose delayed runs came due)
-    recover_delivery: Callable[[str, int, MaintenanceFence | None], int]
+    recover_delivery: Callable[[str, MaintenanceLimits, MaintenanceFence | None], dict[str, int]]
 
 
 def _schedules(scope: MaintenanceScope, limit: int, fence: MaintenanceFence | None) -> int:
@@ -208,12 +208,7 @@ def run_phase(
     if phase is MaintenancePhase.ATTEMPT_EXPIRY:
         return _expire(scope, limits.attempt_expiry_limit, fence)
     if phase is MaintenancePhase.DELIVERY_RECOVERY:
-        woken = (
-            scope.recover_delivery(env, limits.delivery_recovery_limit, fence)
-            if limits.delivery_recovery_limit
-            else 0
-        )
-        return MaintenanceResult(queues_woken=woken)
+        return MaintenanceResult(**scope.recover_delivery(env, limits, fence))
     if phase is MaintenancePhase.CLEANUP:
         return _cleanup(scope, limits.cleanup_limit, fence)
     raise AssertionError(f"unknown phase {phase!r}")

@@ -36,6 +36,13 @@ def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int)
         )
 
 
+def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"MaintenanceLimits.{attribute.name} must be a positive integer, got {value!r}"
+        )
+
+
 def _limit(default: int) -> int:
     return attrs.field(default=default, validator=_non_negative)
 
@@ -51,6 +58,8 @@ class MaintenanceLimits:
     attempt_expiry_limit: int = _limit(1000)
     delivery_recovery_limit: int = _limit(100)
     cleanup_limit: int = _limit(1000)
+    # transport lanes: outbox items one pass publishes (at least 1)
+    outbox_publish_limit: int = attrs.field(default=100, validator=_positive)
 
 
 @attrs.frozen
@@ -66,6 +75,8 @@ class MaintenanceResult:
     queues_woken: int = 0
     runs_pruned: int = 0
     runs_tombstoned: int = 0
+    outbox_published: int = 0  # transport lanes: outbox items published by the pass
+    deliveries_recovered: int = 0  # runs re-announced: queued too long without an item
 
     @property
     def total(self) -> int:

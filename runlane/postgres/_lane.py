@@ -11,6 +11,7 @@ import attrs
 
 from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
+from runlane.maintenance._types import MaintenanceLimits
 from runlane.postgres._acquirer import PollingAcquirer
 from runlane.postgres._connections import check_conninfo
 from runlane.postgres._listener import PostgresListener
@@ -55,14 +56,23 @@ class PostgresPollingLane:
             connect_timeout=self.connect_timeout,
         )
 
+    def prepare(self, storage: Storage, environment: str) -> None:
+        """Nothing to prepare: the polling lane keeps no outbox."""
+
     def recover_delivery(
-        self, storage: Storage, environment: str, limit: int, fence: MaintenanceFence | None
-    ) -> int:
+        self,
+        storage: Storage,
+        environment: str,
+        limits: MaintenanceLimits,
+        fence: MaintenanceFence | None,
+    ) -> dict[str, int]:
         """Announce the queues whose delayed runs came due within the last minute: nothing
         announced them (they were not due when written), and an idle worker polls only
-        every ``poll_interval``. Writes nothing, so the fence is not needed. Returns the
-        number of queues announced."""
-        return len(storage.run_wake_due_queues(environment, WAKE_WINDOW, limit))
+        every ``poll_interval``. Writes nothing, so the fence is not needed."""
+        limit = limits.delivery_recovery_limit
+        if not limit:
+            return {"queues_woken": 0}
+        return {"queues_woken": len(storage.run_wake_due_queues(environment, WAKE_WINDOW, limit))}
 
     def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
         """The polling lane has no outbox: nothing is ever pending publication."""

@@ -82,7 +82,10 @@ class OutboxMethods:
         made, due_now = self._with_conn(insert)
         if due_now:
             publisher.submit(
-                [OutboxItem(eager_item_id(claim, r), r, runs.queue, claim) for r in due_now]
+                [
+                    OutboxItem(eager_item_id(claim, r), r, runs.environment, runs.queue, claim)
+                    for r in due_now
+                ]
             )
         return made
 

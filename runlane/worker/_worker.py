@@ -171,6 +171,7 @@ class Worker:
                 name=self.name,
                 lease=options.lease,
                 drain=options.drain,
+                concurrency=options.concurrency,
             ),
             self._on_cancel,
         )

@@ -31,13 +31,13 @@ on conflict do nothing
 returning r.id, r.due_at <= now() as due_now;
 
 -- name: outbox_claim_page
--- One bounded page of publishable items, each under a fresh claim token expiring at a
--- database time; items claimed by a live claim or not yet available are skipped.
+-- One bounded page of publishable items (of every environment: each is published to its
+-- own environment's queue), each under a fresh claim token expiring at a database time;
+-- items claimed by a live claim or not yet available are skipped.
 with page as materialized (
     select id
     from {schema}.outbox
-    where environment = %(environment)s
-      and available_at <= now()
+    where available_at <= now()
       and (claim_token is null or claim_expires_at < now())
     order by available_at, id
     limit %(limit)s
@@ -48,7 +48,7 @@ set claim_token = gen_random_uuid(),
     claim_expires_at = now() + %(claim_seconds)s * interval '1 second'
 from page
 where o.id = page.id
-returning o.id, o.run_id, o.queue, o.claim_token;
+returning o.id, o.run_id, o.environment, o.queue, o.claim_token;
 
 -- name: outbox_published
 -- Confirmed by the broker: the items go, if the claim is still the publisher's.

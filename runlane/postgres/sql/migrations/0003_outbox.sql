@@ -35,7 +35,8 @@ create table {schema}.outbox (
     constraint outbox_claim_shape check ((claim_token is null) = (claim_expires_at is null))
 );
 
-create index outbox_publishable on {schema}.outbox (environment, available_at);
+create index outbox_publishable on {schema}.outbox (available_at);
+create index outbox_by_environment on {schema}.outbox (environment, created_at);
 create index outbox_by_run on {schema}.outbox (run_id);
 
 -- Write the outbox items of runs that became queued; claimed by the statement's eager
