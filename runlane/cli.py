@@ -283,13 +283,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
         ("tombstones with children", report.tombstones_with_children),
         ("pending tokens past timeout", report.tokens_past_timeout),
         ("resolved tokens with waiting runs", report.resolved_tokens_with_waiting_runs),
-        (
-            "pending outbox work",
-            "n/a (the polling lane has no outbox)"
-            if report.outbox_pending is None
-            else report.outbox_pending,
-        ),
+        ("pending outbox items", "n/a" if report.outbox_pending is None else report.outbox_pending),
     ]
+    if report.outbox_oldest_age_seconds is not None:
+        rows.append(("oldest pending outbox item", f"{report.outbox_oldest_age_seconds:.1f}s old"))
+    if report.broker is not None:
+        rows.append(("broker", report.broker))
     print(f"environment {report.environment!r}")
     for label, value in rows:
         print(f"  {label:<34} {value}")

@@ -161,5 +161,7 @@ class StatusReport:
     tokens_past_timeout: int  # pending wait tokens whose timeout passed, not yet timed out
     resolved_tokens_with_waiting_runs: int  # resolved tokens whose runs are not resumed yet
     maintenance_leases: tuple[MaintenanceLeaseStatus, ...]
-    # The Postgres polling lane delivers without a transport, so it keeps no outbox.
-    outbox_pending: int | None = None
+    # lane fields (Lane.status_fields): a transport lane's outbox, and its broker
+    outbox_pending: int | None = None  # items not yet published (0 for the polling lane)
+    outbox_oldest_age_seconds: float | None = None  # age of the oldest pending item
+    broker: str | None = None  # "reachable at host:port" or "unreachable at host:port (...)"

@@ -33,6 +33,8 @@ class EagerPublisher(Protocol):
 
     def submit(self, items: Sequence[OutboxItem]) -> None: ...
 
+    def close(self, timeout: float | None = ...) -> None: ...
+
 
 class OutboxMethods:
     """Outbox statements; expects the attributes PostgresStorage has."""
@@ -91,11 +93,10 @@ class OutboxMethods:
 
     # -- publishers ----------------------------------------------------------------------
 
-    def outbox_claim_page(self, environment: str, limit: int, claim: timedelta) -> list[OutboxItem]:
-        """Claim up to ``limit`` publishable items, each under a fresh token that expires
-        ``claim`` after database now."""
+    def outbox_claim_page(self, limit: int, claim: timedelta) -> list[OutboxItem]:
+        """Claim up to ``limit`` publishable items of any environment, each under a fresh
+        token that expires ``claim`` after database now."""
         params = {
-            "environment": environment,
             "limit": limit,
             "claim_seconds": claim.total_seconds(),
         }

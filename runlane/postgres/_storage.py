@@ -140,6 +140,7 @@ class PostgresStorage(OutboxMethods):
         self._gate = _gate or _SchemaGate()
         # a transport lane's publisher: triggers store their items claimed and hand them over
         self._eager: EagerPublisher | None = _eager
+        self._owns_eager = False  # the storage it was attached to closes it
         self._lock = threading.Lock()
         self._opened = False
         self._closed = False
@@ -169,7 +170,14 @@ class PostgresStorage(OutboxMethods):
             if self._closed:
                 return
             self._closed = True
+        if self._owns_eager and self._eager is not None:
+            self._eager.close()  # publishes what eager triggers handed over, first
         self._source.close()
+
+    @property
+    def eager_publisher(self) -> EagerPublisher | None:
+        """The transport lane's publisher attached to this storage, if any."""
+        return self._eager
 
     def interrupt(self) -> None:
         """Cancel the statement in flight on a dedicated view's connection (called from
@@ -207,8 +215,10 @@ class PostgresStorage(OutboxMethods):
 
     def attach_eager_publisher(self, publisher: EagerPublisher) -> None:
         """Triggers without ``connection=`` store their outbox items already claimed and
-        hand them to ``publisher`` after commit (a transport lane calls this)."""
+        hand them to ``publisher`` after commit (a transport lane calls this). Closing
+        this storage closes the publisher; dedicated views share it."""
         self._eager = publisher
+        self._owns_eager = True
 
     # -- plumbing ------------------------------------------------------------------------
 

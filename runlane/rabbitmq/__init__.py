@@ -1,0 +1,7 @@
+"""The RabbitMQ transport lane (``pip install 'runlane[rabbitmq]'``)."""
+
+from runlane.rabbitmq._consumer import ConsumerStats
+from runlane.rabbitmq._lane import RabbitMQLane, rabbitmq_lane
+from runlane.rabbitmq._publisher import PublisherStats
+
+__all__ = ["ConsumerStats", "PublisherStats", "RabbitMQLane", "rabbitmq_lane"]

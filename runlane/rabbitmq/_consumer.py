@@ -1,0 +1,347 @@
+"""The RabbitMQ lane's delivery path for one worker: a consumer thread and fenced claims.
+
+``runlane-worker-N-consumer`` owns the worker's one AMQP connection (pika connections belong
+to one thread). It consumes the worker's queues with a prefetch of the worker's concurrency
+and buffers deliveries; it never touches the database. The pool's acquiring slot takes
+deliveries from the buffer, claims the runs they name by id with the same fenced claim as the
+polling lane (bounded queues still enforced in storage, under the queue's lock), and only then
+acknowledges them, through ``add_callback_threadsafe`` (the one cross-thread call pika
+allows). A delivery whose run is no longer queued (a duplicate, a cancelled or finished run)
+is acknowledged and counted, never executed twice; a run not due yet, or in a bounded queue
+at capacity, is deferred through the outbox (a new item publishes it again later) and its
+delivery acknowledged; a malformed message or an unknown run is acknowledged, logged and
+counted; a database error requeues the deliveries. A broken broker connection is re-made
+with backoff (its unacknowledged deliveries come back from the broker).
+
+Cancellation and wake-ups for runs are Postgres's: a listener on the schema's channel passes
+``cancel|<run id>`` to the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+
+import attrs
+import pika
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+from pika.spec import Basic, BasicProperties
+
+from runlane._backoff import Backoff
+from runlane.errors import StorageUnavailable
+from runlane.lanes import AcquirerOptions
+from runlane.models import RunStatus
+from runlane.postgres import PostgresStorage
+from runlane.postgres._listener import PostgresListener
+from runlane.rabbitmq._amqp import AMQP_ERRORS, declare_queue, describe, parse_body, queue_name
+from runlane.storage import ClaimedRun
+
+__all__ = ["ConsumerStats", "RabbitAcquirer"]
+
+log = logging.getLogger("runlane.rabbitmq.consumer")
+
+
+@attrs.define
+class ConsumerStats:
+    """Deliveries a worker's consumer did not turn into an attempt, by reason."""
+
+    claimed: int = 0
+    duplicates: int = 0  # the run was no longer queued: acked, not executed
+    unknown: int = 0  # no such run in this environment: acked
+    malformed: int = 0  # not a runlane message: acked
+    deferred: int = 0  # not due yet, or its bounded queue at capacity: re-published later
+    requeued: int = 0  # a database error: nacked with requeue
+
+
+@attrs.frozen
+class _Delivery:
+    tag: int
+    generation: int
+    queue: str  # the logical queue
+    body: bytes
+    message_id: str | None
+
+
+class RabbitAcquirer:
+    def __init__(
+        self,
+        storage: PostgresStorage,
+        options: AcquirerOptions,
+        on_cancel: Callable[[uuid.UUID], None],
+        *,
+        params: pika.URLParameters,
+        schema: str,
+        delivery_limit: int,
+        poll_interval: timedelta,
+        defer_delay: timedelta,
+        make_listener: Callable[[Callable[[str | None], None], str], PostgresListener],
+    ) -> None:
+        self._environment = options.environment
+        self._lease = options.lease
+        self._queues = {q.name: q for q in options.queues}
+        self._prefetch = max(1, options.concurrency)
+        self._params = params
+        self._schema = schema
+        self._delivery_limit = delivery_limit
+        self._poll = poll_interval.total_seconds()
+        self._defer_delay = defer_delay
+        self._on_cancel = on_cancel
+        self._name = options.name
+        # claims commit synchronously: a delivery is acked once its claim is durable
+        self._claims = storage.dedicated(f"{options.name}-claims")
+        self._lock = threading.Lock()
+        self._buffer: deque[_Delivery] = deque()
+        self._arrived = threading.Event()
+        self._stop = threading.Event()
+        self._generation = 0
+        self._conn: BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._thread = threading.Thread(
+            target=self._consume, name=f"{options.name}-consumer", daemon=True
+        )
+        self._listener = make_listener(self._on_notify, f"{options.name}-listener")
+        self.stats = ConsumerStats()
+        self.consuming = threading.Event()  # set while consuming (tests, status)
+
+    # -- the lane's Acquirer -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        self._listener.start()
+
+    def acquire(self, want: int, for_bounded: int) -> list[ClaimedRun]:
+        self._arrived.clear()
+        taken = self._take(want, for_bounded)
+        if not taken:
+            return []
+        by_run: dict[uuid.UUID, list[_Delivery]] = {}
+        for delivery in taken:
+            run_id = parse_body(delivery.body)
+            if run_id is None:
+                self.stats.malformed += 1
+                log.warning(
+                    "runlane: %s: acknowledging a message that names no run (message id %s, "
+                    "queue %s)",
+                    self._name,
+                    delivery.message_id,
+                    delivery.queue,
+                )
+                self._settle([delivery], ack=True)
+                continue
+            by_run.setdefault(run_id, []).append(delivery)
+        if not by_run:
+            return []
+        try:
+            claimed = self._claim(by_run)
+        except StorageUnavailable:
+            self.stats.requeued += sum(len(d) for d in by_run.values())
+            self._settle([d for ds in by_run.values() for d in ds], ack=False)
+            raise
+        self._settle([d for ds in by_run.values() for d in ds], ack=True)
+        return claimed
+
+    def _claim(self, by_run: dict[uuid.UUID, list[_Delivery]]) -> list[ClaimedRun]:
+        """Claim the named runs by queue; settle why the others were not claimed."""
+        per_queue: dict[str, list[uuid.UUID]] = {}
+        for run_id, deliveries in by_run.items():
+            per_queue.setdefault(deliveries[0].queue, []).append(run_id)
+        claimed: list[ClaimedRun] = []
+        for name, ids in per_queue.items():
+            limit = self._queues[name].concurrency_limit
+            claimed += self._claims.run_claim_ids(
+                self._environment,
+                ids,
+                self._lease,
+                queue=name if limit is not None else None,
+                concurrency_limit=limit,
+            )
+        self.stats.claimed += len(claimed)
+        rest = [run_id for run_id in by_run if run_id not in {c.id for c in claimed}]
+        if not rest:
+            return claimed
+        states = self._claims.run_delivery_state(self._environment, rest)
+        later: list[uuid.UUID] = []  # queued and due: capacity, or claimed elsewhere now
+        not_due: list[uuid.UUID] = []
+        for run_id in rest:
+            state = states.get(run_id)
+            if state is None:
+                self.stats.unknown += 1
+                log.warning(
+                    "runlane: %s: a message names run %s, which environment %r does not "
+                    "have (pruned, or another environment's); acknowledged",
+                    self._name,
+                    run_id,
+                    self._environment,
+                )
+            elif state.status is not RunStatus.QUEUED:
+                self.stats.duplicates += 1
+                log.debug("run %s is %s: duplicate delivery acknowledged", run_id, state.status)
+            elif state.due_now:
+                later.append(run_id)
+            else:
+                not_due.append(run_id)
+        self.stats.deferred += self._claims.outbox_defer(
+            self._environment, later, self._defer_delay
+        )
+        self.stats.deferred += self._claims.outbox_defer(self._environment, not_due, timedelta(0))
+        return claimed
+
+    def wait_for_work(self) -> None:
+        self._arrived.wait(self._poll)
+
+    def interrupt(self) -> None:
+        self._arrived.set()
+
+    def abort(self) -> None:
+        self._claims.interrupt()
+
+    def close(self, timeout: float | None) -> None:
+        self._stop.set()
+        self._arrived.set()
+        self._listener.close(timeout)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("runlane: %s did not stop in time; giving up on it", self._thread.name)
+        self._claims.close()
+
+    # -- signals from Postgres -----------------------------------------------------------
+
+    def _on_notify(self, message: str | None) -> None:
+        if message is None:
+            return
+        kind, _, subject = message.partition("|")
+        if kind == "cancel":
+            try:
+                run_id = uuid.UUID(subject)
+            except ValueError:
+                return
+            self._on_cancel(run_id)
+
+    # -- the buffer ------------------------------------------------------------------------
+
+    def _take(self, want: int, for_bounded: int) -> list[_Delivery]:
+        taken: list[_Delivery] = []
+        kept: deque[_Delivery] = deque()
+        bounded = 0
+        with self._lock:
+            while self._buffer and len(taken) < want:
+                delivery = self._buffer.popleft()
+                if delivery.generation != self._generation:
+                    continue  # its connection is gone: the broker redelivers it
+                if self._queues[delivery.queue].concurrency_limit is not None:
+                    if bounded >= for_bounded:
+                        kept.append(delivery)
+                        continue
+                    bounded += 1
+                taken.append(delivery)
+            kept.extend(self._buffer)
+            self._buffer = kept
+        return taken
+
+    def _settle(self, deliveries: list[_Delivery], *, ack: bool) -> None:
+        """Ack (or nack with requeue) on the consumer thread; deliveries of an older
+        connection are left to the broker, which redelivers them."""
+        with self._lock:
+            conn, channel = self._conn, self._channel
+            generation = self._generation
+        live = [d for d in deliveries if d.generation == generation]
+        if conn is None or channel is None or not live:
+            return
+
+        def settle() -> None:
+            for delivery in live:
+                if ack:
+                    channel.basic_ack(delivery_tag=delivery.tag)
+                else:
+                    channel.basic_nack(delivery_tag=delivery.tag, requeue=True)
+
+        try:
+            conn.add_callback_threadsafe(settle)
+        except AMQP_ERRORS as exc:
+            log.info("runlane: %s: settling deliveries failed (%s)", self._name, exc)
+
+    # -- the consumer thread ---------------------------------------------------------------
+
+    def _consume(self) -> None:
+        backoff = Backoff(first=0.1, cap=5.0)
+        while not self._stop.is_set():
+            try:
+                self._run_connection(backoff)
+            except AMQP_ERRORS as exc:
+                if not self._stop.is_set():
+                    log.warning(
+                        "runlane: %s: broker %s unavailable (%s: %s); retrying",
+                        self._name,
+                        describe(self._params),
+                        type(exc).__name__,
+                        exc,
+                    )
+            except BaseException:
+                log.exception("runlane: %s: the consumer failed; restarting it", self._name)
+            finally:
+                self._drop_connection()
+            self._stop.wait(backoff.next())
+
+    def _run_connection(self, backoff: Backoff) -> None:
+        conn = pika.BlockingConnection(self._params)
+        channel = conn.channel()
+        channel.basic_qos(prefetch_count=self._prefetch)
+        for name in self._queues:
+            amqp_name = queue_name(self._schema, self._environment, name)
+            declare_queue(channel, self._schema, amqp_name, self._delivery_limit)
+            channel.basic_consume(
+                queue=amqp_name, on_message_callback=self._receiver(name), auto_ack=False
+            )
+        with self._lock:
+            self._generation += 1
+            self._conn, self._channel = conn, channel
+        self.consuming.set()
+        backoff.reset()
+        log.info(
+            "runlane: %s consuming %d queue(s) from %s",
+            self._name,
+            len(self._queues),
+            describe(self._params),
+        )
+        while not self._stop.is_set():
+            conn.process_data_events(time_limit=0.2)
+
+    def _receiver(
+        self, queue: str
+    ) -> Callable[[BlockingChannel, Basic.Deliver, BasicProperties, bytes], None]:
+        def received(
+            channel: BlockingChannel,
+            method: Basic.Deliver,
+            properties: BasicProperties,
+            body: bytes,
+        ) -> None:
+            assert method.delivery_tag is not None  # set on every delivery
+            with self._lock:
+                self._buffer.append(
+                    _Delivery(
+                        tag=method.delivery_tag,
+                        generation=self._generation,
+                        queue=queue,
+                        body=body,
+                        message_id=properties.message_id,
+                    )
+                )
+            self._arrived.set()
+
+        return received
+
+    def _drop_connection(self) -> None:
+        self.consuming.clear()
+        with self._lock:
+            conn, self._conn, self._channel = self._conn, None, None
+            self._generation += 1  # buffered deliveries of that connection are void
+            self._buffer.clear()
+        if conn is not None:
+            try:
+                conn.close()
+            except AMQP_ERRORS:
+                log.debug("closing a broken broker connection failed", exc_info=True)

@@ -1,0 +1,276 @@
+"""The RabbitMQ lane: Postgres keeps the truth, a broker carries deliveries.
+
+Runs live in the Postgres storage as with the polling lane. Every run that becomes queued
+gets an outbox item in the same transaction (migration 3); a publisher in each runtime
+publishes items with confirms (an eager trigger's right after its commit), and workers
+consume from durable quorum queues, claiming the run a message names with the polling
+lane's fenced claim. See ``docs/deploying.md`` for running it past one machine.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import pika
+
+from runlane.errors import ConfigurationError
+from runlane.lanes import AcquirerOptions
+from runlane.maintenance._types import MaintenanceLimits
+from runlane.postgres import PostgresStorage
+from runlane.postgres._connections import check_conninfo
+from runlane.postgres._listener import PostgresListener
+from runlane.postgres._sql import notify_channel, validate_schema_name
+from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, describe
+from runlane.rabbitmq._consumer import RabbitAcquirer
+from runlane.rabbitmq._publisher import OutboxPublisher
+from runlane.storage import MaintenanceFence, Storage
+
+__all__ = ["RabbitMQLane", "rabbitmq_lane"]
+
+_DRAIN_UNSUPPORTED = (
+    "a broker consumer cannot prove that the broker holds no message for a due run, so "
+    "'no work is due' cannot be answered; run a worker instead "
+    "(runlane.create_delivery_worker(...), or `runlane worker APP`) and wait for the runs "
+    "you need (runlane.wait_for_run(run_id)); tests that want drain() can use "
+    "postgres_polling_lane on the same schema"
+)
+
+
+def _publisher_of(storage: Storage) -> OutboxPublisher:
+    publisher = getattr(storage, "eager_publisher", None)
+    if not isinstance(publisher, OutboxPublisher):
+        raise ConfigurationError(
+            "this storage was not made by rabbitmq_lane(); build the runtime with "
+            "create_runlane(lane=rabbitmq_lane(...))"
+        )
+    return publisher
+
+
+def _postgres(storage: Storage) -> PostgresStorage:
+    if not isinstance(storage, PostgresStorage):
+        raise ConfigurationError("the RabbitMQ lane keeps its runs in the Postgres storage")
+    return storage
+
+
+@attrs.frozen
+class RabbitMQLane:
+    """Postgres storage with an outbox, deliveries through RabbitMQ. Make it with
+    :func:`rabbitmq_lane`."""
+
+    connection_string: str = attrs.field(repr=False)
+    schema: str
+    amqp_url: str = attrs.field(repr=False)
+    pool_min_size: int
+    pool_max_size: int
+    lease_duration: timedelta
+    connect_timeout: float
+    poll_interval: timedelta
+    claim_duration: timedelta
+    publish_timeout: timedelta
+    delivery_limit: int
+    recovery_threshold: timedelta
+    defer_delay: timedelta
+
+    name = "rabbitmq"
+    drain_unsupported = _DRAIN_UNSUPPORTED
+
+    @property
+    def broker(self) -> str:
+        """``host:port`` of the broker (never the credentials)."""
+        return describe(self._params())
+
+    def _params(self) -> pika.URLParameters:
+        params = check_amqp_url(self.amqp_url)
+        params.connection_attempts = 1
+        params.socket_timeout = self.connect_timeout
+        params.blocked_connection_timeout = self.publish_timeout.total_seconds()
+        return params
+
+    def create_storage(self) -> PostgresStorage:
+        storage = PostgresStorage(
+            connection_string=self.connection_string,
+            schema=self.schema,
+            pool_min_size=self.pool_min_size,
+            pool_max_size=self.pool_max_size,
+            connect_timeout=self.connect_timeout,
+        )
+        storage.attach_eager_publisher(
+            OutboxPublisher(
+                storage,
+                params=self._params(),
+                schema=self.schema,
+                claim=self.claim_duration,
+                publish_timeout=self.publish_timeout.total_seconds(),
+                delivery_limit=self.delivery_limit,
+            )
+        )
+        return storage
+
+    def prepare(self, storage: Storage, environment: str) -> None:
+        """Enable the outbox for the environment and start the runtime's publisher: it
+        listens for items stored unclaimed and publishes what is pending now."""
+        postgres = _postgres(storage)
+        postgres.outbox_enable(environment, self.claim_duration)
+        publisher = _publisher_of(storage)
+        listener = PostgresListener(
+            connection_string=self.connection_string,
+            channel=notify_channel(self.schema),
+            environment=environment,
+            on_wake=publisher.on_notify,
+            name=f"{publisher.name}-listener",
+            connect_timeout=self.connect_timeout,
+        )
+        publisher.add_listener(listener)
+        listener.start()  # its first (re)connect wakes the publisher: pending items go
+
+    def create_acquirer(
+        self,
+        storage: Storage,
+        options: AcquirerOptions,
+        on_cancel: Callable[[uuid.UUID], None],
+    ) -> RabbitAcquirer:
+        """One worker's consumer: its own AMQP connection, prefetch = concurrency."""
+        return RabbitAcquirer(
+            _postgres(storage),
+            options,
+            on_cancel,
+            params=self._params(),
+            schema=self.schema,
+            delivery_limit=self.delivery_limit,
+            poll_interval=self.poll_interval,
+            defer_delay=self.defer_delay,
+            make_listener=lambda on_wake, name: PostgresListener(
+                connection_string=self.connection_string,
+                channel=notify_channel(self.schema),
+                environment=options.environment,
+                on_wake=on_wake,
+                name=name,
+                connect_timeout=self.connect_timeout,
+            ),
+        )
+
+    def recover_delivery(
+        self,
+        storage: Storage,
+        environment: str,
+        limits: MaintenanceLimits,
+        fence: MaintenanceFence | None,
+    ) -> dict[str, int]:
+        """Publish one page of pending outbox items, then re-announce runs queued past the
+        recovery threshold with no item (a purged queue, a dead-lettered message). Outbox
+        writes are fenced by their claim tokens, so replicas may do this at once."""
+        publisher = _publisher_of(storage)
+        timeout = 2 * self.publish_timeout.total_seconds() + 5.0
+        published = publisher.publish_pending(limits.outbox_publish_limit, timeout)
+        recovered = 0
+        if limits.delivery_recovery_limit:
+            recovered = _postgres(storage).outbox_recover(
+                environment, self.recovery_threshold, limits.delivery_recovery_limit
+            )
+            if recovered:
+                publisher.wake()
+        return {"outbox_published": published, "deliveries_recovered": recovered}
+
+    def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
+        """Pending outbox items and the oldest one's age; whether the broker answers."""
+        fields = _postgres(storage).outbox_status(environment)
+        params = self._params()
+        params.socket_timeout = min(self.connect_timeout, 3.0)
+        try:
+            pika.BlockingConnection(params).close()
+        except AMQP_ERRORS as exc:
+            fields["broker"] = f"unreachable at {describe(params)} ({type(exc).__name__})"
+        else:
+            fields["broker"] = f"reachable at {describe(params)}"
+        return fields
+
+
+def _positive(name: str, value: timedelta) -> timedelta:
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise ConfigurationError(f"{name} must be a positive timedelta, got {value!r}")
+    return value
+
+
+def rabbitmq_lane(
+    *,
+    connection_string: str,
+    schema: str = "runlane",
+    amqp_url: str,
+    pool_min_size: int = 1,
+    pool_max_size: int = 10,
+    lease_duration: timedelta = timedelta(seconds=30),
+    connect_timeout: float = 10.0,
+    poll_interval: timedelta = timedelta(seconds=1),
+    claim_duration: timedelta = timedelta(minutes=5),
+    publish_timeout: timedelta = timedelta(seconds=10),
+    delivery_limit: int = 20,
+    recovery_threshold: timedelta = timedelta(minutes=5),
+    defer_delay: timedelta = timedelta(seconds=1),
+) -> RabbitMQLane:
+    """A lane keeping runs in ``schema`` at ``connection_string`` and delivering them
+    through the RabbitMQ broker at ``amqp_url`` (durable quorum queues, one per logical
+    queue, named ``runlane.<schema>.<environment>.<queue>``).
+
+    ``claim_duration``: how long a publisher's claim on an outbox item lasts (another
+    publisher takes the item after it); it must exceed ``publish_timeout``.
+    ``delivery_limit``: deliveries of one message before the broker dead-letters it to
+    ``runlane.<schema>.dead``. ``recovery_threshold``: how long a run may stay queued with
+    no outbox item before maintenance announces it again. ``defer_delay``: how long a run
+    whose bounded queue is at capacity waits before it is published again.
+    ``poll_interval``: how often an idle worker looks again without a delivery.
+    """
+    check_conninfo(connection_string)
+    validate_schema_name(schema)
+    check_amqp_url(amqp_url)
+    if pool_min_size < 0 or pool_max_size < max(pool_min_size, 1):
+        raise ConfigurationError(
+            f"pool sizes must satisfy 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1, "
+            f"got {pool_min_size} and {pool_max_size}"
+        )
+    if _positive("lease_duration", lease_duration) < timedelta(seconds=1):
+        raise ConfigurationError(
+            f"lease_duration must be at least one second, got {lease_duration}"
+        )
+    _positive("poll_interval", poll_interval)
+    _positive("claim_duration", claim_duration)
+    _positive("publish_timeout", publish_timeout)
+    _positive("recovery_threshold", recovery_threshold)
+    if not isinstance(defer_delay, timedelta) or defer_delay < timedelta(0):
+        raise ConfigurationError(
+            f"defer_delay must be a non-negative timedelta, got {defer_delay!r}"
+        )
+    if claim_duration <= publish_timeout:
+        raise ConfigurationError(
+            f"claim_duration ({claim_duration}) must be longer than publish_timeout "
+            f"({publish_timeout}): a publisher still waiting for a confirm would lose its claim "
+            "and the item would be published twice"
+        )
+    if (
+        isinstance(delivery_limit, bool)
+        or not isinstance(delivery_limit, int)
+        or delivery_limit < 1
+    ):
+        raise ConfigurationError(
+            f"delivery_limit must be a positive integer, got {delivery_limit!r}"
+        )
+    if connect_timeout <= 0:
+        raise ConfigurationError(f"connect_timeout must be positive, got {connect_timeout}")
+    return RabbitMQLane(
+        connection_string=connection_string,
+        schema=schema,
+        amqp_url=amqp_url,
+        pool_min_size=pool_min_size,
+        pool_max_size=pool_max_size,
+        lease_duration=lease_duration,
+        connect_timeout=connect_timeout,
+        poll_interval=poll_interval,
+        claim_duration=claim_duration,
+        publish_timeout=publish_timeout,
+        delivery_limit=delivery_limit,
+        recovery_threshold=recovery_threshold,
+        defer_delay=defer_delay,
+    )

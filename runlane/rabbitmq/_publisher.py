@@ -1,0 +1,417 @@
+"""The outbox publisher of one runtime: one thread owning one AMQP connection.
+
+Work reaches it three ways: an eager trigger hands over its items (already claimed by the
+trigger's transaction) right after commit; a notification ``outbox|<queue>`` (items stored
+unclaimed, e.g. by ``trigger(connection=...)`` or a hand-back) or a due back-off asks it to
+sweep, that is to claim a bounded page (fresh token per item, expiry by the database) and
+publish it; maintenance asks for one page synchronously (``publish_pending``). Every
+message is published with publisher confirms and ``mandatory`` (an unroutable message is a
+failure), then its result is recorded fenced by the item's claim token: success deletes
+the item, failure releases it with a back-off. A result written under a lost claim changes
+nothing and is counted as stale.
+
+A connection belongs to one thread (pika); other threads only queue requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Protocol
+
+import attrs
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+
+from runlane.errors import RunlaneClosed, RunlaneError
+from runlane.rabbitmq._amqp import (
+    AMQP_ERRORS,
+    declare_queue,
+    describe,
+    message_body,
+    queue_name,
+)
+from runlane.storage import OutboxItem
+
+__all__ = ["OutboxPublisher", "OutboxStorage", "PublisherStats"]
+
+
+class OutboxStorage(Protocol):
+    """The outbox methods a publisher uses (``runlane.postgres.PostgresStorage`` has them)."""
+
+    def outbox_claim_page(self, limit: int, claim: timedelta) -> list[OutboxItem]: ...
+
+    def outbox_published(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]: ...
+
+    def outbox_failed(
+        self, items: Sequence[OutboxItem], error: str, delay: timedelta
+    ) -> set[uuid.UUID]: ...
+
+
+log = logging.getLogger("runlane.rabbitmq.publisher")
+
+_numbers = itertools.count(1)
+_PAGES_PER_SWEEP = 10  # a sweep stops after this many full pages and asks again
+_IDLE_SLICE = 5.0  # seconds: the connection's heartbeats are served at least this often
+
+
+@attrs.define
+class PublisherStats:
+    published: int = 0  # confirmed and recorded
+    failed: int = 0  # not confirmed (broker down, unroutable, nacked); released to retry
+    stale: int = 0  # results written under a lost claim: changed nothing
+
+
+@attrs.define(eq=False)
+class _Request:
+    limit: int
+    done: threading.Event = attrs.Factory(threading.Event)
+    published: int = 0
+    error: BaseException | None = None
+
+
+class OutboxPublisher:
+    def __init__(
+        self,
+        storage: OutboxStorage,
+        *,
+        params: pika.URLParameters,
+        schema: str,
+        claim: timedelta,
+        publish_timeout: float,
+        delivery_limit: int,
+        page_size: int = 100,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self._storage = storage
+        self._params = params
+        self._schema = schema
+        self._claim = claim
+        self._publish_timeout = publish_timeout
+        self._delivery_limit = delivery_limit
+        self._page_size = page_size
+        self._max_backoff = max_backoff
+        self.name = f"runlane-publisher-{next(_numbers)}"
+        self.stats = PublisherStats()
+        self._cond = threading.Condition()
+        self._eager: list[OutboxItem] = []
+        self._requests: list[_Request] = []
+        self._sweep = False
+        self._next_sweep: float | None = None  # monotonic time of a sweep after a back-off
+        self._backoff = 0.0
+        self._closing = False
+        self._deadline: float | None = None
+        self._thread: threading.Thread | None = None
+        self._conn: BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._declared: set[str] = set()
+        self._listeners: list[object] = []
+        self.connected = threading.Event()
+
+    # -- other threads -------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        """Start the thread on first use (under the lock)."""
+        if self._closing:
+            raise RunlaneClosed(f"{self.name} is closed")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+            self._thread.start()
+
+    def submit(self, items: Sequence[OutboxItem]) -> None:
+        """Publish an eager trigger's items (asynchronously; the caller has committed)."""
+        with self._cond:
+            if self._closing:
+                return  # their claim expires and another publisher takes them
+            self._ensure_thread()
+            self._eager.extend(items)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Items were stored unclaimed: sweep the outbox soon."""
+        with self._cond:
+            if self._closing:
+                return
+            self._ensure_thread()
+            self._sweep = True
+            self._cond.notify_all()
+
+    def on_notify(self, message: str | None) -> None:
+        """A listener's callback: ``outbox|<queue>``, or None after a reconnect."""
+        if message is None or message.startswith("outbox|"):
+            self.wake()
+
+    def add_listener(self, listener: object) -> None:
+        self._listeners.append(listener)
+
+    def publish_pending(self, limit: int, timeout: float) -> int:
+        """Claim and publish one page of up to ``limit`` items (maintenance); returns how
+        many were published and recorded. Raises what stopped it."""
+        request = _Request(limit)
+        with self._cond:
+            self._ensure_thread()
+            self._requests.append(request)
+            self._cond.notify_all()
+        if not request.done.wait(timeout):
+            raise RunlaneError(
+                f"{self.name} did not finish publishing within {timeout:.0f}s "
+                f"(broker {describe(self._params)})"
+            )
+        if request.error is not None:
+            raise request.error
+        return request.published
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Publish what eager triggers handed over (within ``timeout``), release what could
+        not be published for another publisher, and close the connection."""
+        for listener in self._listeners:
+            close = getattr(listener, "close", None)
+            if close is not None:
+                close(timeout)
+        with self._cond:
+            if self._closing:
+                thread = self._thread
+            else:
+                self._closing = True
+                thread = self._thread
+                self._deadline = None if timeout is None else time.monotonic() + timeout
+                self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("runlane: %s did not stop within %ss", self.name, timeout)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            log.exception("runlane: %s failed", self.name)
+        finally:
+            self._disconnect()
+
+    def _loop(self) -> None:
+        while True:
+            eager, requests, sweep, closing = self._next_work()
+            if eager:
+                if closing:
+                    self._flush_on_close(eager)
+                else:
+                    self._publish_and_record(eager)
+            self._serve(requests)
+            if sweep and not closing:
+                self._sweep_pages()
+            if closing:
+                self._finish_closing()
+                return
+
+    def _next_work(self) -> tuple[list[OutboxItem], list[_Request], bool, bool]:
+        """Wait for work (serving heartbeats meanwhile), then take all of it."""
+        with self._cond:
+            while not (self._eager or self._requests or self._sweep or self._closing):
+                wait = _IDLE_SLICE
+                if self._next_sweep is not None:
+                    wait = min(wait, max(0.0, self._next_sweep - time.monotonic()))
+                    if wait <= 0:
+                        self._sweep, self._next_sweep = True, None
+                        break
+                self._cond.wait(wait)
+                if not (self._eager or self._requests or self._sweep or self._closing):
+                    self._serve_heartbeats()
+            eager, self._eager = self._eager, []
+            requests, self._requests = self._requests, []
+            sweep, self._sweep = self._sweep, False
+            return eager, requests, sweep, self._closing
+
+    def _serve(self, requests: list[_Request]) -> None:
+        for request in requests:
+            try:
+                page = self._claim_page(request.limit)
+                request.published = self._publish_and_record(page)
+            except BaseException as exc:
+                request.error = exc
+            finally:
+                request.done.set()
+
+    def _finish_closing(self) -> None:
+        with self._cond:
+            rest, self._eager = self._eager, []
+            waiting, self._requests = self._requests, []
+        for request in waiting:
+            request.error = RunlaneClosed(f"{self.name} is closed")
+            request.done.set()
+        if rest:
+            self._flush_on_close(rest)
+
+    def _serve_heartbeats(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            conn.process_data_events(0)
+        except AMQP_ERRORS as exc:
+            log.info("runlane: %s lost its broker connection (%s)", self.name, exc)
+            self._disconnect()
+
+    def _flush_on_close(self, items: list[OutboxItem]) -> None:
+        deadline = self._deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            self._record_failure(items, "the publisher closed before publishing", 0.0)
+            return
+        self._publish_and_record(items)
+
+    def _sweep_pages(self) -> None:
+        for _ in range(_PAGES_PER_SWEEP):
+            try:
+                page = self._claim_page(self._page_size)
+            except RunlaneError as exc:
+                log.warning("runlane: %s could not read the outbox (%s)", self.name, exc)
+                self._schedule_sweep()
+                return
+            if not page:
+                return
+            self._publish_and_record(page)
+            if len(page) < self._page_size:
+                return
+        with self._cond:
+            self._sweep = True  # more to do: go on after serving other work
+
+    def _claim_page(self, limit: int) -> list[OutboxItem]:
+        return self._storage.outbox_claim_page(limit, self._claim)
+
+    def _schedule_sweep(self) -> None:
+        self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
+        with self._cond:
+            self._next_sweep = time.monotonic() + self._backoff
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def _connect(self) -> BlockingChannel:
+        if self._channel is not None and self._channel.is_open:
+            return self._channel
+        self._disconnect()
+        params = self._params
+        params.blocked_connection_timeout = self._publish_timeout
+        params.socket_timeout = self._publish_timeout
+        params.stack_timeout = self._publish_timeout
+        conn = pika.BlockingConnection(params)
+        channel = conn.channel()
+        channel.confirm_delivery()
+        self._conn, self._channel = conn, channel
+        self._declared.clear()
+        self.connected.set()
+        log.info("runlane: %s connected to %s", self.name, describe(params))
+        return channel
+
+    def _disconnect(self) -> None:
+        conn, self._conn, self._channel = self._conn, None, None
+        self.connected.clear()
+        if conn is not None:
+            try:
+                conn.close()
+            except AMQP_ERRORS:
+                log.debug("closing a broken broker connection failed", exc_info=True)
+
+    def _publish_and_record(self, items: list[OutboxItem]) -> int:
+        """Publish with confirms; record successes and failures; returns those recorded."""
+        done, failed, error = self._publish(items)
+        if failed and not done and self._conn is None:
+            # the connection may have died since its last use: one fresh try
+            done, failed, error = self._publish(failed)
+        recorded = self._record_success(done)
+        if failed:
+            self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
+            self._record_failure(failed, error, self._backoff)
+            self._schedule_sweep()
+        else:
+            self._backoff = 0.0
+        return recorded
+
+    def _publish(self, items: list[OutboxItem]) -> tuple[list[OutboxItem], list[OutboxItem], str]:
+        done: list[OutboxItem] = []
+        failed: list[OutboxItem] = []
+        error = ""
+        try:
+            channel = self._connect()
+        except AMQP_ERRORS as exc:
+            error = f"broker {describe(self._params)} unreachable: {type(exc).__name__}: {exc}"
+            log.warning("runlane: %s: %s", self.name, error)
+            return [], list(items), error
+        for index, item in enumerate(items):
+            name = queue_name(self._schema, item.environment, item.queue)
+            try:
+                if name not in self._declared:
+                    declare_queue(channel, self._schema, name, self._delivery_limit)
+                    self._declared.add(name)
+                channel.basic_publish(
+                    exchange="",
+                    routing_key=name,
+                    body=message_body(item.run_id, item.environment),
+                    properties=pika.BasicProperties(
+                        message_id=str(item.id),
+                        delivery_mode=pika.DeliveryMode.Persistent,
+                        content_type="application/json",
+                    ),
+                    mandatory=True,
+                )
+                done.append(item)
+            except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
+                error = f"the broker refused run {item.run_id}: {type(exc).__name__}"
+                failed.append(item)
+            except AMQP_ERRORS as exc:
+                error = f"broker {describe(self._params)}: {type(exc).__name__}: {exc}"
+                log.warning("runlane: %s: publishing failed (%s)", self.name, error)
+                self._disconnect()
+                failed.extend(items[index:])
+                break
+        return done, failed, error
+
+    def _record_success(self, items: list[OutboxItem]) -> int:
+        if not items:
+            return 0
+        try:
+            applied = self._storage.outbox_published(items)
+        except RunlaneError as exc:
+            log.warning(
+                "runlane: %s published %d messages but could not record it (%s); their "
+                "items are published again after their claims expire (consumers drop the "
+                "duplicates)",
+                self.name,
+                len(items),
+                exc,
+            )
+            return 0
+        stale = len(items) - len(applied)
+        self.stats.published += len(applied)
+        if stale:
+            self.stats.stale += stale
+            log.warning(
+                "runlane: %s: %d published item(s) had lost their claim; nothing recorded",
+                self.name,
+                stale,
+            )
+        return len(applied)
+
+    def _record_failure(self, items: list[OutboxItem], error: str, delay: float) -> None:
+        self.stats.failed += len(items)
+        try:
+            applied = self._storage.outbox_failed(items, error, timedelta(seconds=delay))
+        except RunlaneError as exc:
+            log.warning(
+                "runlane: %s could not release %d unpublished item(s) (%s); they are "
+                "published after their claims expire",
+                self.name,
+                len(items),
+                exc,
+            )
+            return
+        stale = len(items) - len(applied)
+        if stale:
+            self.stats.stale += stale
