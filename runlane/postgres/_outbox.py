@@ -131,6 +131,15 @@ class OutboxMethods:
             lambda conn: {row[0] for row in conn.execute(self._sql["outbox_failed"], params)}
         )
 
+    def outbox_next_due(self) -> float | None:
+        """Seconds until the next item becomes publishable (<= 0: now), None when none."""
+
+        def next_due(conn: Conn) -> float | None:
+            row = conn.execute(self._sql["outbox_next_due"]).fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+        return self._with_conn(next_due)
+
     def outbox_defer(self, environment: str, run_ids: Sequence[uuid.UUID], delay: timedelta) -> int:
         """Publish the still-queued runs again after ``delay`` (or their due time)."""
         if not run_ids:

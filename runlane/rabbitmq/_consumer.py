@@ -107,6 +107,11 @@ class RabbitAcquirer:
         self.stats = ConsumerStats()
         self.consuming = threading.Event()  # set while consuming (tests, status)
 
+    @property
+    def listener(self) -> PostgresListener:
+        """The LISTEN connection that carries cancellations to this worker."""
+        return self._listener
+
     # -- the lane's Acquirer -------------------------------------------------------------
 
     def start(self) -> None:

@@ -53,12 +53,17 @@ class OutboxStorage(Protocol):
         self, items: Sequence[OutboxItem], error: str, delay: timedelta
     ) -> set[uuid.UUID]: ...
 
+    def outbox_next_due(self) -> float | None: ...
+
 
 log = logging.getLogger("runlane.rabbitmq.publisher")
 
 _numbers = itertools.count(1)
 _PAGES_PER_SWEEP = 10  # a sweep stops after this many full pages and asks again
 _IDLE_SLICE = 5.0  # seconds: the connection's heartbeats are served at least this often
+# after a sweep, the next one is due when the next item becomes publishable, within these
+_RESWEEP_MIN = 0.05
+_RESWEEP_MAX = 60.0
 
 
 @attrs.define
@@ -268,6 +273,8 @@ class OutboxPublisher:
         self._publish_and_record(items)
 
     def _sweep_pages(self) -> None:
+        """Publish pages until a short one; then sweep again when the next item becomes
+        publishable (a deferred run, a back-off, a claim of a producer that died)."""
         for _ in range(_PAGES_PER_SWEEP):
             try:
                 page = self._claim_page(self._page_size)
@@ -275,13 +282,23 @@ class OutboxPublisher:
                 log.warning("runlane: %s could not read the outbox (%s)", self.name, exc)
                 self._schedule_sweep()
                 return
-            if not page:
-                return
-            self._publish_and_record(page)
+            if page:
+                self._publish_and_record(page)
             if len(page) < self._page_size:
-                return
-        with self._cond:
-            self._sweep = True  # more to do: go on after serving other work
+                break
+        else:
+            with self._cond:
+                self._sweep = True  # more to do: go on after serving other work
+            return
+        try:
+            wait = self._storage.outbox_next_due()
+        except RunlaneError:
+            wait = _RESWEEP_MAX
+        if wait is not None:
+            with self._cond:
+                due = time.monotonic() + min(_RESWEEP_MAX, max(_RESWEEP_MIN, wait))
+                if self._next_sweep is None or due < self._next_sweep:
+                    self._next_sweep = due
 
     def _claim_page(self, limit: int) -> list[OutboxItem]:
         return self._storage.outbox_claim_page(limit, self._claim)

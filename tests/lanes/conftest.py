@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from runlane import Queue, Runlane, Schedule, Task, Worker, create_runlane
 from runlane.lanes import Lane
 from runlane.postgres import postgres_polling_lane
+from runlane.rabbitmq import rabbitmq_lane
 
 Conn = psycopg.Connection[Any]
 
@@ -136,7 +137,18 @@ def _postgres_ready(worker: Worker, timeout: float) -> bool:
     return connected.wait(timeout)
 
 
-@pytest.fixture(params=["postgres-polling"])
+def _rabbitmq_ready(worker: Worker, timeout: float) -> bool:
+    """The RabbitMQ lane delivers through its consumer; cancels come through LISTEN."""
+    acquirer: Any = worker.acquirer
+    deadline = time.monotonic() + timeout
+    consuming: threading.Event = acquirer.consuming
+    if not consuming.wait(timeout):
+        return False
+    connected: threading.Event = acquirer.listener.connected
+    return connected.wait(max(0.0, deadline - time.monotonic()))
+
+
+@pytest.fixture(params=["postgres-polling", "rabbitmq"])
 def lane_factory(
     request: pytest.FixtureRequest, database_url: str, schema: str, db: Conn
 ) -> Iterator[LaneHarness]:
@@ -153,6 +165,21 @@ def lane_factory(
 
         harness = LaneHarness(
             name=request.param, build=build, wait_ready=_postgres_ready, db=db, schema=schema
+        )
+    elif request.param == "rabbitmq":
+        amqp_url: str = request.getfixturevalue("rabbitmq_url")
+
+        def build(lease: timedelta, poll: timedelta) -> Lane:
+            return rabbitmq_lane(
+                connection_string=database_url,
+                schema=schema,
+                amqp_url=amqp_url,
+                lease_duration=lease,
+                poll_interval=poll,
+            )
+
+        harness = LaneHarness(
+            name=request.param, build=build, wait_ready=_rabbitmq_ready, db=db, schema=schema
         )
     else:  # pragma: no cover - a new lane adds its branch here
         raise AssertionError(f"unknown lane param {request.param!r}")

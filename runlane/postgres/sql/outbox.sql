@@ -73,15 +73,30 @@ returning o.id;
 
 -- name: outbox_defer
 -- A delivery that could not start its run (a bounded queue at capacity, a run not due yet):
--- a new item publishes the run again later, while the run is still queued.
-insert into {schema}.outbox (id, environment, run_id, queue, available_at)
-select gen_random_uuid(), r.environment, r.id, r.queue,
-       greatest(r.due_at, now() + %(delay_seconds)s * interval '1 second')
-from {schema}.runs as r
-where r.id = any(%(ids)s::uuid[])
-  and r.environment = %(environment)s
-  and r.status = 'queued'
-returning run_id;
+-- a new item publishes the run again later, while the run is still queued. Announced, so
+-- listening publishers learn when to sweep next.
+with deferred as (
+    insert into {schema}.outbox (id, environment, run_id, queue, available_at)
+    select gen_random_uuid(), r.environment, r.id, r.queue,
+           greatest(r.due_at, now() + %(delay_seconds)s * interval '1 second')
+    from {schema}.runs as r
+    where r.id = any(%(ids)s::uuid[])
+      and r.environment = %(environment)s
+      and r.status = 'queued'
+    returning run_id, environment, queue
+), told as (
+    select {schema}.runlane_announce(d.environment, 'outbox', d.queue)
+    from (select distinct environment, queue from deferred) as d
+)
+select run_id from deferred where (select count(*) from told) >= 0;
+
+-- name: outbox_next_due
+-- Seconds until the next item becomes publishable (negative: one is now; null: none):
+-- available unclaimed items, and claimed ones whose claim expires.
+select extract(epoch from min(case when claim_token is null then available_at
+                                   else greatest(available_at, claim_expires_at) end)
+                          - now())::float8
+from {schema}.outbox;
 
 -- name: outbox_recover
 -- Delivery recovery: runs queued and due for longer than the threshold, untouched for as
