@@ -1,0 +1,220 @@
+"""The outbox of transport lanes (migration 3), on the storage with a real database.
+
+Every transition of a run into ``queued`` in an outbox environment writes an item in the
+same transaction (from the runs triggers): a trigger, a due retry or release, a resume, a
+hand-back, a schedule. An eager trigger stores its items already claimed; anything else
+stores them unclaimed and announces ``env|outbox|<queue>`` at commit. Environments of the
+polling lane get no items.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from runlane.postgres import PostgresStorage
+from runlane.postgres._outbox import eager_item_id
+from runlane.storage import ClaimedRun, Failure, LeaseRef, NewRuns, OutboxItem
+from tests.helpers import Conn, SchemaDb
+
+ENV = "env"
+LEASE = timedelta(seconds=60)
+CLAIM = timedelta(minutes=5)
+
+
+class Collector:
+    """An eager publisher that only remembers what it was handed."""
+
+    def __init__(self) -> None:
+        self.items: list[OutboxItem] = []
+
+    def submit(self, items: Sequence[OutboxItem]) -> None:
+        self.items.extend(items)
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+@pytest.fixture
+def storage(database_url: str, schema: str) -> Iterator[PostgresStorage]:
+    store = PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=2)
+    store.open()
+    store.outbox_enable(ENV, CLAIM)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def dbx(db: Conn, schema: str) -> SchemaDb:
+    return SchemaDb(db, schema)
+
+
+@pytest.fixture
+def listener(database_url: str, schema: str) -> Iterator[Conn]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("listen {}").format(sql.Identifier(f"runlane.{schema}")))
+        yield conn
+
+
+def new_runs(count: int = 1, *, environment: str = ENV, delay: timedelta = timedelta(0)) -> NewRuns:
+    return NewRuns(
+        environment=environment,
+        task_id="t",
+        queue="q",
+        ids=[uuid.uuid4() for _ in range(count)],
+        payloads=["null"] * count,
+        idempotency_keys=[None] * count,
+        priority=0,
+        max_attempts=3,
+        delay=delay,
+        run_at=None,
+    )
+
+
+def items(dbx: SchemaDb) -> list[tuple[uuid.UUID, bool, bool]]:
+    """(run id, claimed, available now) of every outbox item."""
+    rows = dbx.all(
+        "select run_id, claim_token is not null, available_at <= now() from {schema}.outbox "
+        "order by created_at, run_id"
+    )
+    return [(r[0], bool(r[1]), bool(r[2])) for r in rows]
+
+
+def claim_one(storage: PostgresStorage, run_id: uuid.UUID) -> ClaimedRun:
+    (claimed,) = storage.run_claim_ids(ENV, [run_id], LEASE)
+    return claimed
+
+
+def test_an_eager_trigger_stores_its_items_claimed_under_ids_the_producer_knows(
+    storage: PostgresStorage, dbx: SchemaDb, listener: Conn
+) -> None:
+    collector = Collector()
+    storage.attach_eager_publisher(collector)
+    now = new_runs(2)
+    later = new_runs(1, delay=timedelta(hours=1))
+    storage.run_insert_many(now)
+    storage.run_insert_many(later)
+    handed = {item.run_id: item for item in collector.items}
+    assert set(handed) == set(now.ids)  # only runs due now are published eagerly
+    token = collector.items[0].claim_token
+    for run_id, item in handed.items():
+        assert item.id == eager_item_id(token, run_id)
+        assert item.claim_token == token
+    stored = dbx.all("select id, run_id, claim_token from {schema}.outbox")
+    by_run = {run_id: (item_id, claim) for item_id, run_id, claim in stored}
+    for run_id in now.ids:
+        assert by_run[run_id] == (handed[run_id].id, token)
+    assert by_run[later.ids[0]][1] is None  # the delayed run's item waits, unclaimed
+    assert [n.payload for n in listener.notifies(timeout=0.3)] == [f"{ENV}|q"]
+    # a live claim keeps the eager items from other publishers
+    assert storage.outbox_claim_page(10, CLAIM) == []
+    assert storage.outbox_published(collector.items) == {i.id for i in collector.items}
+    assert [r[0] for r in items(dbx)] == later.ids
+
+
+def test_a_trigger_on_the_callers_connection_is_unclaimed_and_announced_at_commit(
+    storage: PostgresStorage, dbx: SchemaDb, database_url: str, listener: Conn
+) -> None:
+    storage.attach_eager_publisher(Collector())
+    with psycopg.connect(database_url) as conn:
+        runs = new_runs(1)
+        storage.run_insert_many(runs, connection=conn)
+        assert [n.payload for n in listener.notifies(timeout=0.2)] == []
+        conn.rollback()
+    assert items(dbx) == []
+    with psycopg.connect(database_url) as conn:
+        runs = new_runs(1)
+        storage.run_insert_many(runs, connection=conn)
+        conn.commit()
+    assert items(dbx) == [(runs.ids[0], False, True)]
+    heard = [n.payload for n in listener.notifies(timeout=0.3)]
+    assert sorted(heard) == [f"{ENV}|outbox|q", f"{ENV}|q"]
+
+
+def test_polling_environments_get_no_items(storage: PostgresStorage, dbx: SchemaDb) -> None:
+    storage.run_insert_many(new_runs(3, environment="polling"))
+    assert items(dbx) == []
+
+
+def test_every_transition_into_queued_writes_an_item(
+    storage: PostgresStorage, dbx: SchemaDb
+) -> None:
+    runs = new_runs(5)
+    storage.run_insert_many(runs)
+    published = storage.outbox_claim_page(10, CLAIM)
+    assert storage.outbox_published(published) == {i.id for i in published}
+    a, b, c, d, waiter = runs.ids
+    # a run waiting on another (suspended: waiting is not queued)
+    waiting = claim_one(storage, waiter)
+    lease = LeaseRef(waiter, waiting.attempt, waiting.lease_token)
+    assert storage.run_suspend(lease, ENV, run_id=d).suspended
+    assert items(dbx) == []
+    # a failed attempt retried: retrying is not queued, due delivery makes it queued
+    first = claim_one(storage, a)
+    storage.run_fail_many(
+        [Failure(a, first.attempt, first.lease_token, '{"type": "X"}', timedelta(0))]
+    )
+    assert items(dbx) == []
+    assert storage.run_deliver_due(ENV, 10) == 1
+    # a hand-back (worker shutdown)
+    second = claim_one(storage, b)
+    storage.run_release_many(ENV, [LeaseRef(b, second.attempt, second.lease_token)])
+    # a release by the handler, delivered when due
+    third = claim_one(storage, c)
+    assert storage.run_release(LeaseRef(c, third.attempt, third.lease_token), timedelta(0))
+    assert storage.run_deliver_due(ENV, 10) == 1
+    # the awaited run fails for good: the update trigger resumes its waiter
+    fourth = claim_one(storage, d)
+    storage.run_fail_many([Failure(d, fourth.attempt, fourth.lease_token, '{"type": "X"}', None)])
+    assert sorted(r[0] for r in items(dbx)) == sorted([a, b, c, waiter])
+    assert all(not claimed and now for _, claimed, now in items(dbx))
+
+
+def test_published_and_failed_are_fenced_by_the_claim_token(
+    storage: PostgresStorage, dbx: SchemaDb
+) -> None:
+    runs = new_runs(2)
+    storage.run_insert_many(runs)
+    page = storage.outbox_claim_page(10, CLAIM)
+    assert len(page) == 2
+    assert len({i.claim_token for i in page}) == 2  # a fresh token per item
+    stale = [OutboxItem(i.id, i.run_id, i.environment, i.queue, uuid.uuid4()) for i in page]
+    assert storage.outbox_published(stale) == set()
+    assert storage.outbox_failed(stale, "nope", timedelta(0)) == set()
+    assert storage.outbox_failed(page[:1], "broker down", timedelta(hours=1)) == {page[0].id}
+    row = dbx.one(
+        "select failures, last_error, claim_token from {schema}.outbox where id = %s", page[0].id
+    )
+    assert row == (1, "broker down", None)
+    assert storage.outbox_claim_page(10, CLAIM) == []  # backed off, the other still claimed
+    assert storage.outbox_published(page[1:]) == {page[1].id}
+    next_due = storage.outbox_next_due()
+    assert next_due is not None
+    assert 3500 < next_due <= 3600
+
+
+def test_deferring_and_recovering(storage: PostgresStorage, dbx: SchemaDb, listener: Conn) -> None:
+    runs = new_runs(2)
+    storage.run_insert_many(runs)
+    storage.outbox_published(storage.outbox_claim_page(10, CLAIM))
+    listener.notifies(timeout=0.2)
+    assert storage.outbox_defer(ENV, runs.ids[:1], timedelta(seconds=30)) == 1
+    assert f"{ENV}|outbox|q" in [n.payload for n in listener.notifies(timeout=0.3)]
+    assert items(dbx) == [(runs.ids[0], False, False)]
+    # the other run lost its message: after the threshold, recovery announces it again
+    dbx.run(
+        "update {schema}.runs set due_at = now() - interval '1 hour', "
+        "updated_at = now() - interval '1 hour' where id = %s",
+        runs.ids[1],
+    )
+    assert storage.outbox_recover(ENV, timedelta(minutes=5), 10) == 1
+    assert storage.outbox_recover(ENV, timedelta(minutes=5), 10) == 0  # not twice
+    assert sorted(r[0] for r in items(dbx)) == sorted(runs.ids)
+    status = storage.outbox_status(ENV)
+    assert status["outbox_pending"] == 2
+    assert status["outbox_oldest_age_seconds"] >= 0
