@@ -456,12 +456,20 @@ def _process_tree(root: int) -> set[int]:
 
 
 def _gone(pid: int) -> bool:
-    """The process has exited (a zombie counts: only its exit status is left)."""
+    """The process has exited: no thread of it is left but a zombie (a SIGKILLed VM's leader
+    thread turns zombie while its other threads still hold its sockets)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return True
-    return stat.rpartition(")")[2].split()[0] in {"Z", "X"}
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[0] not in {"Z", "X"}:
+            return False
+    return True
 
 
 def _wait_gone(pids: set[int], timeout: float) -> bool:

@@ -1,10 +1,11 @@
-"""Fixtures: one PostgreSQL server per test session, one fresh schema per test."""
+"""Fixtures: one PostgreSQL server per test session, one fresh schema per test; RabbitMQ brokers
+on loopback (one per session, one per fault test, a three-node cluster per module)."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -13,7 +14,14 @@ from psycopg import sql
 
 from runlane import Runlane, create_runlane
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
-from runlane.testing import start_embedded_postgres
+from runlane.testing import (
+    RabbitNode,
+    rabbitmq_available,
+    rabbitmq_test_verdict,
+    start_embedded_postgres,
+    start_rabbitmq_cluster,
+    start_rabbitmq_node,
+)
 
 RunlaneFactory = Callable[..., Runlane]
 
@@ -72,3 +80,54 @@ def make_runlane(database_url: str, schema: str) -> Iterator[RunlaneFactory]:
     yield make
     for runtime in made:
         runtime.close()
+
+
+def require_rabbitmq(reason: str | None, environ: Mapping[str, str] | None = None) -> None:
+    """Skip the test when no broker can be started here (``reason`` from
+    ``rabbitmq_available()``), or fail it under ``CI=true``, where a skip would hide it."""
+    verdict, message = rabbitmq_test_verdict(reason, environ)
+    if verdict == "skip":
+        pytest.skip(message)
+    if verdict == "fail":
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """RUNLANE_TEST_AMQP_URL when set, else a private RabbitMQ node on loopback for the session
+    (about 5 s to start). Tests sharing it use queue names of their own."""
+    configured = os.environ.get("RUNLANE_TEST_AMQP_URL")
+    if configured:
+        yield configured
+        return
+    require_rabbitmq(rabbitmq_available())
+    url, node = start_rabbitmq_node()
+    try:
+        yield url
+    finally:
+        node.cleanup()
+
+
+@pytest.fixture
+def rabbitmq_node() -> Iterator[RabbitNode]:
+    """A private, running RabbitMQ node for this test alone, to stop, kill and start again.
+    Costs a broker start (about 5 s) per test that asks for it; prefer ``rabbitmq_url``."""
+    require_rabbitmq(rabbitmq_available())
+    _, node = start_rabbitmq_node()
+    try:
+        yield node
+    finally:
+        node.cleanup()
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_cluster() -> Iterator[list[RabbitNode]]:
+    """Three RabbitMQ nodes joined into one cluster on loopback, for the module (about 15 s to
+    start). A test that stops or kills a node starts it again before it ends."""
+    require_rabbitmq(rabbitmq_available())
+    nodes = start_rabbitmq_cluster(3)
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            node.cleanup()

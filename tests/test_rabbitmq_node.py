@@ -1,0 +1,226 @@
+"""The RabbitMQ brokers the tests and the demo use: a private node on loopback (quorum queues
+with a delivery limit and dead-lettering, confirms, kill and restart keeping persistent
+messages), a three-node cluster surviving a node's SIGKILL, and the skip-or-fail rule when the
+broker package is missing."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika  # type: ignore[import-untyped, unused-ignore]
+import pika.exceptions  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+import runlane.testing
+from runlane.testing import (
+    RABBITMQ_INSTALL_COMMAND,
+    RabbitNode,
+    rabbitmq_available,
+    rabbitmq_test_verdict,
+)
+from tests.conftest import require_rabbitmq
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def _channel(connection: Any) -> Any:
+    channel = connection.channel()
+    channel.confirm_delivery()  # basic_publish raises unless the broker confirms
+    return channel
+
+
+@pytest.fixture
+def connection(rabbitmq_url: str) -> Iterator[Any]:
+    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        yield conn
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def _drain(channel: Any, queue: str, count: int) -> list[bytes]:
+    """Consume and ack ``count`` messages (fewer if none comes for 5 s)."""
+    bodies: list[bytes] = []
+    for method, _properties, body in channel.consume(queue, inactivity_timeout=5):
+        if method is None:
+            break
+        bodies.append(body)
+        channel.basic_ack(method.delivery_tag)
+        if len(bodies) >= count:
+            break
+    channel.cancel()
+    return bodies
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_quorum_queue_with_delivery_limit_and_dead_letter_exchange(connection: Any) -> None:
+    name = f"t.{uuid.uuid4().hex[:12]}"
+    channel = _channel(connection)
+    channel.exchange_declare(f"{name}.dlx", exchange_type="fanout", durable=True)
+    channel.queue_declare(f"{name}.dead", durable=True, arguments={"x-queue-type": "quorum"})
+    channel.queue_bind(f"{name}.dead", f"{name}.dlx")
+    channel.queue_declare(
+        name,
+        durable=True,
+        arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 2,
+            "x-dead-letter-exchange": f"{name}.dlx",
+        },
+    )
+    try:
+        channel.basic_publish("", name, b"hello", PERSISTENT, mandatory=True)
+        assert _drain(channel, name, 1) == [b"hello"]
+
+        # A poison message: requeued on every delivery until the limit dead-letters it.
+        channel.basic_publish("", name, b"poison", PERSISTENT, mandatory=True)
+        deliveries = 0
+        for method, _properties, body in channel.consume(name, inactivity_timeout=5):
+            if method is None:
+                break
+            assert body == b"poison"
+            deliveries += 1
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            if deliveries == 3:  # the first delivery and two redeliveries
+                break
+        channel.cancel()
+        assert deliveries == 3
+        assert _drain(channel, f"{name}.dead", 1) == [b"poison"]
+        assert channel.queue_declare(name, passive=True).method.message_count == 0
+    finally:
+        channel.queue_delete(name)
+        channel.queue_delete(f"{name}.dead")
+        channel.exchange_delete(f"{name}.dlx")
+
+
+def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
+    rabbitmq_node: RabbitNode,
+) -> None:
+    node = rabbitmq_node
+    url, port, base = node.amqp_url, node.port, node.base
+    params = pika.URLParameters(url)
+    assert (params.host, params.port) == ("127.0.0.1", port)
+    credentials = params.credentials
+    assert isinstance(credentials, pika.PlainCredentials)
+    assert credentials.username == node.user
+    assert credentials.password
+    assert credentials.password not in repr(node)
+    assert node.nodename in node.ctl("status")
+    assert node.user in node.ctl("list_users")
+    conn = pika.BlockingConnection(node.connection_parameters())
+    channel = _channel(conn)
+    channel.queue_declare("keep", durable=True, arguments={"x-queue-type": "quorum"})
+    channel.basic_publish("", "keep", b"survivor", PERSISTENT, mandatory=True)
+    beam = node.pid
+    assert beam is not None
+    # RabbitMQ 3.10 saves its registry of quorum queue members (ra's names.dets) every 0.5 s:
+    # a node SIGKILLed sooner after a declaration restarts that queue empty, under a new id.
+    time.sleep(1)
+
+    node.kill()
+    assert not node.running
+    assert node.pid is None
+    assert _proc_state(beam) in {"gone", "Z"}
+    assert not _port_open(port)
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        conn.process_data_events(time_limit=1)
+    assert conn.is_closed
+
+    node.start()  # same directory, same port, same URL
+    assert (node.amqp_url, node.port, node.base) == (url, port, base)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    method, _properties, body = _channel(conn).basic_get("keep")  # not acked: requeued
+    assert method is not None
+    assert body == b"survivor"
+    conn.close()
+
+    node.terminate()  # SIGTERM: a graceful shutdown
+    node.stop()  # waits for it
+    assert not node.running
+    node.start()
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    assert _drain(_channel(conn), "keep", 1) == [b"survivor"]
+    conn.close()
+
+    node.cleanup()
+    assert not base.exists()
+    assert not _port_open(port)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
+
+
+@pytest.mark.slow
+def test_quorum_queue_survives_sigkill_of_a_cluster_node(
+    rabbitmq_cluster: list[RabbitNode],
+) -> None:
+    first, second, third = rabbitmq_cluster
+    assert len({first.port, second.port, third.port}) == 3
+    status = first.ctl("cluster_status", "--formatter", "json")
+    for node in rabbitmq_cluster:
+        assert node.nodename in status
+
+    conn = pika.BlockingConnection(first.connection_parameters())
+    channel = _channel(conn)
+    name = f"t.{uuid.uuid4().hex[:12]}"
+    channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    members = first.ctl("list_queues", "name", "members", "--formatter", "json")
+    assert all(node.nodename in members for node in rabbitmq_cluster)
+    channel.basic_publish("", name, b"before", PERSISTENT, mandatory=True)
+
+    second.kill()
+    try:
+        for i in range(20):  # confirmed by the two remaining members
+            channel.basic_publish("", name, f"after {i}".encode(), PERSISTENT, mandatory=True)
+        expected = [b"before"] + [f"after {i}".encode() for i in range(20)]
+        assert _drain(channel, name, len(expected)) == expected
+    finally:
+        second.start()  # rejoins the cluster from its own data directory
+    online = first.ctl("list_queues", "name", "online", "--formatter", "json")
+    assert second.nodename in online
+    channel.queue_delete(name)
+    conn.close()
+
+
+def test_rabbitmq_available_names_the_install_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(runlane.testing, "RABBITMQ_SERVER", tmp_path / "rabbitmq-server")
+    reason = rabbitmq_available()
+    assert reason is not None
+    assert "\n" not in reason
+    assert RABBITMQ_INSTALL_COMMAND in reason
+    assert RABBITMQ_INSTALL_COMMAND == "apt-get install rabbitmq-server"
+
+
+def test_missing_broker_skips_locally_and_fails_under_ci() -> None:
+    reason = "RabbitMQ is not installed: apt-get install rabbitmq-server"
+    assert rabbitmq_test_verdict(None, {"CI": "true"}) == ("run", "")
+    assert rabbitmq_test_verdict(reason, {}) == ("skip", reason)
+    assert rabbitmq_test_verdict(reason, {"CI": "false"}) == ("skip", reason)
+    verdict, message = rabbitmq_test_verdict(reason, {"CI": "true"})
+    assert verdict == "fail"
+    assert reason in message
+
+    require_rabbitmq(None, {"CI": "true"})  # available: the test runs
+    with pytest.raises(pytest.skip.Exception, match="apt-get install rabbitmq-server"):
+        require_rabbitmq(reason, {})
+    with pytest.raises(pytest.fail.Exception, match="apt-get install rabbitmq-server"):
+        require_rabbitmq(reason, {"CI": "true"})
