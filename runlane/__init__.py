@@ -35,6 +35,7 @@ from runlane.maintenance import (
 from runlane.models import (
     CancelResult,
     DrainResult,
+    QueueStatus,
     RunError,
     RunHandle,
     RunSnapshot,
@@ -62,6 +63,7 @@ __all__ = [
     "NonRetryableError",
     "PayloadValidationError",
     "Queue",
+    "QueueStatus",
     "RetentionPolicy",
     "RetryPolicy",
     "RunContext",

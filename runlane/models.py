@@ -13,6 +13,7 @@ __all__ = [
     "CancelResult",
     "DrainResult",
     "MaintenanceLeaseStatus",
+    "QueueStatus",
     "RunError",
     "RunHandle",
     "RunSnapshot",
@@ -131,6 +132,9 @@ class DrainResult:
     """What one :meth:`Runlane.drain` call did."""
 
     runs_executed: int
+    completed: int = 0  # attempts that completed their run
+    failed: int = 0  # attempts that failed their run for good
+    retried: int = 0  # failed attempts whose run was scheduled to retry
 
 
 @attrs.frozen
@@ -140,6 +144,21 @@ class MaintenanceLeaseStatus:
     fencing: int
     expires_at: datetime
     live: bool
+
+
+@attrs.frozen
+class QueueStatus:
+    """One queue's runs in ``StatusReport.queues``: ``retrying`` counts retrying and released
+    runs, ``live_leases`` running attempts holding a lease (what ``concurrency_limit``, None
+    for an unbounded queue, caps)."""
+
+    name: str
+    queued: int
+    running: int
+    retrying: int
+    waiting: int
+    live_leases: int
+    concurrency_limit: int | None
 
 
 @attrs.frozen
@@ -161,6 +180,9 @@ class StatusReport:
     tokens_past_timeout: int  # pending wait tokens whose timeout passed, not yet timed out
     resolved_tokens_with_waiting_runs: int  # resolved tokens whose runs are not resumed yet
     maintenance_leases: tuple[MaintenanceLeaseStatus, ...]
+    waiting: int = 0  # runs suspended on a token, a run or a sleep
+    tombstone_remaining_children: int = 0  # children the pruned parents still wait for
+    queues: tuple[QueueStatus, ...] = ()  # every registered queue, and any other with runs
     # lane fields (Lane.status_fields): a transport lane's outbox, and its broker
     outbox_pending: int | None = None  # items not yet published (0 for the polling lane)
     outbox_oldest_age_seconds: float | None = None  # age of the oldest pending item

@@ -6,10 +6,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from runlane import _telemetry
 from runlane._backend import Backend
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._ids import new_run_id
@@ -82,6 +83,7 @@ class Runlane:
         self._closed = False
         self._owned: list[Worker | Services] = []
         self._connect()
+        _telemetry.register_runtime(self)
 
     def _connect(self) -> None:
         """A fresh storage (and what reads through it) for a new or reopened runtime."""
@@ -404,7 +406,9 @@ class Runlane:
         if not runs.ids:
             return []
         self._ensure_started()
-        inserted = self._storage.run_insert_many(runs, connection=connection)
+        inserted = _telemetry.trigger(
+            runs, lambda batch: self._storage.run_insert_many(batch, connection=connection)
+        )
         return [
             RunHandle(id=row.id, task_id=runs.task_id, queue=row.queue, created=row.created)
             for row in inserted
@@ -545,6 +549,7 @@ class Runlane:
         max_runs: int | None = None,
         queues: Sequence[str] | None = None,
         stop: threading.Event | None = None,
+        on_progress: Callable[[DrainResult], None] | None = None,
     ) -> DrainResult:
         """Execute currently due runs in the calling thread, one at a time.
 
@@ -554,6 +559,8 @@ class Runlane:
         lifecycle writer and flushed before it returns, leases are kept and timeouts
         enforced. A claimed run whose task this runtime does not register is failed with
         TaskNotFound and not counted. Transport lanes cannot drain (ConfigurationError).
+        The result counts attempts that completed, failed for good and were retried;
+        ``on_progress(result_so_far)`` is called after each attempt.
         """
         self._check_open()
         if max_runs is not None and (
@@ -576,7 +583,19 @@ class Runlane:
             ),
         )
         worker.start()
-        return DrainResult(runs_executed=worker.run_inline(max_runs, stop))
+
+        def result() -> DrainResult:
+            kinds = worker.outcomes
+            return DrainResult(
+                runs_executed=worker.runs_executed,
+                completed=kinds.get("completed", 0),
+                failed=kinds.get("failed", 0),
+                retried=kinds.get("retried", 0),
+            )
+
+        progress = None if on_progress is None else lambda: on_progress(result())
+        worker.run_inline(max_runs, stop, progress)
+        return result()
 
     def _new_worker(self, queues: list[Queue], options: WorkerOptions) -> Worker:
         worker = Worker(
@@ -673,6 +692,7 @@ class Runlane:
         leases = self._storage.maintenance_lease_list(self.environment)
         return StatusReport(
             environment=self.environment,
+            queues=_telemetry.queue_statuses(counts.pop("queues", ()), self._queues),
             maintenance_leases=tuple(
                 MaintenanceLeaseStatus(r.band, r.owner, r.fencing, r.expires_at, r.live)
                 for r in leases

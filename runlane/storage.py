@@ -55,6 +55,7 @@ class NewRuns:
     delay: timedelta
     run_at: datetime | None
     parent_run_id: uuid.UUID | None = None
+    trace_context: str | None = None  # JSON object of W3C trace headers, or None
 
 
 @attrs.frozen
@@ -79,6 +80,8 @@ class ClaimedRun:
     lease_token: uuid.UUID
     payload: Any
     lease_expires_at: datetime
+    trace_context: Any = None  # the trigger's W3C trace headers (a dict), if stored
+    due_at: datetime | None = None  # when the run became due (database time)
 
 
 @attrs.frozen
@@ -363,7 +366,12 @@ class Storage(Protocol):
     def maintenance_lease_list(self, environment: str) -> list[MaintenanceLeaseRow]: ...
 
     def status_counts(self, environment: str) -> dict[str, Any]:
-        """The counts behind ``StatusReport`` (see its fields)."""
+        """The counts behind ``StatusReport`` (see its fields); ``queues`` holds one mapping
+        per queue with runs (name ``queue``, and the counts of ``QueueStatus``)."""
+
+    def maintenance_missing(self, environment: str) -> bool:
+        """True when retries or releases are past due and no maintenance band has a live
+        owner (the worker's warning that maintenance is not running)."""
 
     # -- steps, waits, cancellation ------------------------------------------------------
 

@@ -308,6 +308,7 @@ class PostgresStorage(OutboxMethods):
             "ids": list(runs.ids),
             "payloads": list(runs.payloads),
             "idempotency_keys": list(runs.idempotency_keys),
+            "trace_context": runs.trace_context,
         }
 
     def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
@@ -696,10 +697,21 @@ class PostgresStorage(OutboxMethods):
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(self._sql["status_counts"], {"environment": environment})
                 row = cur.fetchone()
-            assert row is not None
-            return dict(row)
+                assert row is not None
+                cur.execute(self._sql["status_queues"], {"environment": environment})
+                queues = cur.fetchall()
+            return {**row, "queues": queues}
 
         return self._with_conn(counts)
+
+    def maintenance_missing(self, environment: str) -> bool:
+        params = {"environment": environment}
+
+        def missing(conn: Conn) -> bool:
+            row = conn.execute(self._sql["maintenance_missing"], params).fetchone()
+            return bool(row and row[0])
+
+        return self._with_conn(missing)
 
     # -- steps, waits, cancellation ------------------------------------------------------
 
@@ -876,6 +888,8 @@ def _claimed(rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
             lease_token=row[6],
             payload=row[7],
             lease_expires_at=row[8],
+            trace_context=row[9],
+            due_at=row[10],
         )
         for row in rows
     ]

@@ -38,6 +38,7 @@ from typing import Any
 
 import attrs
 
+from runlane import _telemetry
 from runlane._backoff import Backoff
 from runlane._execution import Write, execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
@@ -47,6 +48,7 @@ from runlane.lanes import AcquirerOptions, Lane
 from runlane.storage import ClaimedRun, LeaseRef, Storage
 from runlane.tasks import Queue, Task
 from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
+from runlane.worker._watch import MaintenanceWatch
 
 __all__ = ["Worker", "WorkerOptions", "check_close_timeout", "check_worker_arguments"]
 
@@ -156,6 +158,8 @@ class Worker:
         self._running: dict[Any, tuple[ClaimedRun, _Slot, float]] = {}
         self._slot_numbers = itertools.count(1)
         self.runs_executed = 0
+        # drain only (one thread): attempts by outcome (see _telemetry.outcome_kind)
+        self.outcomes: dict[str, int] = {}
         # test hook: set when a claim found nothing due
         self.idle_signal = threading.Event()
         self._tracker = LeaseTracker(options.lease)
@@ -184,9 +188,11 @@ class Worker:
             on_fatal=self._fail,
             # freed capacity of a bounded queue: let the acquirer look again at once
             on_written=self._acquirer.interrupt if bounded else None,
-            on_tick=self._return_stale_prefetch,
+            on_tick=self._on_tick,
             late_storage=storage,
         )
+
+        self._watch = None if options.drain else MaintenanceWatch(self._writer_storage, environment)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -205,9 +211,15 @@ class Worker:
         self._slots.append(slot)
         slot.thread.start()
 
-    def run_inline(self, max_runs: int | None, stop: threading.Event | None) -> int:
+    def run_inline(
+        self,
+        max_runs: int | None,
+        stop: threading.Event | None,
+        on_progress: Callable[[], None] | None = None,
+    ) -> int:
         """drain(): execute due runs in the calling thread until none is due, ``max_runs``
-        handlers ran, or ``stop`` is set; then close. Returns the handlers run."""
+        handlers ran, or ``stop`` is set; then close. Returns the handlers run;
+        ``on_progress`` is called after each attempt."""
         slot = _Slot(self, 1)
         try:
             while max_runs is None or self.runs_executed < max_runs:
@@ -217,6 +229,8 @@ class Worker:
                 if claimed is None:
                     break
                 self._execute(slot, claimed)
+                if on_progress is not None:
+                    on_progress()
         finally:
             self.close(None)
         if self._failure is not None:
@@ -343,6 +357,7 @@ class Worker:
             if self._tracker.untrack(claimed.id) is not None:
                 log.info("runlane: handing run %s back (%s)", claimed.id, why)
                 self._writer.release(_ref(claimed))
+                _telemetry.handed_back([claimed])
 
     def _fail(self, exc: BaseException) -> None:
         """An infrastructure failure: remember it and close the worker from a fresh thread.
@@ -504,11 +519,16 @@ class Worker:
         if not self._tracker.begin(claimed, context, task):
             log.warning("run %s lost its lease while waiting for a slot; skipped", claimed.id)
             return
+        attempt = _telemetry.begin_attempt(claimed, self._options.lease)
         started = time.perf_counter()
         with self._cond:
             self._running[claimed.id] = (claimed, slot, started)
         try:
             outcome = execute_attempt(claimed, self._tasks, context)
+        except BaseException as exc:
+            if attempt is not None:
+                attempt.abort(exc)
+            raise
         finally:
             elapsed = time.perf_counter() - started
             self._handler_seconds += (elapsed - self._handler_seconds) * 0.1
@@ -516,6 +536,14 @@ class Worker:
                 self._running.pop(claimed.id, None)
             still_ours = self._tracker.untrack(claimed.id) is not None
         self.runs_executed += outcome.handler_ran
+        if attempt is not None or self._options.drain:
+            kind = _telemetry.outcome_kind(outcome, context)
+            if not still_ours and outcome.write is not None:
+                kind = _telemetry.DISCARDED
+            if self._options.drain:
+                self.outcomes[kind] = self.outcomes.get(kind, 0) + 1
+            if attempt is not None:
+                attempt.end(kind, outcome, elapsed)
         if outcome.write is None:
             return  # suspended (written on the slot's connection), timed out or lease lost
         if still_ours:
@@ -527,6 +555,12 @@ class Worker:
                 claimed.id,
                 claimed.attempt,
             )
+
+    def _on_tick(self) -> None:
+        """The writer's tick (about once a second, on its thread and connection)."""
+        self._return_stale_prefetch()
+        if self._watch is not None:
+            self._watch.check()
 
     def _submit(self, write: Write) -> None:
         if isinstance(write, LeaseRef):

@@ -43,7 +43,7 @@ set status = 'running',
 from candidates as c
 where r.id = c.id
 returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases, r.max_attempts,
-          r.lease_token, r.payload, r.lease_expires_at;
+          r.lease_token, r.payload, r.lease_expires_at, r.trace_context, r.due_at;
 
 -- name: queue_claim_lock
 -- Serialises claimers of one bounded queue until their transaction ends, so the next

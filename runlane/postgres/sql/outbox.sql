@@ -19,10 +19,11 @@ with claim as materialized (
 )
 insert into {schema}.runs as r (
     id, environment, task_id, queue, status, priority, payload, max_attempts,
-    idempotency_key, parent_run_id, due_at)
+    idempotency_key, parent_run_id, due_at, trace_context)
 select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
        i.payload::jsonb, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
-       coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second')
+       coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
+       %(trace_context)s::jsonb
 from unnest(%(ids)s::uuid[], %(payloads)s::text[], %(idempotency_keys)s::text[])
     as i(id, payload, idempotency_key)
 cross join claim
@@ -166,7 +167,7 @@ set status = 'running',
 from candidates as c
 where r.id = c.id
 returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases, r.max_attempts,
-          r.lease_token, r.payload, r.lease_expires_at;
+          r.lease_token, r.payload, r.lease_expires_at, r.trace_context, r.due_at;
 
 -- name: run_delivery_state
 -- Why named runs were not claimed: their status, queue and whether they are due.

@@ -26,6 +26,11 @@ select
     (select count(*) from {schema}.runs
       where environment = %(environment)s and pruned_at is not null
         and remaining_children > 0) as tombstones_with_children,
+    (select coalesce(sum(remaining_children), 0)::bigint from {schema}.runs
+      where environment = %(environment)s and pruned_at is not null
+        and remaining_children > 0) as tombstone_remaining_children,
+    (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'waiting') as waiting,
     (select min(due_at) from {schema}.runs
       where environment = %(environment)s and status in ('retrying', 'released')
         and due_at < now()) as oldest_deferred_due_at,
@@ -36,3 +41,31 @@ select
       join {schema}.wait_tokens as t on t.id = r.wait_token_id
       where r.environment = %(environment)s and r.status = 'waiting'
         and r.wait_kind = 'token' and t.status <> 'pending') as resolved_tokens_with_waiting_runs;
+
+-- name: status_queues
+-- Per queue: runs queued, running, deferred (retrying or released), waiting, and live
+-- leases (the count a bounded queue's limit applies to). Terminal runs are not read.
+select queue,
+       count(*) filter (where status = 'queued') as queued,
+       count(*) filter (where status in ('running', 'cancellation_requested')) as running,
+       count(*) filter (where status in ('retrying', 'released')) as retrying,
+       count(*) filter (where status = 'waiting') as waiting,
+       count(*) filter (where status in ('running', 'cancellation_requested')
+                          and lease_expires_at > now()) as live_leases
+from {schema}.runs
+where environment = %(environment)s
+  and status in ('queued', 'running', 'cancellation_requested', 'retrying', 'released',
+                 'waiting')
+group by queue
+order by queue;
+
+-- name: maintenance_missing
+-- The worker's watch: retries or releases are past due while no maintenance band of the
+-- environment has a live owner.
+select exists (
+           select 1 from {schema}.runs
+           where environment = %(environment)s and status in ('retrying', 'released')
+             and due_at < now())
+       and not exists (
+           select 1 from {schema}.maintenance_leases
+           where environment = %(environment)s and expires_at > clock_timestamp());
