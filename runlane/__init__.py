@@ -33,14 +33,18 @@ from runlane.maintenance import (
     Services,
 )
 from runlane.models import (
+    AttemptRecord,
     CancelResult,
     DrainResult,
     QueueStatus,
     RunError,
     RunHandle,
+    RunHistory,
+    RunPage,
     RunSnapshot,
     RunStatus,
     StatusReport,
+    StepRecord,
     WaitToken,
     WaitTokenStatus,
 )
@@ -51,6 +55,7 @@ from runlane.tasks import Queue, Task, queue, task
 from runlane.worker import Worker
 
 __all__ = [
+    "AttemptRecord",
     "CancelResult",
     "ChildRunFailed",
     "ConfigurationError",
@@ -69,8 +74,10 @@ __all__ = [
     "RunContext",
     "RunError",
     "RunHandle",
+    "RunHistory",
     "RunInterrupted",
     "RunNotFound",
+    "RunPage",
     "RunSnapshot",
     "RunStateConflict",
     "RunStatus",
@@ -84,6 +91,7 @@ __all__ = [
     "Services",
     "StaleLease",
     "StatusReport",
+    "StepRecord",
     "StopReason",
     "StorageUnavailable",
     "Task",

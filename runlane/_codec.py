@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 import cattrs
+import cattrs.gen
 from cattrs import cols
 from cattrs.preconf.json import make_converter
 
@@ -73,6 +74,26 @@ def _not_text(hook: Any) -> Any:
     return structure
 
 
+def _object_only(cls: Any, converter: cattrs.Converter) -> Any:
+    """The structure hook of an attrs class, refusing anything but a mapping of its fields
+    (a list or None would otherwise fail with "'list' object has no attribute 'keys'")."""
+    hook = cattrs.gen.make_dict_structure_fn(
+        cls,
+        converter,
+        _cattrs_forbid_extra_keys=converter.forbid_extra_keys,
+        _cattrs_detailed_validation=converter.detailed_validation,
+    )
+
+    def structure(value: Any, target: Any) -> Any:
+        if not isinstance(value, Mapping):
+            kind = type(value).__name__
+            shown = "null" if value is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+            raise TypeError(f"expected an object with the fields of {cls.__name__}, got {shown}")
+        return hook(value, target)
+
+    return structure
+
+
 def _is_list_like(cls: Any) -> bool:
     return bool(cols.is_sequence(cls)) and typing.get_origin(cls) is not tuple
 
@@ -88,6 +109,10 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _strict_float)
     converter.register_structure_hook(bool, _strict_bool)
+    converter.register_structure_hook_factory(
+        lambda cls: attrs.has(cls) and not typing.get_args(cls),
+        lambda cls: _object_only(cls, converter),
+    )
     converter.register_structure_hook_factory(
         _is_list_like, lambda cls: _not_text(cols.list_structure_factory(cls, converter))
     )

@@ -30,7 +30,10 @@ def as_duration(name: str, value: timedelta | float | int | None) -> timedelta:
     except OverflowError as exc:
         raise ConfigurationError(f"{name} is too large: {value!r}") from exc
     if delta < timedelta(0):
-        raise ConfigurationError(f"{name} must not be negative, got {delta}")
+        # str() of a negative timedelta reads "-1 day, 23:59:55": say it in seconds
+        raise ConfigurationError(
+            f"{name} must not be negative, got {delta.total_seconds():g} seconds"
+        )
     return delta
 
 

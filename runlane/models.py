@@ -10,15 +10,19 @@ from typing import Any
 import attrs
 
 __all__ = [
+    "AttemptRecord",
     "CancelResult",
     "DrainResult",
     "MaintenanceLeaseStatus",
     "QueueStatus",
     "RunError",
     "RunHandle",
+    "RunHistory",
+    "RunPage",
     "RunSnapshot",
     "RunStatus",
     "StatusReport",
+    "StepRecord",
     "WaitToken",
     "WaitTokenStatus",
 ]
@@ -94,6 +98,53 @@ class RunSnapshot:
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+
+@attrs.frozen
+class RunPage:
+    """One page of ``Runlane.list_runs``: runs newest first (by creation time, then id).
+
+    ``next_cursor`` is an opaque string to pass as ``cursor=`` for the next (older) page, or
+    None when this page holds the last matching run."""
+
+    runs: tuple[RunSnapshot, ...]
+    next_cursor: str | None
+
+
+@attrs.frozen
+class AttemptRecord:
+    """One finished attempt of a run, as kept in its history.
+
+    ``outcome`` is what the attempt ended as: ``completed``, ``failed``, ``retrying`` (failed,
+    another attempt followed), ``released`` (handed back unconsumed), ``suspended`` (the run
+    went waiting), ``cancelled`` or ``expired`` (its lease lapsed)."""
+
+    number: int
+    outcome: str
+    error: RunError | None
+    started_at: datetime
+    finished_at: datetime
+
+
+@attrs.frozen
+class StepRecord:
+    """A durable step's stored output (``context.step``) and when it was stored."""
+
+    name: str
+    output: Any
+    created_at: datetime
+    attempt: int  # the attempt that stored it
+
+
+@attrs.frozen
+class RunHistory:
+    """``Runlane.get_run_history``: the run now, its finished attempts in order, and its
+    stored steps in the order they were stored. An attempt still running is not listed
+    (``run.attempt`` is its number)."""
+
+    run: RunSnapshot
+    attempts: tuple[AttemptRecord, ...]
+    steps: tuple[StepRecord, ...]
 
 
 class WaitTokenStatus(enum.StrEnum):

@@ -14,6 +14,7 @@ from runlane import _telemetry
 from runlane._backend import Backend
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._ids import new_run_id
+from runlane._inspect import list_query, retry_conflict, run_page
 from runlane._reads import PointReads
 from runlane._validation import as_duration, run_key, token_key, with_default_queue
 from runlane.errors import (
@@ -34,7 +35,10 @@ from runlane.models import (
     DrainResult,
     MaintenanceLeaseStatus,
     RunHandle,
+    RunHistory,
+    RunPage,
     RunSnapshot,
+    RunStatus,
     StatusReport,
     WaitToken,
 )
@@ -464,6 +468,63 @@ class Runlane:
         return CancelResult(
             run_id=key, previous=previous, status=current, changed=previous != current
         )
+
+    # -- inspecting and operating ---------------------------------------------------------
+
+    def list_runs(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        task: Task[Any, Any] | str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs of this environment, newest first (by creation time, then id), ``limit``
+        (1 to 1000) at a time; pass ``next_cursor`` as ``cursor`` for the next, older page.
+
+        Served by an index whatever the filters: a page walks the runs newest first (in one
+        ``status`` when given) from the cursor on, so its cost does not grow with the table
+        or with how deep the page is. ``task`` (a task or its id) and ``queue`` filter the
+        runs that walk meets: a page of a task that is rare among recent runs reads the
+        runs in between. Runs triggered while paging appear on no later page (they are
+        newer than the cursor)."""
+        self._check_open()
+        query = list_query(
+            self.environment, status=status, task=task, queue=queue, limit=limit, cursor=cursor
+        )
+        self._ensure_started()
+        return run_page(self._storage.run_list(query), query.limit - 1)
+
+    def get_run_history(self, run_id: uuid.UUID | str) -> RunHistory:
+        """The run with its finished attempts (number, outcome, error, start and end) in
+        order and its stored steps, read in one snapshot; raises RunNotFound."""
+        self._check_open()
+        key = run_key(run_id)
+        self._ensure_started()
+        history = self._storage.run_history(self.environment, key)
+        if history is None:
+            raise RunNotFound(f"no run {key} in environment {self.environment!r}")
+        return history
+
+    def retry_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
+        """Queue a ``failed`` or ``cancelled`` run again, due now, with a fresh attempt
+        budget (``max_attempts`` more attempts); its attempt numbers keep growing, its
+        attempts history and stored steps are kept, its error and output are cleared. Any
+        other status raises RunStateConflict saying what to do instead; an unknown run
+        raises RunNotFound. Returns the run as queued."""
+        self._check_open()
+        key = run_key(run_id)
+        self._ensure_started()
+        outcome = self._storage.run_retry(self.environment, key)
+        if outcome.previous is None:
+            raise RunNotFound(f"no run {key} in environment {self.environment!r}")
+        if not outcome.retried:
+            raise retry_conflict(key, self.environment, outcome.previous, outcome.pruned)
+        snapshot = self._storage.run_get(self.environment, key)
+        if snapshot is None:  # pruned in between: it was queued, so cleanup cannot take it
+            raise RunNotFound(f"run {key} disappeared from environment {self.environment!r}")
+        return snapshot
 
     # -- wait tokens ---------------------------------------------------------------------
 

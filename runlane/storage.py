@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from runlane.models import RunSnapshot, RunStatus, WaitToken
+from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken
 
 __all__ = [
     "ClaimedRun",
@@ -32,6 +32,8 @@ __all__ = [
     "NewRuns",
     "OutboxItem",
     "PruneResult",
+    "RetryOutcome",
+    "RunListQuery",
     "ScheduleState",
     "ScheduledRun",
     "StepStored",
@@ -221,6 +223,29 @@ class DeliveryState:
     status: RunStatus
     queue: str
     due_now: bool
+
+
+@attrs.frozen
+class RunListQuery:
+    """One page of runs newest first (by ``created_at``, then ``id``), optionally narrowed;
+    ``before`` is the ``(created_at, id)`` of the previous page's last run."""
+
+    environment: str
+    status: RunStatus | None
+    task_id: str | None
+    queue: str | None
+    limit: int
+    before: tuple[datetime, uuid.UUID] | None
+
+
+@attrs.frozen
+class RetryOutcome:
+    """What ``run_retry`` found: the run's status before (None: no such run), whether it was
+    a pruned tombstone, and whether it was queued again."""
+
+    previous: RunStatus | None
+    pruned: bool
+    retried: bool
 
 
 @attrs.frozen
@@ -425,3 +450,15 @@ class Storage(Protocol):
 
     def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
         """``(previous, current)`` status, or None when there is no such run."""
+
+    # -- inspection and operator actions ---------------------------------------------------
+
+    def run_list(self, query: RunListQuery) -> list[RunSnapshot]:
+        """Up to ``query.limit`` runs newest first, older than ``query.before`` when given."""
+
+    def run_history(self, environment: str, run_id: uuid.UUID) -> RunHistory | None:
+        """The run with its finished attempts and stored steps, or None when there is none."""
+
+    def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
+        """Queue a ``failed`` or ``cancelled`` run again, due now, with a fresh attempt budget
+        (the attempts spent so far count as handed back); any other run is left alone."""

@@ -34,6 +34,7 @@ from runlane.postgres._connections import (
     connection_failed,
     storage_error,
 )
+from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
@@ -97,7 +98,7 @@ class _SchemaGate:
         self.checked = False
 
 
-class PostgresStorage(OutboxMethods):
+class PostgresStorage(OutboxMethods, InspectMethods):
     """Storage in one Postgres schema.
 
     The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a
@@ -383,6 +384,9 @@ class PostgresStorage(OutboxMethods):
                     "the read committed isolation level for trigger(connection=...)"
                 )
         return result
+
+    def _snapshot_row(self, row: dict[str, Any]) -> RunSnapshot:
+        return _snapshot(row)
 
     def run_get(self, environment: str, run_id: uuid.UUID) -> RunSnapshot | None:
         def get(conn: Conn) -> dict[str, Any] | None:

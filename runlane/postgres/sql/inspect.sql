@@ -1,0 +1,91 @@
+-- Inspection and operator actions: listing runs, a run's history, retrying a run.
+--
+-- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
+-- {schema} is replaced by the quoted schema name once, when the storage is created.
+-- Parameters are psycopg named placeholders. Names are unique across the files of sql/.
+
+-- name: run_list
+-- One page newest first, walking runs_listing (environment, created_at desc, id desc) from
+-- the previous page's last run (keyset pagination: the row comparison is an index
+-- condition; the first page starts from ('infinity', the largest uuid)). A task or queue
+-- filter is checked on the rows the walk meets, bounded by the page it must fill.
+select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
+       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
+       started_at, finished_at
+from {schema}.runs
+where environment = %(environment)s
+  and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+  and (%(task_id)s::text is null or task_id = %(task_id)s::text)
+  and (%(queue)s::text is null or queue = %(queue)s::text)
+order by created_at desc, id desc
+limit %(limit)s;
+
+-- name: run_list_by_status
+-- The same, in one status: walks runs_listing_by_status (environment, status, created_at
+-- desc, id desc).
+select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
+       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
+       started_at, finished_at
+from {schema}.runs
+where environment = %(environment)s
+  and status = %(status)s
+  and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+  and (%(task_id)s::text is null or task_id = %(task_id)s::text)
+  and (%(queue)s::text is null or queue = %(queue)s::text)
+order by created_at desc, id desc
+limit %(limit)s;
+
+-- name: history_snapshot
+-- The three reads of a run's history see one snapshot.
+set transaction isolation level repeatable read, read only;
+
+-- name: run_attempt_list
+-- Finished attempts of a run (the attempt still holding a lease is not here yet).
+select a.attempt, a.outcome, a.error, a.started_at, a.finished_at
+from {schema}.attempts as a
+join {schema}.runs as r on r.id = a.run_id
+where a.run_id = %(id)s and r.environment = %(environment)s
+order by a.attempt;
+
+-- name: run_step_list
+select s.name, s.output, s.created_at, s.attempt
+from {schema}.steps as s
+join {schema}.runs as r on r.id = s.run_id
+where s.run_id = %(id)s and r.environment = %(environment)s
+order by s.created_at, s.name;
+
+-- name: run_retry
+-- A failed or cancelled run becomes queued, due now, with a fresh attempt budget: the
+-- attempts spent so far are counted as handed back (releases = attempt), so the next claim
+-- is attempt number attempt + 1 (numbers only grow: fencing and the attempts history stay
+-- intact) and max_attempts more attempts may follow. Its error, output and finish time are
+-- cleared; its steps are kept (a retried handler gets their stored outputs). The runs
+-- update trigger announces it, and writes its outbox item in outbox environments, as for
+-- every transition into queued. Any other run, and a pruned tombstone, is left alone.
+with target as (
+    select id, status, pruned_at is not null as pruned
+    from {schema}.runs
+    where id = %(id)s and environment = %(environment)s
+    for update
+), retried as (
+    update {schema}.runs as r
+    set status = 'queued',
+        due_at = now(),
+        releases = r.attempt,
+        error = null,
+        output = null,
+        finished_at = null,
+        lease_token = null,
+        lease_expires_at = null,
+        wait_kind = null,
+        wait_token_id = null,
+        wait_run_id = null,
+        updated_at = now()
+    from target as t
+    where r.id = t.id
+      and t.status in ('failed', 'cancelled')
+      and not t.pruned
+    returning r.id
+)
+select t.status, t.pruned, exists (select from retried) as retried
+from target as t;
