@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from runlane._cli_runs import add_run_commands
 from runlane._demo import run_demo
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo
@@ -461,6 +462,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--runs", type=int, default=5, help="how many runs to trigger")
     demo.set_defaults(handler=_cmd_demo)
+
+    add_run_commands(commands, load_app)  # runs list|show|retry|cancel, trigger
     return parser
 
 
