@@ -32,8 +32,10 @@ import attrs
 
 from runlane._cli_runs import add_run_commands
 from runlane._demo import run_demo
+from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
-from runlane.maintenance import MaintenanceResult, ServiceErrorInfo
+from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
+from runlane.models import DrainResult
 from runlane.postgres import apply_postgres_storage_migrations
 from runlane.runtime import Runlane
 
@@ -42,6 +44,9 @@ __all__ = ["EXIT_CONFIGURATION", "EXIT_FAILURE", "EXIT_FORCED", "load_app", "mai
 EXIT_FAILURE = 1  # a runtime failure: the database, the schema, a failed worker or service
 EXIT_CONFIGURATION = 2  # a usage or configuration error (argparse uses 2 as well)
 EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exited at once, runs left to lease expiry
+EXIT_PIPE = 141  # stdout closed by the reader (`runlane status APP | head -1`), as SIGPIPE
+
+DATABASE_URL_HELP = "PostgreSQL URL (default: $RUNLANE_DATABASE_URL, then $DATABASE_URL)"
 
 EPILOG = """\
 exit codes:
@@ -50,6 +55,12 @@ exit codes:
   2  a usage or configuration error (bad arguments, APP not found, invalid configuration)
   3  a second SIGTERM/SIGINT stopped `worker` or `maintenance` at once; runs still executing
      are left to lease expiry (they are retried once their lease lapses)
+  1  also: `status` found an unhealthy check (each is named on stderr)
+  141 the reader of stdout went away (`runlane status APP | head -1`)
+
+`runlane` alone prints this help and exits 0. The database URL of `migrate` and `demo`
+comes from --database-url, then $RUNLANE_DATABASE_URL, then $DATABASE_URL; commands taking
+APP use the URL the application gave its lane.
 
 Errors are printed as one line, `runlane: error: <message>`, without a traceback.
 """
@@ -84,7 +95,9 @@ def load_app(spec: str) -> Runlane:
 def _database_url(given: str | None) -> str:
     url = given or os.environ.get("RUNLANE_DATABASE_URL") or os.environ.get("DATABASE_URL")
     if not url:
-        raise ConfigurationError("no database URL: pass --database-url or set RUNLANE_DATABASE_URL")
+        raise ConfigurationError(
+            "no database URL: pass --database-url, or set RUNLANE_DATABASE_URL or DATABASE_URL"
+        )
     return url
 
 
@@ -108,12 +121,45 @@ def _queues(value: str | None) -> list[str] | None:
 
 def _cmd_drain(args: argparse.Namespace) -> int:
     runlane = load_app(args.app)
+    progress = _DrainProgress() if sys.stderr.isatty() else None
     try:
-        result = runlane.drain(max_runs=args.max_runs, queues=_queues(args.queues))
+        result = runlane.drain(
+            max_runs=args.max_runs, queues=_queues(args.queues), on_progress=progress
+        )
     finally:
+        if progress is not None:
+            progress.finish()
         runlane.close()
-    print(f"Executed {result.runs_executed} runs")
+    print(
+        f"Executed {result.runs_executed} runs: {result.completed} completed, "
+        f"{result.failed} failed, {result.retried} retried"
+    )
     return 0
+
+
+class _DrainProgress:
+    """One line on stderr (a terminal), rewritten at most ten times a second."""
+
+    def __init__(self) -> None:
+        self._shown = 0.0
+        self._written = False
+
+    def __call__(self, result: DrainResult) -> None:
+        now = time.monotonic()
+        if now - self._shown < 0.1:
+            return
+        self._shown = now
+        self._written = True
+        sys.stderr.write(
+            f"\rrunlane: drain: {result.runs_executed} runs ({result.completed} completed, "
+            f"{result.failed} failed, {result.retried} retried)"
+        )
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self._written:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
 
 
 class _Stopper:
@@ -220,18 +266,51 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             worker = runlane.create_delivery_worker(
                 concurrency=args.concurrency, queues=_queues(args.queues)
             )
+            services: Services | None = None
             try:
-                stopper.attach(worker.name, lambda: worker.close(timeout=args.shutdown_timeout))
+                if args.with_maintenance:
+                    services = runlane.start_services(on_service_error=_report_service_error)
+
+                def close() -> None:
+                    worker.close(timeout=args.shutdown_timeout)
+                    if services is not None:
+                        services.close(timeout=args.shutdown_timeout)
+
+                stopper.attach(worker.name, close)
+                beside = f" with maintenance ({services.name})" if services is not None else ""
                 _print(
-                    f"{worker.name} running {args.concurrency} slots "
+                    f"{worker.name} running {args.concurrency} slots{beside} "
                     f"(environment {runlane.environment!r}); SIGTERM or Ctrl-C stops it"
                 )
-                return _supervise(stopper, worker.wait_until_closed)
+                return _supervise(stopper, lambda: _wait_for_both(worker, services))
             finally:
                 worker.close(timeout=args.shutdown_timeout)  # idempotent
+                if services is not None:
+                    services.close(timeout=args.shutdown_timeout)
                 runlane.close()
     finally:
         runlane.close()
+
+
+def _report_service_error(error: BaseException, info: ServiceErrorInfo) -> None:
+    _print(f"{info.phase} ({info.operation}): {_one_line(error)}")
+
+
+def _wait_for_both(worker: Any, services: Services | None) -> None:
+    """Observe a worker and the services beside it; when either closes (or fails) the
+    other is closed too, and a failure propagates."""
+    if services is None:
+        worker.wait_until_closed()
+        return
+    try:
+        while not worker.wait_until_closed(0.5):
+            if services.wait_until_closed(0):
+                break
+    finally:
+        worker.close()
+        services.close()
+    worker.wait_until_closed()
+    services.wait_until_closed()
 
 
 def _cmd_maintenance(args: argparse.Namespace) -> int:
@@ -268,47 +347,45 @@ def _describe(result: MaintenanceResult) -> str:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     runlane = load_app(args.app)
+    if args.watch is None:
+        try:
+            return _show_status(runlane, args.json)
+        finally:
+            runlane.close()
     try:
-        report = runlane.status()
+        while True:
+            if sys.stdout.isatty() and not args.json:
+                sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen between reports
+            _show_status(runlane, args.json)
+            print(flush=True)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
     finally:
         runlane.close()
-    if args.json:
-        print(json.dumps(attrs.asdict(report), default=str, indent=2))
-        return 0
-    rows = [
-        ("queued and due", report.queued_due),
-        ("running", report.running),
-        ("retrying/released past due", report.deferred_past_due),
-        ("expired active leases", report.expired_leases),
-        ("stuck in cancellation_requested", report.stuck_cancellations),
-        ("tombstones with children", report.tombstones_with_children),
-        ("pending tokens past timeout", report.tokens_past_timeout),
-        ("resolved tokens with waiting runs", report.resolved_tokens_with_waiting_runs),
-        ("pending outbox items", "n/a" if report.outbox_pending is None else report.outbox_pending),
-    ]
-    if report.outbox_oldest_age_seconds is not None:
-        rows.append(("oldest pending outbox item", f"{report.outbox_oldest_age_seconds:.1f}s old"))
-    if report.broker is not None:
-        rows.append(("broker", report.broker))
-    print(f"environment {report.environment!r}")
-    for label, value in rows:
-        print(f"  {label:<34} {value}")
-    if report.oldest_deferred_due_at is not None:
-        print(f"  {'oldest deferred due at':<34} {report.oldest_deferred_due_at.isoformat()}")
-    print("maintenance bands")
-    if not report.maintenance_leases:
-        print("  (no band has been owned yet: is `runlane maintenance` running?)")
-    for lease in report.maintenance_leases:
-        state = "live" if lease.live else "EXPIRED"
-        print(
-            f"  {lease.band:<12} fencing {lease.fencing:<6} {state:<8} "
-            f"until {lease.expires_at.isoformat()}  owner {lease.owner}"
-        )
-    return 0
+
+
+def _show_status(runlane: Runlane, as_json: bool) -> int:
+    """Print one report; 1 (with each failing check on stderr) when a check is unhealthy."""
+    report = runlane.status()
+    problems = unhealthy(report)
+    if as_json:
+        print(json.dumps({**attrs.asdict(report), "unhealthy": problems}, default=str, indent=2))
+    else:
+        print("\n".join(format_report(report)), flush=True)
+    for problem in problems:
+        _print(f"unhealthy: {problem}")
+    return EXIT_FAILURE if problems else 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    run_demo(database_url=args.database_url, schema=args.schema, count=args.runs)
+    url = (
+        args.database_url
+        or os.environ.get("RUNLANE_DATABASE_URL")
+        or os.environ.get("DATABASE_URL")
+        or None
+    )
+    run_demo(database_url=url, schema=args.schema, count=args.runs)
     return 0
 
 
@@ -317,6 +394,16 @@ def _version() -> str:
         return metadata.version("runlane")
     except metadata.PackageNotFoundError:  # pragma: no cover - a source tree, not installed
         return "unknown"
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def _logging_options(parser: argparse.ArgumentParser, *, argparse_default: bool) -> None:
@@ -405,12 +492,12 @@ def _parser() -> argparse.ArgumentParser:
     # the same options after the command (`runlane worker APP --log-level DEBUG`)
     logged = argparse.ArgumentParser(add_help=False)
     _logging_options(logged, argparse_default=True)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     migrate = commands.add_parser(
         "migrate", help="install or upgrade the storage schema (a deployment step)"
     )
-    migrate.add_argument("--database-url", help="PostgreSQL URL (default: $RUNLANE_DATABASE_URL)")
+    migrate.add_argument("--database-url", help=DATABASE_URL_HELP)
     migrate.add_argument("--schema", default="runlane", help="schema name (default: runlane)")
     migrate.set_defaults(handler=_cmd_migrate)
 
@@ -434,6 +521,11 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds handlers get to return after a stop signal (default 30)",
     )
+    worker.add_argument(
+        "--with-maintenance",
+        action="store_true",
+        help="also run the maintenance services in this process, closed with the worker",
+    )
     worker.set_defaults(handler=_cmd_worker)
 
     maintenance = commands.add_parser(
@@ -451,12 +543,22 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="print the progress signals to alert on")
     status.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument(
+        "--watch",
+        type=_positive_seconds,
+        default=None,
+        metavar="N",
+        help="print the report again every N seconds until Ctrl-C (then exit 0)",
+    )
     status.set_defaults(handler=_cmd_status)
 
     demo = commands.add_parser(
         "demo", help="trigger and drain a few runs on a throw-away (or given) database"
     )
-    demo.add_argument("--database-url", help="use this server instead of an embedded one")
+    demo.add_argument(
+        "--database-url",
+        help=DATABASE_URL_HELP[:-1] + "; without any, a throw-away embedded server)",
+    )
     demo.add_argument(
         "--schema", default="runlane_demo", help="schema name (default: runlane_demo)"
     )
@@ -469,11 +571,22 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see ``EPILOG``)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     if args.command in {"worker", "maintenance", "drain"}:
         _configure_logging(args.log_level, args.log_format)
     try:
         code: int = args.handler(args)
+    except BrokenPipeError:
+        # the reader of stdout went away: stop quietly, and keep the interpreter's final
+        # flush from failing too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
     except ConfigurationError as exc:
         _print(f"error: {_one_line(exc)}")
         return EXIT_CONFIGURATION

@@ -1,0 +1,95 @@
+"""Reading a StatusReport: which checks are unhealthy, and the text ``runlane status`` prints."""
+
+from __future__ import annotations
+
+from runlane.models import StatusReport
+
+__all__ = ["OUTBOX_MAX_AGE_SECONDS", "format_report", "unhealthy"]
+
+# pending outbox items older than this mean the publisher is not keeping up
+OUTBOX_MAX_AGE_SECONDS = 60.0
+
+
+def unhealthy(report: StatusReport) -> list[str]:
+    """One line per failing check (empty when every check passes)."""
+    problems: list[str] = []
+    if report.expired_leases:
+        problems.append(
+            f"{report.expired_leases} running attempts hold expired leases "
+            "(their workers died or stalled; maintenance recovers them)"
+        )
+    if report.deferred_past_due:
+        problems.append(
+            f"{report.deferred_past_due} retrying or released runs are past due "
+            "(maintenance makes them queued again)"
+        )
+    if report.tokens_past_timeout:
+        problems.append(f"{report.tokens_past_timeout} pending wait tokens are past their timeout")
+    if report.resolved_tokens_with_waiting_runs:
+        problems.append(
+            f"{report.resolved_tokens_with_waiting_runs} resolved wait tokens still have "
+            "waiting runs"
+        )
+    if report.stuck_cancellations:
+        problems.append(f"{report.stuck_cancellations} runs are stuck in cancellation_requested")
+    deferred = sum(q.retrying for q in report.queues) + report.waiting
+    if deferred and not any(lease.live for lease in report.maintenance_leases):
+        problems.append(
+            f"{deferred} runs wait for maintenance (retries, releases, sleeps, tokens) and "
+            "no maintenance band has a live owner: run `runlane maintenance APP` or "
+            "`runlane worker APP --with-maintenance`"
+        )
+    age = report.outbox_oldest_age_seconds
+    if age is not None and age > OUTBOX_MAX_AGE_SECONDS:
+        problems.append(f"the oldest pending outbox item is {age:.0f}s old")
+    if report.broker is not None and report.broker.startswith("unreachable"):
+        problems.append(f"broker {report.broker}")
+    return problems
+
+
+def format_report(report: StatusReport) -> list[str]:
+    """The lines ``runlane status`` prints."""
+    rows: list[tuple[str, object]] = [
+        ("queued and due", report.queued_due),
+        ("running", report.running),
+        ("waiting", report.waiting),
+        ("retrying/released past due", report.deferred_past_due),
+        ("expired active leases", report.expired_leases),
+        ("stuck in cancellation_requested", report.stuck_cancellations),
+        ("tombstones with children", report.tombstones_with_children),
+        ("tombstones' remaining children", report.tombstone_remaining_children),
+        ("pending tokens past timeout", report.tokens_past_timeout),
+        ("resolved tokens with waiting runs", report.resolved_tokens_with_waiting_runs),
+        ("pending outbox items", "n/a" if report.outbox_pending is None else report.outbox_pending),
+    ]
+    if report.outbox_oldest_age_seconds is not None:
+        rows.append(("oldest pending outbox item", f"{report.outbox_oldest_age_seconds:.1f}s old"))
+    if report.broker is not None:
+        rows.append(("broker", report.broker))
+    lines = [f"environment {report.environment!r}"]
+    lines += [f"  {label:<34} {value}" for label, value in rows]
+    if report.oldest_deferred_due_at is not None:
+        lines.append(
+            f"  {'oldest deferred due at':<34} {report.oldest_deferred_due_at.isoformat()}"
+        )
+    lines.append("queues")
+    lines.append(
+        f"  {'name':<20} {'queued':>8} {'running':>8} {'retrying':>9} {'waiting':>8} "
+        f"{'leases/limit':>13}"
+    )
+    for q in report.queues:
+        limit = "-" if q.concurrency_limit is None else str(q.concurrency_limit)
+        lines.append(
+            f"  {q.name:<20} {q.queued:>8} {q.running:>8} {q.retrying:>9} {q.waiting:>8} "
+            f"{f'{q.live_leases}/{limit}':>13}"
+        )
+    lines.append("maintenance bands")
+    if not report.maintenance_leases:
+        lines.append("  (no band has been owned yet: is `runlane maintenance` running?)")
+    for lease in report.maintenance_leases:
+        state = "live" if lease.live else "EXPIRED"
+        lines.append(
+            f"  {lease.band:<12} fencing {lease.fencing:<6} {state:<8} "
+            f"until {lease.expires_at.isoformat()}  owner {lease.owner}"
+        )
+    return lines

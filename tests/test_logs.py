@@ -1,0 +1,155 @@
+"""Run logs: each attempt's start and end at INFO with structured fields, and the worker's
+warning that maintenance is not running."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import attrs
+import pytest
+
+from runlane import NonRetryableError, RetryPolicy, RunContext, RunStatus, task
+from runlane.cli import _JsonFormatter
+from runlane.worker import _watch
+from tests.conftest import RunlaneFactory
+from tests.helpers import SchemaDb, wait_for_status, wait_until
+
+FIELDS = ("run_id", "task_id", "attempt", "queue")
+
+
+@attrs.frozen
+class Job:
+    kind: str
+
+
+@task(id="logs.job", schema=Job, retry=RetryPolicy(max_attempts=2))
+def job(payload: Job, context: RunContext) -> str:
+    if payload.kind == "retry":
+        raise ValueError("try again")
+    if payload.kind == "fatal":
+        raise NonRetryableError("give up")
+    if payload.kind == "stop":
+        context.cancelled.wait(30)
+        context.raise_if_stopped()
+    return payload.kind
+
+
+def run_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "runlane.runs"]
+
+
+def by_outcome(records: list[logging.LogRecord]) -> dict[str, logging.LogRecord]:
+    return {getattr(r, "outcome"): r for r in records if hasattr(r, "outcome")}  # noqa: B009
+
+
+def test_each_attempt_logs_its_start_and_end_with_fields(
+    make_runlane: RunlaneFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="runlane")
+    rl = make_runlane(tasks=[job])
+    handles = {k: rl.trigger(job, {"kind": k}) for k in ("ok", "retry", "fatal")}
+    result = rl.drain()
+    assert (result.completed, result.retried, result.failed) == (1, 1, 1)
+
+    records = run_records(caplog)
+    starts = [r for r in records if "started" in r.getMessage()]
+    assert len(starts) == 3
+    for record in records:
+        for field in FIELDS:
+            assert hasattr(record, field), (field, record.getMessage())
+    ends = by_outcome(records)
+    assert set(ends) == {"completed", "retried", "failed"}
+    done = ends["completed"]
+    assert done.run_id == str(handles["ok"].id)  # type: ignore[attr-defined]
+    assert (done.task_id, done.attempt, done.queue) == ("logs.job", 1, "default")  # type: ignore[attr-defined]
+    assert done.duration_ms >= 0  # type: ignore[attr-defined]
+    assert done.levelno == logging.INFO
+    assert "completed in" in done.getMessage()
+    retried = ends["retried"]
+    assert "retry scheduled in" in retried.getMessage()
+    assert "ValueError: try again" in retried.getMessage()
+    assert retried.retry_delay_s > 0  # type: ignore[attr-defined]
+    failed = ends["failed"]
+    assert failed.levelno == logging.WARNING
+    assert "failed for good at attempt 1" in failed.getMessage()
+
+    # the CLI's JSON formatter carries the fields
+    entry = json.loads(_JsonFormatter().format(done))
+    assert entry["run_id"] == str(handles["ok"].id)
+    assert entry["task_id"] == "logs.job"
+    assert entry["attempt"] == 1
+    assert entry["queue"] == "default"
+    assert entry["outcome"] == "completed"
+    assert isinstance(entry["duration_ms"], float)
+
+
+def test_hand_back_and_cancel_are_logged(
+    make_runlane: RunlaneFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="runlane")
+    rl = make_runlane(tasks=[job])
+    worker = rl.create_delivery_worker(concurrency=1)
+    cancelled = rl.trigger(job, {"kind": "stop"})
+    wait_for_status(rl, cancelled.id, RunStatus.RUNNING)
+    rl.cancel(cancelled.id)
+    wait_for_status(rl, cancelled.id, RunStatus.CANCELLED)
+    handed = rl.trigger(job, {"kind": "stop"})
+    wait_for_status(rl, handed.id, RunStatus.RUNNING)
+    worker.close(timeout=10)
+    assert rl.get_run(handed.id).status is RunStatus.QUEUED
+    ends = by_outcome(run_records(caplog))
+    assert ends["cancelled"].run_id == str(cancelled.id)  # type: ignore[attr-defined]
+    assert ends["handed_back"].run_id == str(handed.id)  # type: ignore[attr-defined]
+    assert "handed back unspent" in ends["handed_back"].getMessage()
+
+
+def test_nothing_is_built_when_info_is_off(
+    make_runlane: RunlaneFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="runlane")
+    rl = make_runlane(tasks=[job])
+    rl.trigger(job, {"kind": "ok"})
+    assert rl.drain().completed == 1
+    assert run_records(caplog) == []
+
+
+def test_worker_warns_when_maintenance_is_not_running(
+    make_runlane: RunlaneFactory,
+    db: Any,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_watch, "CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(_watch, "WARN_SECONDS", 60.0)
+    caplog.set_level(logging.INFO, logger="runlane")
+    rl = make_runlane(tasks=[job])
+    handle = rl.trigger(job, {"kind": "ok"}, delay=3600)
+    SchemaDb(db, schema).run(
+        "update {schema}.runs set status = 'retrying', due_at = now() - interval '1 minute' "
+        "where id = %s",
+        handle.id,
+    )
+
+    def warnings() -> list[logging.LogRecord]:
+        return [
+            r
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "maintenance is not running" in r.getMessage()
+        ]
+
+    with rl.create_delivery_worker(concurrency=1):
+        wait_until(lambda: bool(warnings()), timeout=10, what="the maintenance warning")
+        threading.Event().wait(0.5)  # several more checks: still one warning a minute
+    (warning,) = warnings()
+    assert "runlane maintenance APP" in warning.getMessage()
+
+    # with maintenance running, the run is delivered and nothing is said
+    caplog.clear()
+    with rl.start_services(), rl.create_delivery_worker(concurrency=1):
+        wait_for_status(rl, handle.id, RunStatus.COMPLETED, timeout=30)
+        threading.Event().wait(0.3)
+    assert warnings() == []

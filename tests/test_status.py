@@ -1,0 +1,177 @@
+"""The monitoring view: per-queue counts, waiting runs, tombstones' children, and
+``runlane status`` exiting non-zero (naming the check) when a check is unhealthy."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runlane import QueueStatus, RunContext, queue, task
+from runlane._status import unhealthy
+from runlane.cli import EXIT_FAILURE, main
+from tests.conftest import RunlaneFactory
+from tests.helpers import SchemaDb
+
+APP = textwrap.dedent(
+    """
+    import os
+    from runlane import create_runlane, queue, task
+
+    @task(id="status.echo", queue="mail")
+    def echo(payload, context):
+        return payload
+
+    runlane = create_runlane(
+        lane=__import__("runlane.postgres").postgres.postgres_polling_lane(
+            connection_string=os.environ["APP_DATABASE_URL"], schema=os.environ["APP_SCHEMA"]
+        ),
+        queues=[queue("mail", concurrency_limit=2), queue("default", default=True)],
+        tasks=[echo],
+    )
+    """
+)
+
+
+@task(id="status.echo", queue="mail")
+def echo(payload: Any, context: RunContext) -> Any:
+    return payload
+
+
+@pytest.fixture
+def app(tmp_path: Path, database_url: str, schema: str) -> Iterator[dict[str, str]]:
+    """``cliapp:runlane`` importable in this process and in subprocesses."""
+    (tmp_path / "cliapp.py").write_text(APP)
+    env = {"APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield {**os.environ, **env, "PYTHONPATH": str(tmp_path)}
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("cliapp", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_status_counts_per_queue(make_runlane: RunlaneFactory, db: Any, schema: str) -> None:
+    rl = make_runlane(
+        queues=[queue("mail", concurrency_limit=2), queue("default", default=True)],
+        tasks=[echo],
+    )
+    handles = rl.trigger_many(echo, [{"n": i} for i in range(5)])
+    sdb = SchemaDb(db, schema)
+    sdb.run(
+        "update {schema}.runs set status = 'retrying', due_at = now() + interval '1 hour' "
+        "where id = %s",
+        handles[0].id,
+    )
+    sdb.run(
+        "update {schema}.runs set status = 'waiting', wait_kind = 'sleep', "
+        "due_at = now() + interval '1 hour' where id = %s",
+        handles[1].id,
+    )
+    sdb.run(
+        "update {schema}.runs set status = 'running', attempt = 1, lease_token = "
+        "gen_random_uuid(), lease_expires_at = now() + interval '1 minute', "
+        "attempt_started_at = now(), started_at = now() where id = %s",
+        handles[2].id,
+    )
+    sdb.run(
+        "update {schema}.runs set pruned_at = now(), remaining_children = 3, "
+        "status = 'completed', finished_at = now() where id = %s",
+        handles[3].id,
+    )
+    report = rl.status()
+    assert report.queues == (
+        QueueStatus("default", 0, 0, 0, 0, 0, None),
+        QueueStatus(
+            "mail",
+            queued=1,
+            running=1,
+            retrying=1,
+            waiting=1,
+            live_leases=1,
+            concurrency_limit=2,
+        ),
+    )
+    assert report.waiting == 1
+    assert report.tombstones_with_children == 1
+    assert report.tombstone_remaining_children == 3
+    # deferred work and no maintenance owner: unhealthy
+    assert any("no maintenance band has a live owner" in p for p in unhealthy(report))
+
+
+def status(*options: str) -> int:
+    sys.modules.pop("cliapp", None)  # a fresh runtime: the command closes the one it used
+    return main(["status", "cliapp:runlane", *options])
+
+
+def test_status_command_exits_non_zero_and_names_the_check(
+    app: dict[str, str], db: Any, schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert status() == 0
+    out = capsys.readouterr()
+    assert "mail" in out.out
+    assert "0/2" in out.out  # live leases against the limit
+    assert "unhealthy" not in out.err
+
+    runlane = importlib.import_module("cliapp").runlane
+
+    runlane.start()  # the command closed it
+    handle = runlane.trigger("status.echo", {"x": 1})
+    runlane.close()
+    SchemaDb(db, schema).run(
+        "update {schema}.runs set status = 'retrying', due_at = now() - interval '1 minute' "
+        "where id = %s",
+        handle.id,
+    )
+    assert status() == EXIT_FAILURE
+    err = capsys.readouterr().err
+    assert "runlane: unhealthy: 1 retrying or released runs are past due" in err
+    assert "no maintenance band has a live owner" in err
+    assert status("--json") == EXIT_FAILURE
+    printed = capsys.readouterr().out
+    assert '"unhealthy": [' in printed
+    assert '"tombstone_remaining_children": 0' in printed
+
+
+def test_status_watch_refreshes_until_interrupted(app: dict[str, str]) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-m", "runlane.cli", "status", "cliapp:runlane", "--watch", "0.1"],
+        env=app,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        reports = 0
+        for line in proc.stdout:
+            if line.startswith("environment "):
+                reports += 1
+                if reports == 3:
+                    break
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()
+
+
+def test_watch_takes_a_positive_number(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(SystemExit) as exited:
+            main(["status", "m:a", "--watch", bad])
+        assert exited.value.code == 2
+        assert "--watch" in capsys.readouterr().err
