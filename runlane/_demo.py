@@ -1,4 +1,5 @@
-"""``runlane demo``: the whole path on a throw-away database, in a few seconds."""
+"""``runlane demo``: the whole path on a throw-away database, in a few seconds; with
+``--lane rabbitmq``, through a private RabbitMQ node (or ``--amqp-url``) to a worker."""
 
 from __future__ import annotations
 
@@ -7,14 +8,23 @@ from datetime import timedelta
 import attrs
 
 from runlane.context import RunContext
-from runlane.errors import NonRetryableError
+from runlane.errors import ConfigurationError, NonRetryableError
+from runlane.models import RunHandle
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.retry import RetryPolicy
-from runlane.runtime import create_runlane
+from runlane.runtime import Runlane, create_runlane
 from runlane.tasks import queue, task
-from runlane.testing import start_embedded_postgres
+from runlane.testing import (
+    RabbitNode,
+    rabbitmq_available,
+    start_embedded_postgres,
+    start_rabbitmq_node,
+)
 
-__all__ = ["run_demo"]
+__all__ = ["DEMO_LANES", "run_demo"]
+
+DEMO_LANES = ("polling", "rabbitmq")
+WAIT_SECONDS = 60.0  # per run, on the RabbitMQ lane
 
 
 @attrs.frozen
@@ -34,29 +44,86 @@ def square(payload: Square, context: RunContext) -> dict[str, int]:
     return {"n": payload.n, "square": payload.n * payload.n}
 
 
-def run_demo(*, database_url: str | None, schema: str, count: int) -> None:
+def run_demo(
+    *,
+    database_url: str | None,
+    schema: str,
+    count: int,
+    lane: str = "polling",
+    amqp_url: str | None = None,
+) -> None:
+    """Trigger ``count`` runs (and one refused run) and execute them: drained in this thread
+    on the polling lane; on the RabbitMQ lane, delivered through a broker (``amqp_url``, or a
+    private node started from the Debian rabbitmq-server package) to a worker."""
+    if lane not in DEMO_LANES:
+        raise ConfigurationError(f"lane must be one of {', '.join(DEMO_LANES)}, got {lane!r}")
+    if lane == "rabbitmq" and amqp_url is None:
+        reason = rabbitmq_available()
+        if reason is not None:
+            raise ConfigurationError(f"cannot start a RabbitMQ node for the demo: {reason}")
     server = None
+    node: RabbitNode | None = None
     if database_url is None:
-        print("starting a throw-away PostgreSQL (embedded-postgres) ...")
+        print("starting a throw-away PostgreSQL (embedded-postgres) ...", flush=True)
         database_url, server = start_embedded_postgres()
     try:
         result = apply_postgres_storage_migrations(connection_string=database_url, schema=schema)
         print(f"schema {schema} at version {result.version}")
-        runlane = create_runlane(
-            lane=postgres_polling_lane(connection_string=database_url, schema=schema),
-            queues=[queue("demo", default=True)],
-            tasks=[square],
-        )
-        with runlane:
-            handles = runlane.trigger_many(square, [Square(n=n) for n in range(count)])
-            refused = runlane.trigger(square, {"n": -1})
-            print(f"triggered {len(handles) + 1} runs")
-            drained = runlane.drain()
-            print(f"drain executed {drained.runs_executed} runs")
-            for handle in [*handles, refused]:
-                snap = runlane.get_run(handle.id)
-                detail = snap.output if snap.error is None else snap.error.message
-                print(f"  {snap.id}  {snap.status.value:<9}  {detail}")
+        if lane == "polling":
+            _polling(database_url, schema, count)
+            return
+        if amqp_url is None:
+            print("starting a private RabbitMQ node (rabbitmq-server) ...", flush=True)
+            amqp_url, node = start_rabbitmq_node()
+        _rabbitmq(database_url, schema, count, amqp_url)
     finally:
+        if node is not None:
+            node.cleanup()
         if server is not None:
             server.cleanup()
+
+
+def _print_runs(runlane: Runlane, handles: list[RunHandle]) -> None:
+    for handle in handles:
+        snap = runlane.get_run(handle.id)
+        detail = snap.output if snap.error is None else snap.error.message
+        print(f"  {snap.id}  {snap.status.value:<9}  {detail}")
+
+
+def _polling(database_url: str, schema: str, count: int) -> None:
+    runlane = create_runlane(
+        lane=postgres_polling_lane(connection_string=database_url, schema=schema),
+        queues=[queue("demo", default=True)],
+        tasks=[square],
+    )
+    with runlane:
+        handles = runlane.trigger_many(square, [Square(n=n) for n in range(count)])
+        refused = runlane.trigger(square, {"n": -1})
+        print(f"triggered {len(handles) + 1} runs")
+        drained = runlane.drain()
+        print(f"drain executed {drained.runs_executed} runs")
+        _print_runs(runlane, [*handles, refused])
+
+
+def _rabbitmq(database_url: str, schema: str, count: int, amqp_url: str) -> None:
+    from runlane.rabbitmq import rabbitmq_lane  # noqa: PLC0415 - the rabbitmq extra (pika)
+
+    lane = rabbitmq_lane(connection_string=database_url, schema=schema, amqp_url=amqp_url)
+    runlane = create_runlane(lane=lane, queues=[queue("demo", default=True)], tasks=[square])
+    with runlane:
+        worker = runlane.create_delivery_worker(concurrency=4)
+        try:
+            handles = runlane.trigger_many(square, [Square(n=n) for n in range(count)])
+            refused = runlane.trigger(square, {"n": -1})
+            print(f"triggered {len(handles) + 1} runs; publishing them to {lane.broker}")
+            all_handles = [*handles, refused]
+            for handle in all_handles:
+                runlane.wait_for_run(handle.id, timeout=WAIT_SECONDS)
+            print(
+                f"a worker consuming runlane.{schema}.default.demo executed {len(all_handles)} runs"
+            )
+        finally:
+            worker.close(timeout=10)
+        _print_runs(runlane, all_handles)
+        report = runlane.status()
+        print(f"pending outbox items: {report.outbox_pending}; broker {report.broker}")

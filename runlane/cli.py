@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from runlane._cli_runs import add_run_commands
-from runlane._demo import run_demo
+from runlane._demo import DEMO_LANES, run_demo
 from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
@@ -385,7 +385,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         or os.environ.get("DATABASE_URL")
         or None
     )
-    run_demo(database_url=url, schema=args.schema, count=args.runs)
+    if args.runs < 0:
+        raise ConfigurationError(f"--runs must not be negative, got {args.runs}")
+    run_demo(
+        database_url=url,
+        schema=args.schema,
+        count=args.runs,
+        lane=args.lane,
+        amqp_url=args.amqp_url or os.environ.get("RUNLANE_AMQP_URL") or None,
+    )
     return 0
 
 
@@ -553,7 +561,14 @@ def _parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=_cmd_status)
 
     demo = commands.add_parser(
-        "demo", help="trigger and drain a few runs on a throw-away (or given) database"
+        "demo",
+        help="trigger and drain a few runs on a throw-away (or given) database",
+        description=(
+            "Trigger a few runs and execute them. --lane polling (the default) drains them in "
+            "this process; --lane rabbitmq publishes them through RabbitMQ to a worker: the "
+            "broker at --amqp-url, else a private node on 127.0.0.1 started from the Debian "
+            "rabbitmq-server package (apt-get install rabbitmq-server) and removed afterwards."
+        ),
     )
     demo.add_argument(
         "--database-url",
@@ -563,6 +578,17 @@ def _parser() -> argparse.ArgumentParser:
         "--schema", default="runlane_demo", help="schema name (default: runlane_demo)"
     )
     demo.add_argument("--runs", type=int, default=5, help="how many runs to trigger")
+    demo.add_argument(
+        "--lane",
+        choices=DEMO_LANES,
+        default="polling",
+        help="polling (default), or rabbitmq: deliveries through a RabbitMQ broker",
+    )
+    demo.add_argument(
+        "--amqp-url",
+        help="with --lane rabbitmq: the broker (default: $RUNLANE_AMQP_URL; without it, a "
+        "private node on 127.0.0.1)",
+    )
     demo.set_defaults(handler=_cmd_demo)
 
     add_run_commands(commands, load_app)  # runs list|show|retry|cancel, trigger
