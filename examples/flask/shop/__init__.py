@@ -1,0 +1,1 @@
+"""A small Flask shop that runs its background work with runlane (see README.md)."""
