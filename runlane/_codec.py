@@ -12,6 +12,7 @@ import json
 import math
 import re
 import typing
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,17 @@ def _strict_bool(value: Any, _: type) -> bool:
     return value
 
 
+def _strict_uuid(value: Any, _: type) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"expected a UUID string, got {type(value).__name__}")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValueError(f"expected a UUID, got {value!r}") from None
+
+
 def _not_text(hook: Any) -> Any:
     """Wrap a collection hook so a string or a mapping is refused: "abc" is iterable, but it
     is not the list ["a", "b", "c"]."""
@@ -109,6 +121,8 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _strict_float)
     converter.register_structure_hook(bool, _strict_bool)
+    converter.register_structure_hook(uuid.UUID, _strict_uuid)
+    converter.register_unstructure_hook(uuid.UUID, str)
     converter.register_structure_hook_factory(
         lambda cls: attrs.has(cls) and not typing.get_args(cls),
         lambda cls: _object_only(cls, converter),
