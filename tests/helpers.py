@@ -4,20 +4,25 @@ uses stay in that file."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, LiteralString, TypeVar
 
 import attrs
+import pika
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from runlane import RetryPolicy, Runlane, RunSnapshot, RunStatus
+from runlane import RetryPolicy, RunContext, Runlane, RunSnapshot, RunStatus
+from runlane.rabbitmq import ConsumerStats
+from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.storage import Storage
 from runlane.worker import Worker
 
@@ -193,3 +198,91 @@ def run_together(
 def storage_of(rl: Runlane) -> Storage:
     """The runtime's storage: an internal, reached by tests that drive storage directly."""
     return rl._storage
+
+
+# -- the RabbitMQ lane -------------------------------------------------------------------------
+
+
+class Executions:
+    """Handler executions counted per run and per ``(run id, attempt)``, from any thread; the
+    start time of each run's first execution (``time.monotonic()``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.attempts: Counter[tuple[uuid.UUID, int]] = Counter()
+        self.runs: Counter[uuid.UUID] = Counter()
+        self.started: dict[uuid.UUID, float] = {}
+
+    def add(self, context: RunContext) -> None:
+        with self._lock:
+            self.attempts[(context.run_id, context.attempt)] += 1
+            self.runs[context.run_id] += 1
+            self.started.setdefault(context.run_id, time.monotonic())
+
+    def more_than_once(self) -> dict[uuid.UUID, int]:
+        with self._lock:
+            return {run_id: n for run_id, n in self.runs.items() if n != 1}
+
+
+def consumer_stats(worker: Worker) -> ConsumerStats:
+    """The RabbitMQ consumer's delivery counters of a worker on the RabbitMQ lane."""
+    acquirer = worker.acquirer
+    assert isinstance(acquirer, RabbitAcquirer), f"{worker.name} is not on the RabbitMQ lane"
+    return acquirer.stats
+
+
+def consumer_ready(worker: Worker, timeout: float = 15.0) -> None:
+    """Block until the worker's consumer is consuming and its cancel listener is connected."""
+    acquirer = worker.acquirer
+    assert isinstance(acquirer, RabbitAcquirer)
+    deadline = time.monotonic() + timeout
+    if not acquirer.consuming.wait(timeout) or not acquirer.listener.connected.wait(
+        max(0.0, deadline - time.monotonic())
+    ):
+        pytest.fail(f"{worker.name}: its consumer was not ready within {timeout}s")
+
+
+def amqp_queue(schema: str, queue: str = "default", environment: str = "default") -> str:
+    """The AMQP queue the RabbitMQ lane declares for a logical queue."""
+    return f"runlane.{schema}.{environment}.{queue}"
+
+
+def ready_messages(amqp_url: str, name: str) -> int:
+    """Messages ready in the AMQP queue ``name`` (not counting those delivered, unacked)."""
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        frame = conn.channel().queue_declare(queue=name, passive=True)
+        return int(frame.method.message_count)
+    finally:
+        conn.close()
+
+
+def publish_by_hand(amqp_url: str, name: str, *bodies: bytes) -> None:
+    """Publish ``bodies`` to the AMQP queue ``name`` with confirms, as another program might."""
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        for body in bodies:
+            channel.basic_publish(
+                exchange="",
+                routing_key=name,
+                body=body,
+                properties=pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent),
+                mandatory=True,
+            )
+    finally:
+        conn.close()
+
+
+def outbox_count(db: Conn, schema: str) -> int:
+    row = db.execute(q("select count(*) from {s}.outbox", schema)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def closed_port() -> int:
+    """A loopback TCP port nothing listens on (a broker that is down)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

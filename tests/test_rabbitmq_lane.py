@@ -1,0 +1,451 @@
+"""The RabbitMQ lane as a caller sees it: eager triggers started within milliseconds, the
+caller's transaction respected, drain() refused, bad configuration refused before anything is
+written, a worker that waits out a missing broker, bounded queues across workers, and the
+outbox in ``status``.
+
+Tests share the session broker (``rabbitmq_url``; queue names carry the test's schema) unless
+they need to stop their own (``rabbitmq_node``)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from runlane import (
+    ConfigurationError,
+    MaintenanceLimits,
+    Queue,
+    RunContext,
+    Runlane,
+    RunStatus,
+    Task,
+    create_runlane,
+    queue,
+    task,
+)
+from runlane.rabbitmq import rabbitmq_lane
+from runlane.testing import RabbitNode
+from tests.helpers import (
+    Executions,
+    closed_port,
+    consumer_ready,
+    consumer_stats,
+    outbox_count,
+    q,
+    wait_until,
+)
+
+Conn = psycopg.Connection[Any]
+RabbitRuntimes = Callable[..., Runlane]
+
+
+@pytest.fixture
+def rabbit_runtime(database_url: str, schema: str) -> Iterator[RabbitRuntimes]:
+    """Build runtimes on the RabbitMQ lane and this test's schema; closed at teardown.
+    ``amqp_url`` is required; other keywords go to ``rabbitmq_lane`` except ``tasks`` and
+    ``queues``."""
+    made: list[Runlane] = []
+
+    def make(
+        *, amqp_url: str, tasks: list[Task[Any, Any]], queues: Sequence[Queue] = (), **lane: Any
+    ) -> Runlane:
+        lane.setdefault("connect_timeout", 3.0)
+        runtime = create_runlane(
+            lane=rabbitmq_lane(
+                connection_string=database_url, schema=schema, amqp_url=amqp_url, **lane
+            ),
+            tasks=tasks,
+            queues=queues,
+        )
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime.close(timeout=10)
+
+
+def _rows(db: Conn, schema: str) -> tuple[int, int, int]:
+    """(runs, outbox items, outbox environments) stored in the schema."""
+    row = db.execute(
+        q(
+            "select (select count(*) from {s}.runs), (select count(*) from {s}.outbox), "
+            "(select count(*) from {s}.outbox_environments)",
+            schema,
+        )
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+# -- eager triggers and the caller's transaction -------------------------------------------------
+
+
+def test_eager_trigger_starts_an_idle_worker_within_milliseconds_without_maintenance(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, database_url: str, schema: str, db: Conn
+) -> None:
+    executions = Executions()
+
+    @task(id="lane.eager")
+    def eager(payload: Any, context: RunContext) -> Any:
+        executions.add(context)
+        return payload
+
+    rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[eager])
+    worker = rl.create_delivery_worker(concurrency=2)
+    consumer_ready(worker)
+    # the first trigger connects the runtime's publisher; measure the ones after it
+    rl.wait_for_run(rl.trigger(eager, "warm-up").id, timeout=15)
+    latencies: list[float] = []
+    for n in range(20):
+        before = time.monotonic()
+        run_id = rl.trigger(eager, n).id
+        wait_until(
+            lambda run_id=run_id: run_id in executions.started,  # type: ignore[misc]
+            timeout=5,
+            what=f"run {n} to start",
+        )
+        latencies.append(executions.started[run_id] - before)
+    p50 = statistics.median(latencies)
+    print(f"\ntrigger-to-start p50 {p50 * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms")
+    assert p50 < 1.0, latencies
+    assert max(latencies) < 2.0, latencies
+
+    # trigger(connection=...): stored unclaimed; published only once the caller commits
+    with psycopg.connect(database_url) as conn:
+        held = rl.trigger(eager, "in-transaction", connection=conn).id
+        # a run triggered after it, outside the transaction, starts and completes meanwhile
+        rl.wait_for_run(rl.trigger(eager, "sentinel").id, timeout=10)
+        assert held not in executions.started, "a run started before its trigger committed"
+        conn.commit()
+        committed_at = time.monotonic()
+    rl.wait_for_run(held, timeout=10)
+    after_commit = executions.started[held] - committed_at
+    print(f"connection= trigger started {after_commit * 1000:.1f} ms after its commit")
+    assert after_commit < 2.0  # woken by NOTIFY: no maintenance runs here
+
+    # rolled back: no run, no item, no message
+    with psycopg.connect(database_url) as conn:
+        gone = rl.trigger(eager, "rolled-back", connection=conn).id
+        conn.rollback()
+    rl.wait_for_run(rl.trigger(eager, "after-rollback").id, timeout=10)
+    worker.close(timeout=10)
+    assert gone not in executions.runs
+    assert not executions.more_than_once()
+    assert db.execute(
+        q("select count(*) from {s}.runs where id = %s", schema), (gone,)
+    ).fetchone() == (0,)
+    assert outbox_count(db, schema) == 0
+    assert consumer_stats(worker).unknown == 0
+    assert consumer_stats(worker).duplicates == 0
+
+
+def test_drain_is_refused_with_the_reason_and_what_to_use_instead(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str
+) -> None:
+    @task(id="lane.noop")
+    def noop(payload: Any, context: RunContext) -> None:
+        return None
+
+    rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
+    with pytest.raises(ConfigurationError) as caught:
+        rl.drain()
+    message = str(caught.value)
+    assert "rabbitmq lane" in message
+    assert "cannot prove that the broker holds no message" in message  # why
+    assert "create_delivery_worker" in message  # what to use instead
+    assert "runlane worker APP" in message
+    assert "wait_for_run" in message
+    assert "postgres_polling_lane" in message
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("amqp_url", "says"),
+    [
+        ("http://guest:s3cret-pw@x", "must start with amqp:// or amqps://, got http scheme"),
+        ("amqp://", "names no host"),
+        ("amqp://guest:s3cret-pw@h:99999/", "not a valid URL"),
+        ("", "needs an amqp_url"),
+        ("   ", "needs an amqp_url"),
+        (None, "needs an amqp_url"),
+        (5672, "needs an amqp_url"),
+        (b"amqp://guest:s3cret-pw@h/", "needs an amqp_url"),
+        ("guest:s3cret-pw@h:5672", "must start with amqp://"),
+    ],
+)
+def test_an_amqp_url_that_is_not_one_is_refused_without_echoing_a_password(
+    database_url: str, fresh_schema: str, db: Conn, amqp_url: Any, says: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        rabbitmq_lane(connection_string=database_url, schema=fresh_schema, amqp_url=amqp_url)
+    assert says in str(caught.value)
+    assert "s3cret-pw" not in str(caught.value)
+    assert caught.value.__cause__ is None  # no chained exception repeats the URL either
+    # nothing was created: not even the schema
+    row = db.execute(
+        "select count(*) from information_schema.schemata where schema_name = %s", (fresh_schema,)
+    ).fetchone()
+    assert row == (0,)
+
+
+def test_bad_limits_and_claim_durations_are_refused_and_write_nothing(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, database_url: str, schema: str, db: Conn
+) -> None:
+    @task(id="lane.noop")
+    def noop(payload: Any, context: RunContext) -> None:
+        return None
+
+    rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
+    rl.trigger(noop, None)
+    before = _rows(db, schema)
+    limits: list[Any] = [0, -1, True, 1.5]
+    for limit in limits:
+        with pytest.raises(ConfigurationError, match="outbox_publish_limit must be a positive"):
+            rl.run_maintenance_once(MaintenanceLimits(outbox_publish_limit=limit))
+    for claim, publish in ((1, 2), (2, 2), (0.5, 10)):
+        with pytest.raises(ConfigurationError, match="must be longer than publish_timeout"):
+            rabbitmq_lane(
+                connection_string=database_url,
+                schema=schema,
+                amqp_url=rabbitmq_url,
+                claim_duration=timedelta(seconds=claim),
+                publish_timeout=timedelta(seconds=publish),
+            )
+    with pytest.raises(ConfigurationError, match="claim_duration must be a positive"):
+        rabbitmq_lane(
+            connection_string=database_url,
+            schema=schema,
+            amqp_url=rabbitmq_url,
+            claim_duration=timedelta(0),
+        )
+    assert _rows(db, schema) == before
+    assert rl.status().outbox_pending == before[1]
+
+
+# -- a broker that is not there --------------------------------------------------------------
+
+
+def test_a_worker_started_before_its_broker_retries_with_backoff_then_consumes(
+    rabbit_runtime: RabbitRuntimes,
+    rabbitmq_node: RabbitNode,
+    caplog: pytest.LogCaptureFixture,
+    db: Conn,
+    schema: str,
+) -> None:
+    caplog.set_level(logging.INFO, logger="runlane")
+    password = rabbitmq_node.amqp_url.split(":")[2].split("@")[0]
+    assert len(password) >= 8
+    assert password in rabbitmq_node.amqp_url
+    executions = Executions()
+
+    @task(id="lane.late")
+    def late(payload: Any, context: RunContext) -> Any:
+        executions.add(context)
+        return payload
+
+    rabbitmq_node.stop()
+    rl = rabbit_runtime(
+        amqp_url=rabbitmq_node.amqp_url,
+        tasks=[late],
+        publish_timeout=timedelta(seconds=1),
+        claim_duration=timedelta(seconds=3),
+    )
+    run_ids = [rl.trigger(late, n).id for n in range(3)]  # commits; publishing fails
+    worker = rl.create_delivery_worker(concurrency=2)
+    where = f"127.0.0.1:{rabbitmq_node.port}"
+
+    def retries() -> list[logging.LogRecord]:
+        return [
+            r
+            for r in caplog.records
+            if r.name == "runlane.rabbitmq.consumer" and "unavailable" in r.getMessage()
+        ]
+
+    wait_until(lambda: len(retries()) >= 4, timeout=15, what="the consumer to retry 4 times")
+    seen = retries()
+    assert all(where in r.getMessage() and "retrying" in r.getMessage() for r in seen)
+    gaps = [b.created - a.created for a, b in itertools.pairwise(seen)]
+    assert gaps[-1] > gaps[0], f"no backoff between retries: {gaps}"
+    report = rl.status()
+    assert report.broker is not None
+    assert report.broker.startswith(f"unreachable at {where}")
+    assert report.outbox_pending == 3
+    assert all(rl.get_run(r).status is RunStatus.QUEUED for r in run_ids)
+
+    rabbitmq_node.start()
+    consumer_ready(worker, timeout=20)
+    deadline = time.monotonic() + 45
+    while not all(rl.get_run(r).status is RunStatus.COMPLETED for r in run_ids):
+        assert time.monotonic() < deadline, rl.status()
+        rl.run_maintenance_once()
+        time.sleep(0.2)
+    worker.close(timeout=10)
+    assert not executions.more_than_once()
+    assert set(executions.runs) == set(run_ids)
+    assert rl.status().broker == f"reachable at {where}"
+    for record in caplog.records:
+        text = record.getMessage() + (
+            logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
+        )
+        assert password not in text, f"{record.name} logged the broker's password"
+    assert any(where in r.getMessage() and "consuming" in r.getMessage() for r in caplog.records)
+
+
+# -- bounded queues ------------------------------------------------------------------------
+
+
+def test_a_bounded_queue_never_runs_two_handlers_at_once_across_two_workers(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str
+) -> None:
+    single = queue("single", concurrency_limit=1)
+    executions = Executions()
+    lock = threading.Lock()
+    active = [0]
+    most = [0]
+
+    @task(id="lane.bounded", queue="single")
+    def bounded(payload: Any, context: RunContext) -> Any:
+        executions.add(context)
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.05)  # the handler's work: long enough for the others to arrive meanwhile
+        with lock:
+            active[0] -= 1
+        return payload
+
+    def runtime() -> Runlane:
+        return rabbit_runtime(
+            amqp_url=rabbitmq_url,
+            tasks=[bounded],
+            queues=[single],
+            defer_delay=timedelta(milliseconds=100),
+        )
+
+    producer, first, second = runtime(), runtime(), runtime()
+    workers = [
+        first.create_delivery_worker(concurrency=2),
+        second.create_delivery_worker(concurrency=2),
+    ]
+    for worker in workers:
+        consumer_ready(worker)
+    run_ids = [h.id for h in producer.trigger_many(bounded, list(range(12)))]
+    for run_id in run_ids:
+        snapshot = producer.wait_for_run(run_id, timeout=30)
+        assert snapshot.status is RunStatus.COMPLETED
+    for worker in workers:
+        worker.close(timeout=10)
+    assert most[0] == 1
+    assert not executions.more_than_once()
+    assert set(executions.runs) == set(run_ids)
+    deferred = sum(consumer_stats(w).deferred for w in workers)
+    print(f"\n{deferred} deliveries deferred through the outbox")
+    assert deferred > 0
+    assert outbox_count(db, schema) == 0
+
+
+# -- status ----------------------------------------------------------------------------------
+
+APP = textwrap.dedent(
+    """
+    import os
+    from datetime import timedelta
+    from runlane import create_runlane, task
+    from runlane.rabbitmq import rabbitmq_lane
+
+    @task(id="lane.status")
+    def noop(payload, context):
+        return None
+
+    runlane = create_runlane(
+        lane=rabbitmq_lane(
+            connection_string=os.environ["APP_DATABASE_URL"],
+            schema=os.environ["APP_SCHEMA"],
+            amqp_url=os.environ["APP_AMQP_URL"],
+            connect_timeout=2.0,
+            publish_timeout=timedelta(seconds=1),
+            claim_duration=timedelta(seconds=5),
+        ),
+        tasks=[noop],
+    )
+    """
+)
+
+
+def test_status_shows_the_pending_outbox_while_the_broker_is_down(
+    rabbit_runtime: RabbitRuntimes, database_url: str, schema: str, tmp_path: Path
+) -> None:
+    @task(id="lane.status")
+    def noop(payload: Any, context: RunContext) -> None:
+        return None
+
+    down = f"amqp://guest:s3cret-pw@127.0.0.1:{closed_port()}/%2F"
+    rl = rabbit_runtime(
+        amqp_url=down,
+        tasks=[noop],
+        publish_timeout=timedelta(seconds=1),
+        claim_duration=timedelta(seconds=5),
+    )
+    empty = rl.status()
+    assert empty.outbox_pending == 0
+    assert empty.outbox_oldest_age_seconds is None
+    rl.trigger_many(noop, [1, 2, 3])
+    first = rl.status()
+    assert first.outbox_pending == 3
+    assert first.outbox_oldest_age_seconds is not None
+    assert first.outbox_oldest_age_seconds >= 0
+    assert first.broker is not None
+    assert first.broker.startswith("unreachable at 127.0.0.1:")
+    first_age = first.outbox_oldest_age_seconds
+    wait_until(
+        lambda: (rl.status().outbox_oldest_age_seconds or 0) > first_age + 0.2,
+        timeout=5,
+        what="the oldest item to age",
+    )
+
+    (tmp_path / "statusapp.py").write_text(APP)
+    env = {
+        **os.environ,
+        "APP_DATABASE_URL": database_url,
+        "APP_SCHEMA": schema,
+        "APP_AMQP_URL": down,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "runlane.cli", "status", "statusapp:runlane"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done  # unhealthy: the broker is unreachable
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    assert any(
+        line.startswith("pending outbox items") and line.split()[-1] == "3" for line in lines
+    ), done.stdout
+    assert any(
+        line.startswith("oldest pending outbox item") and line.endswith("s old") for line in lines
+    ), done.stdout
+    assert any(
+        line.startswith("broker") and "unreachable at 127.0.0.1:" in line for line in lines
+    ), done.stdout
+    assert "unhealthy: broker unreachable at 127.0.0.1:" in done.stderr
+    assert "s3cret-pw" not in done.stdout + done.stderr
