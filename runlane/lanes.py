@@ -49,7 +49,10 @@ class AcquirerOptions:
     lease: timedelta
     # True for drain(): it never waits for work, so start no listener or consumer
     drain: bool
-    concurrency: int = 1  # the worker's slots (a broker consumer's prefetch)
+    concurrency: int = 1  # the worker's slots
+    # the most one claim takes (create_delivery_worker's claim_batch): a broker consumer's
+    # prefetch, so it can feed every slot and claim ahead as the polling lane does
+    claim_batch: int = 1
 
 
 class Acquirer(Protocol):

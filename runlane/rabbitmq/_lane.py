@@ -133,7 +133,7 @@ class RabbitMQLane:
         options: AcquirerOptions,
         on_cancel: Callable[[uuid.UUID], None],
     ) -> RabbitAcquirer:
-        """One worker's consumer: its own AMQP connection, prefetch = concurrency."""
+        """One worker's consumer: its own AMQP connection, prefetch = its claim batch."""
         return RabbitAcquirer(
             _postgres(storage),
             options,

@@ -176,6 +176,7 @@ class Worker:
                 lease=options.lease,
                 drain=options.drain,
                 concurrency=options.concurrency,
+                claim_batch=options.claim_batch,
             ),
             self._on_cancel,
         )
