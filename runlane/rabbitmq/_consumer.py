@@ -306,6 +306,10 @@ class RabbitAcquirer:
             channel.basic_consume(
                 queue=amqp_name, on_message_callback=self._receiver(name), auto_ack=False
             )
+        cancelled = threading.Event()
+        # the broker cancels a consumer whose queue was deleted: reconnect, which declares
+        # the queue again and consumes it anew
+        channel.add_on_cancel_callback(lambda _frame: cancelled.set())
         with self._lock:
             self._generation += 1
             self._conn, self._channel = conn, channel
@@ -317,8 +321,14 @@ class RabbitAcquirer:
             len(self._queues),
             describe(self._params),
         )
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not cancelled.is_set():
             conn.process_data_events(time_limit=0.2)
+        if cancelled.is_set():
+            log.warning(
+                "runlane: %s: the broker cancelled consuming (a queue was deleted?); "
+                "declaring and consuming again",
+                self._name,
+            )
 
     def _receiver(
         self, queue: str

@@ -382,6 +382,7 @@ class OutboxPublisher:
             except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
                 error = f"the broker refused run {item.run_id}: {type(exc).__name__}"
                 failed.append(item)
+                self._declared.discard(name)  # deleted meanwhile? declare it again next time
             except AMQP_ERRORS as exc:
                 error = f"broker {describe(self._params)}: {type(exc).__name__}: {exc}"
                 log.warning("runlane: %s: publishing failed (%s)", self.name, error)
