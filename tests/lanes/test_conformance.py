@@ -446,10 +446,7 @@ def test_drain_on_a_lane_without_drain_support_is_refused(lane_factory: LaneHarn
 
     rl = lane_factory.runtime(tasks=[never])
     if rl.lane.drain_unsupported is None:
-        pytest.skip(
-            f"the {lane_factory.name} lane supports drain(); no lane param without drain "
-            "support exists yet (a transport lane will run this half)"
-        )
+        pytest.skip(f"the {lane_factory.name} lane supports drain() (the other half's test)")
     handle = rl.trigger(never, None)
     with pytest.raises(ConfigurationError, match="drain"):
         rl.drain()
