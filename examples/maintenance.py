@@ -12,19 +12,18 @@ def report(error, info):
     print(f"{info.phase}: {error}", file=sys.stderr)
 
 
-services = runlane.start_services(on_service_error=report)
-
-
 def shut_down(signum, frame):
-    services.close(timeout=30)  # stop the bands and release their leases
+    # Runlane.close() stops the services it started and releases their leases
+    runlane.close(timeout=30)
 
 
+# handlers first, so a SIGTERM that arrives while the services start still closes them
 stop_signals = (signal.SIGTERM, signal.SIGINT)
 previous = {sig: signal.signal(sig, shut_down) for sig in stop_signals}
 try:
+    services = runlane.start_services(on_service_error=report)
     services.wait_until_closed()  # raises ServiceFailed (e.g. schema not migrated)
 finally:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
-    services.close(timeout=30)
-    runlane.close()
+    runlane.close(timeout=30)

@@ -99,6 +99,9 @@ _epmd: subprocess.Popen[bytes] | None = None
 _epmd_port: int | None = None
 
 
+_LISTENER_RETRIES = 4  # starts of a node whose AMQP port was briefly unavailable
+
+
 def rabbitmq_available() -> str | None:
     """None when a private RabbitMQ node can be started here, else a one-line reason saying
     what to install."""
@@ -294,18 +297,28 @@ class RabbitNode:
         if self.running:
             return 0.0
         began = time.monotonic()
-        (self.base / "rabbitmq.pid").unlink(missing_ok=True)
-        with self.console_log.open("ab") as console:
-            self._process = subprocess.Popen(
-                [str(RABBITMQ_SERVER)],
-                stdin=subprocess.DEVNULL,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=self.base,
-                start_new_session=True,  # its own process group: kill() reaches every child
-            )
-        self.wait_ready(timeout - (time.monotonic() - began))
+        for attempt in range(_LISTENER_RETRIES):
+            (self.base / "rabbitmq.pid").unlink(missing_ok=True)
+            with self.console_log.open("ab") as console:
+                self._process = subprocess.Popen(
+                    [str(RABBITMQ_SERVER)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=console,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    cwd=self.base,
+                    start_new_session=True,  # its own process group: kill() reaches every child
+                )
+            try:
+                self.wait_ready(timeout - (time.monotonic() - began))
+            except RuntimeError:
+                # the port of a node just killed can still be held for a moment (or taken
+                # by another test's probe): its listener fails and the node exits; retry
+                if attempt + 1 == _LISTENER_RETRIES or "TCP listener" not in self.log_tail():
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+            else:
+                break
         return time.monotonic() - began
 
     def wait_ready(self, timeout: float = RABBITMQ_START_TIMEOUT) -> None:
