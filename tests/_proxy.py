@@ -23,6 +23,7 @@ class TcpProxy:
         self._target = (target_host, target_port)
         self._lock = threading.Lock()
         self._up = False
+        self._stalled = threading.Event()  # connections stay open, nothing is forwarded
         self._stop = threading.Event()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -41,6 +42,13 @@ class TcpProxy:
     def up(self) -> None:
         with self._lock:
             self._up = True
+
+    def stall(self) -> None:
+        """Keep every connection open but forward nothing more (a peer that never answers)."""
+        self._stalled.set()
+
+    def unstall(self) -> None:
+        self._stalled.clear()
 
     def down(self) -> None:
         """Refuse new connections and cut every open one."""
@@ -95,6 +103,9 @@ class TcpProxy:
         peers = {a: b, b: a}
         try:
             while not self._stop.is_set():
+                if self._stalled.is_set():
+                    self._stop.wait(0.05)
+                    continue
                 readable, _, _ = select.select([a, b], [], [], 0.1)
                 for sock in readable:
                     data = sock.recv(65536)

@@ -9,20 +9,27 @@ persistent and carry only the run's id (``message_id`` is the outbox item's id).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
+import threading
+import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from runlane.errors import ConfigurationError
 
 __all__ = [
     "AMQP_ERRORS",
+    "Watchdog",
     "check_amqp_url",
     "dead_letter_names",
     "declare_queue",
@@ -37,6 +44,9 @@ log = logging.getLogger("runlane.rabbitmq")
 # what a broken or refused broker connection raises in pika's blocking API
 AMQP_ERRORS: tuple[type[BaseException], ...] = (
     pika.exceptions.AMQPError,
+    # a handshake that timed out (a broker that accepts TCP and never answers) is raised as
+    # the connection workflow's own error, which is not an AMQPError
+    AMQPConnectorException,
     OSError,
     ValueError,  # pika raises it for operations on a closed connection in some versions
 )
@@ -116,3 +126,74 @@ def parse_body(body: bytes) -> uuid.UUID | None:
         return uuid.UUID(str(data["run_id"]))
     except (ValueError, TypeError, KeyError):
         return None
+
+
+class Watchdog:
+    """Bounds a blocking broker call that pika cannot bound (a publisher confirm, a queue
+    declaration on a broker that accepts the connection but never answers): when an armed
+    deadline passes, it shuts the connection's socket down from its own thread, which ends
+    the blocked call with a connection error in the owning thread. Shutting a socket down
+    touches no pika state, so it is safe across threads; the owner then drops the connection.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._deadline: float | None = None
+        self._conn: Any = None
+        self._stopped = False
+        self.fired = 0
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def bound(self, conn: Any, seconds: float) -> Iterator[None]:
+        """Within the block, the connection's socket is shut down after ``seconds``."""
+        with self._lock:
+            if self._thread is None and not self._stopped:  # started on first use
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._conn, self._deadline = conn, time.monotonic() + seconds
+            self._wake.notify()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._conn, self._deadline = None, None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(2.0)
+
+    def _run(self) -> None:
+        with self._lock:
+            while not self._stopped:
+                deadline = self._deadline
+                if deadline is None:
+                    self._wake.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                conn, self._deadline = self._conn, None
+                self.fired += 1
+                log.warning(
+                    "runlane: %s: a broker call passed its deadline; cutting it off", self._name
+                )
+                _shut_down(conn)
+
+
+def _shut_down(conn: Any) -> None:
+    """Shut the socket of a pika BlockingConnection down (it has no public handle on it)."""
+    sock = getattr(getattr(getattr(conn, "_impl", None), "_transport", None), "_sock", None)
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        log.debug("shutting a broker socket down failed", exc_info=True)

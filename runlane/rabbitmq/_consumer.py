@@ -38,12 +38,21 @@ from runlane.lanes import AcquirerOptions
 from runlane.models import RunStatus
 from runlane.postgres import PostgresStorage
 from runlane.postgres._listener import PostgresListener
-from runlane.rabbitmq._amqp import AMQP_ERRORS, declare_queue, describe, parse_body, queue_name
+from runlane.rabbitmq._amqp import (
+    AMQP_ERRORS,
+    Watchdog,
+    declare_queue,
+    describe,
+    parse_body,
+    queue_name,
+)
 from runlane.storage import ClaimedRun
 
 __all__ = ["ConsumerStats", "RabbitAcquirer"]
 
 log = logging.getLogger("runlane.rabbitmq.consumer")
+
+_SETUP_SECONDS = 15.0  # declaring and consuming the worker's queues may take this long
 
 
 @attrs.define
@@ -111,6 +120,7 @@ class RabbitAcquirer:
         self._listener = make_listener(self._on_notify, f"{options.name}-listener")
         self.stats = ConsumerStats()
         self.consuming = threading.Event()  # set while consuming (tests, status)
+        self._watchdog = Watchdog(f"{options.name}-consumer-watchdog")
 
     @property
     def listener(self) -> PostgresListener:
@@ -216,6 +226,7 @@ class RabbitAcquirer:
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("runlane: %s did not stop in time; giving up on it", self._thread.name)
+        self._watchdog.stop()
         self._claims.close()
 
     # -- signals from Postgres -----------------------------------------------------------
@@ -298,14 +309,17 @@ class RabbitAcquirer:
 
     def _run_connection(self, backoff: Backoff) -> None:
         conn = pika.BlockingConnection(self._params)
-        channel = conn.channel()
-        channel.basic_qos(prefetch_count=self._prefetch)
-        for name in self._queues:
-            amqp_name = queue_name(self._schema, self._environment, name)
-            declare_queue(channel, self._schema, amqp_name, self._delivery_limit)
-            channel.basic_consume(
-                queue=amqp_name, on_message_callback=self._receiver(name), auto_ack=False
-            )
+        # a broker that accepts the connection but never answers (a quorum queue that lost
+        # its members) would block these calls for good: bound them
+        with self._watchdog.bound(conn, _SETUP_SECONDS):
+            channel = conn.channel()
+            channel.basic_qos(prefetch_count=self._prefetch)
+            for name in self._queues:
+                amqp_name = queue_name(self._schema, self._environment, name)
+                declare_queue(channel, self._schema, amqp_name, self._delivery_limit)
+                channel.basic_consume(
+                    queue=amqp_name, on_message_callback=self._receiver(name), auto_ack=False
+                )
         cancelled = threading.Event()
         # the broker cancels a consumer whose queue was deleted: reconnect, which declares
         # the queue again and consumes it anew

@@ -32,6 +32,7 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 from runlane.errors import RunlaneClosed, RunlaneError
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
+    Watchdog,
     declare_queue,
     describe,
     message_body,
@@ -92,7 +93,7 @@ class OutboxPublisher:
         publish_timeout: float,
         delivery_limit: int,
         page_size: int = 100,
-        max_backoff: float = 30.0,
+        max_backoff: float = 5.0,
     ) -> None:
         self._storage = storage
         self._params = params
@@ -118,6 +119,9 @@ class OutboxPublisher:
         self._declared: set[str] = set()
         self._listeners: list[object] = []
         self.connected = threading.Event()
+        # bounds each publish and its confirm, which pika does not (a broker that accepts
+        # the connection but never answers would otherwise block this thread for good)
+        self._watchdog = Watchdog(f"{self.name}-watchdog")
 
     # -- other threads -------------------------------------------------------------------
 
@@ -191,6 +195,7 @@ class OutboxPublisher:
             thread.join(timeout)
             if thread.is_alive():
                 log.warning("runlane: %s did not stop within %ss", self.name, timeout)
+        self._watchdog.stop()
 
     # -- the thread ----------------------------------------------------------------------
 
@@ -201,6 +206,7 @@ class OutboxPublisher:
             log.exception("runlane: %s failed", self.name)
         finally:
             self._disconnect()
+            self._watchdog.stop()
 
     def _loop(self) -> None:
         while True:
@@ -364,20 +370,8 @@ class OutboxPublisher:
         for index, item in enumerate(items):
             name = queue_name(self._schema, item.environment, item.queue)
             try:
-                if name not in self._declared:
-                    declare_queue(channel, self._schema, name, self._delivery_limit)
-                    self._declared.add(name)
-                channel.basic_publish(
-                    exchange="",
-                    routing_key=name,
-                    body=message_body(item.run_id, item.environment),
-                    properties=pika.BasicProperties(
-                        message_id=str(item.id),
-                        delivery_mode=pika.DeliveryMode.Persistent,
-                        content_type="application/json",
-                    ),
-                    mandatory=True,
-                )
+                with self._watchdog.bound(self._conn, self._publish_timeout):
+                    self._publish_one(channel, name, item)
                 done.append(item)
             except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
                 error = f"the broker refused run {item.run_id}: {type(exc).__name__}"
@@ -390,6 +384,23 @@ class OutboxPublisher:
                 failed.extend(items[index:])
                 break
         return done, failed, error
+
+    def _publish_one(self, channel: BlockingChannel, name: str, item: OutboxItem) -> None:
+        """Declare the queue once per connection, publish, and wait for the confirm."""
+        if name not in self._declared:
+            declare_queue(channel, self._schema, name, self._delivery_limit)
+            self._declared.add(name)
+        channel.basic_publish(
+            exchange="",
+            routing_key=name,
+            body=message_body(item.run_id, item.environment),
+            properties=pika.BasicProperties(
+                message_id=str(item.id),
+                delivery_mode=pika.DeliveryMode.Persistent,
+                content_type="application/json",
+            ),
+            mandatory=True,
+        )
 
     def _record_success(self, items: list[OutboxItem]) -> int:
         if not items:
