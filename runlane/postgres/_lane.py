@@ -111,6 +111,38 @@ class PostgresPollingLane:
         )
 
 
+def check_storage_options(
+    *,
+    connection_string: str,
+    schema: str,
+    pool_min_size: int,
+    pool_max_size: int,
+    lease_duration: timedelta,
+    poll_interval: timedelta,
+    connect_timeout: float,
+) -> None:
+    """The checks every lane keeping its runs in Postgres makes of its storage options."""
+    check_conninfo(connection_string)
+    validate_schema_name(schema)
+    if pool_min_size < 0 or pool_max_size < max(pool_min_size, 1):
+        raise ConfigurationError(
+            f"pool sizes must satisfy 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1, "
+            f"got {pool_min_size} and {pool_max_size}"
+        )
+    if not isinstance(lease_duration, timedelta) or lease_duration < timedelta(seconds=1):
+        raise ConfigurationError(
+            f"lease_duration must be at least one second, got {lease_duration}"
+        )
+    if not isinstance(poll_interval, timedelta) or poll_interval <= timedelta(0):
+        raise ConfigurationError(f"poll_interval must be positive, got {poll_interval}")
+    if (
+        isinstance(connect_timeout, bool)
+        or not isinstance(connect_timeout, int | float)
+        or (connect_timeout <= 0)
+    ):
+        raise ConfigurationError(f"connect_timeout must be positive, got {connect_timeout}")
+
+
 def postgres_polling_lane(
     *,
     connection_string: str,
@@ -132,21 +164,15 @@ def postgres_polling_lane(
     """
     if not isinstance(connection_string, str) or not connection_string:
         raise ConfigurationError("postgres_polling_lane needs a connection_string")
-    check_conninfo(connection_string)
-    validate_schema_name(schema)
-    if pool_min_size < 0 or pool_max_size < max(pool_min_size, 1):
-        raise ConfigurationError(
-            f"pool sizes must satisfy 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1, "
-            f"got {pool_min_size} and {pool_max_size}"
-        )
-    if lease_duration < timedelta(seconds=1):
-        raise ConfigurationError(
-            f"lease_duration must be at least one second, got {lease_duration}"
-        )
-    if poll_interval <= timedelta(0):
-        raise ConfigurationError(f"poll_interval must be positive, got {poll_interval}")
-    if connect_timeout <= 0:
-        raise ConfigurationError(f"connect_timeout must be positive, got {connect_timeout}")
+    check_storage_options(
+        connection_string=connection_string,
+        schema=schema,
+        pool_min_size=pool_min_size,
+        pool_max_size=pool_max_size,
+        lease_duration=lease_duration,
+        poll_interval=poll_interval,
+        connect_timeout=connect_timeout,
+    )
     return PostgresPollingLane(
         connection_string=connection_string,
         schema=schema,

@@ -21,9 +21,9 @@ from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
 from runlane.postgres import PostgresStorage
-from runlane.postgres._connections import check_conninfo
+from runlane.postgres._lane import check_storage_options
 from runlane.postgres._listener import PostgresListener
-from runlane.postgres._sql import notify_channel, validate_schema_name
+from runlane.postgres._sql import notify_channel
 from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, describe
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.rabbitmq._publisher import OutboxPublisher
@@ -223,19 +223,16 @@ def rabbitmq_lane(
     whose bounded queue is at capacity waits before it is published again.
     ``poll_interval``: how often an idle worker looks again without a delivery.
     """
-    check_conninfo(connection_string)
-    validate_schema_name(schema)
+    check_storage_options(
+        connection_string=connection_string,
+        schema=schema,
+        pool_min_size=pool_min_size,
+        pool_max_size=pool_max_size,
+        lease_duration=lease_duration,
+        poll_interval=poll_interval,
+        connect_timeout=connect_timeout,
+    )
     check_amqp_url(amqp_url)
-    if pool_min_size < 0 or pool_max_size < max(pool_min_size, 1):
-        raise ConfigurationError(
-            f"pool sizes must satisfy 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1, "
-            f"got {pool_min_size} and {pool_max_size}"
-        )
-    if _positive("lease_duration", lease_duration) < timedelta(seconds=1):
-        raise ConfigurationError(
-            f"lease_duration must be at least one second, got {lease_duration}"
-        )
-    _positive("poll_interval", poll_interval)
     _positive("claim_duration", claim_duration)
     _positive("publish_timeout", publish_timeout)
     _positive("recovery_threshold", recovery_threshold)
@@ -257,8 +254,6 @@ def rabbitmq_lane(
         raise ConfigurationError(
             f"delivery_limit must be a positive integer, got {delivery_limit!r}"
         )
-    if connect_timeout <= 0:
-        raise ConfigurationError(f"connect_timeout must be positive, got {connect_timeout}")
     return RabbitMQLane(
         connection_string=connection_string,
         schema=schema,
