@@ -17,7 +17,9 @@ import argparse
 import importlib
 import json
 import logging
+import logging.handlers
 import os
+import queue
 import signal
 import sys
 import threading
@@ -150,6 +152,7 @@ class _DrainProgress:
             return
         self._shown = now
         self._written = True
+        _flush_logging()  # the log lines so far first, then the progress line
         sys.stderr.write(
             f"\rrunlane: drain: {result.runs_executed} runs ({result.completed} completed, "
             f"{result.failed} failed, {result.retried} retried)"
@@ -158,6 +161,7 @@ class _DrainProgress:
 
     def finish(self) -> None:
         if self._written:
+            _flush_logging()
             sys.stderr.write("\n")
             sys.stderr.flush()
 
@@ -190,6 +194,7 @@ class _Stopper:
                 self.name,
             )
             _print("second signal: exiting now; runs still executing are left to lease expiry")
+            _stop_logging()  # what was logged so far is written first
             os._exit(EXIT_FORCED)
         self.requested.set()
         _print(
@@ -475,16 +480,74 @@ class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
         """The stream is always the current sys.stderr."""
 
 
-def _configure_logging(level: str, fmt: str) -> None:
+class _CliQueueHandler(logging.handlers.QueueHandler):
+    """What the CLI puts on the root logger: the logging thread only enqueues the record.
+
+    ``runlane-cli-log`` formats and writes it. A worker logs two records per run at INFO;
+    written in the slots' threads, they cut one process's throughput from about 12,100 to
+    4,500 runs/s on 2 cores; enqueued, to about 8,300 (20,000 no-op runs, concurrency 8)."""
+
+
+class _Flush(logging.LogRecord):
+    """Not a record: a marker the log thread answers once everything before it is written."""
+
+    def __init__(self) -> None:
+        super().__init__("runlane.cli", logging.DEBUG, __file__, 0, "", None, None)
+        self.done = threading.Event()
+
+
+class _CliLogListener(logging.handlers.QueueListener):
+    def handle(self, record: logging.LogRecord) -> None:
+        if isinstance(record, _Flush):
+            record.done.set()
+            return
+        super().handle(record)
+
+    def start(self) -> None:
+        """Like QueueListener.start, with a named thread."""
+        monitor = self._monitor  # type: ignore[attr-defined]
+        thread = threading.Thread(target=monitor, name="runlane-cli-log", daemon=True)
+        self._thread = thread
+        thread.start()
+
+
+_log_listener: _CliLogListener | None = None
+
+
+def _flush_logging(timeout: float = 1.0) -> None:
+    """Wait (bounded) until the records logged so far are written."""
+    listener = _log_listener
+    if listener is None:
+        return
+    marker = _Flush()
+    listener.queue.put_nowait(marker)
+    marker.done.wait(timeout)
+
+
+def _stop_logging() -> None:
+    """Write every queued record, stop the log thread and take the CLI's handler off."""
+    global _log_listener
+    listener, _log_listener = _log_listener, None
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, _CliHandler)]:
+    for handler in [h for h in root.handlers if isinstance(h, _CliHandler | _CliQueueHandler)]:
         root.removeHandler(handler)
+    if listener is not None:
+        listener.stop()
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    global _log_listener  # noqa: PLW0603 - one listener per process, like the root logger
+    _stop_logging()
     handler = _CliHandler()
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _log_listener = _CliLogListener(records, handler)
+    _log_listener.start()
+    root = logging.getLogger()
+    root.addHandler(_CliQueueHandler(records))
     root.setLevel(level)
 
 
@@ -604,6 +667,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command in {"worker", "maintenance", "drain"}:
         _configure_logging(args.log_level, args.log_format)
+    try:
+        return _run(args)
+    finally:
+        _stop_logging()
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.handler(args)
     except BrokenPipeError:
