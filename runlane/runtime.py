@@ -155,11 +155,15 @@ class Runlane:
             if self._closed:
                 self._connect()
                 self._closed = False
-            if self._started:
-                return
-            self._storage.open()
-            self._lane.prepare(self._storage, self.environment)
-            self._started = True
+            self._open_locked()
+
+    def _open_locked(self) -> None:
+        """Open the storage and prepare the lane once; the caller holds the lock."""
+        if self._started:
+            return
+        self._storage.open()
+        self._lane.prepare(self._storage, self.environment)
+        self._started = True
 
     def close(self, timeout: float | None = None) -> None:
         """Close the workers and services this runtime created (each asked to stop, their
@@ -217,10 +221,7 @@ class Runlane:
             with self._lock:
                 if self._closed:
                     raise self._closed_error()
-                if not self._started:
-                    self._storage.open()
-                    self._lane.prepare(self._storage, self.environment)
-                    self._started = True
+                self._open_locked()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from runlane import Runlane, create_runlane
+from runlane import Queue, Runlane, Task, create_runlane
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.testing import (
     RabbitNode,
@@ -24,6 +24,7 @@ from runlane.testing import (
 )
 
 RunlaneFactory = Callable[..., Runlane]
+RabbitRuntimes = Callable[..., Runlane]
 
 
 @pytest.fixture(scope="session")
@@ -131,3 +132,31 @@ def rabbitmq_cluster() -> Iterator[list[RabbitNode]]:
     finally:
         for node in nodes:
             node.cleanup()
+
+
+@pytest.fixture
+def rabbit_runtime(database_url: str, schema: str) -> Iterator[RabbitRuntimes]:
+    """Build runtimes on the RabbitMQ lane and this test's schema; closed at teardown.
+    ``amqp_url`` is required; other keywords go to ``rabbitmq_lane`` except ``tasks`` and
+    ``queues``."""
+    from runlane.rabbitmq import rabbitmq_lane  # noqa: PLC0415 - needs pika
+
+    made: list[Runlane] = []
+
+    def make(
+        *, amqp_url: str, tasks: list[Task[Any, Any]], queues: Sequence[Queue] = (), **lane: Any
+    ) -> Runlane:
+        lane.setdefault("connect_timeout", 3.0)
+        runtime = create_runlane(
+            lane=rabbitmq_lane(
+                connection_string=database_url, schema=schema, amqp_url=amqp_url, **lane
+            ),
+            tasks=tasks,
+            queues=queues,
+        )
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime.close(timeout=10)

@@ -23,7 +23,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,20 +36,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from runlane import (
-    Queue,
     RetryPolicy,
     RunContext,
     Runlane,
     RunStatus,
     Task,
-    create_runlane,
     task,
 )
 from runlane.postgres import PostgresStorage
-from runlane.rabbitmq import rabbitmq_lane
 from runlane.storage import OutboxItem
 from runlane.testing import RabbitNode
-from tests.conftest import RunlaneFactory
+from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import (
     Executions,
     amqp_queue,
@@ -66,34 +63,7 @@ from tests.helpers import (
 )
 
 Conn = psycopg.Connection[Any]
-RabbitRuntimes = Callable[..., Runlane]
 QUICK_RETRY = RetryPolicy(max_attempts=2, initial_delay=timedelta(0), jitter=0.0)
-
-
-@pytest.fixture
-def rabbit_runtime(database_url: str, schema: str) -> Iterator[RabbitRuntimes]:
-    """Build runtimes on the RabbitMQ lane and this test's schema; closed at teardown.
-    ``amqp_url`` is required; other keywords go to ``rabbitmq_lane`` except ``tasks`` and
-    ``queues``."""
-    made: list[Runlane] = []
-
-    def make(
-        *, amqp_url: str, tasks: list[Task[Any, Any]], queues: Sequence[Queue] = (), **lane: Any
-    ) -> Runlane:
-        lane.setdefault("connect_timeout", 3.0)
-        runtime = create_runlane(
-            lane=rabbitmq_lane(
-                connection_string=database_url, schema=schema, amqp_url=amqp_url, **lane
-            ),
-            tasks=tasks,
-            queues=queues,
-        )
-        made.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in made:
-        runtime.close(timeout=10)
 
 
 def _counting_task(executions: Executions, task_id: str = "faults.work") -> Task[Any, Any]:

@@ -17,7 +17,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,17 +27,15 @@ import pytest
 from runlane import (
     ConfigurationError,
     MaintenanceLimits,
-    Queue,
     RunContext,
     Runlane,
     RunStatus,
-    Task,
-    create_runlane,
     queue,
     task,
 )
 from runlane.rabbitmq import rabbitmq_lane
 from runlane.testing import RabbitNode
+from tests.conftest import RabbitRuntimes
 from tests.helpers import (
     Executions,
     closed_port,
@@ -50,33 +47,6 @@ from tests.helpers import (
 )
 
 Conn = psycopg.Connection[Any]
-RabbitRuntimes = Callable[..., Runlane]
-
-
-@pytest.fixture
-def rabbit_runtime(database_url: str, schema: str) -> Iterator[RabbitRuntimes]:
-    """Build runtimes on the RabbitMQ lane and this test's schema; closed at teardown.
-    ``amqp_url`` is required; other keywords go to ``rabbitmq_lane`` except ``tasks`` and
-    ``queues``."""
-    made: list[Runlane] = []
-
-    def make(
-        *, amqp_url: str, tasks: list[Task[Any, Any]], queues: Sequence[Queue] = (), **lane: Any
-    ) -> Runlane:
-        lane.setdefault("connect_timeout", 3.0)
-        runtime = create_runlane(
-            lane=rabbitmq_lane(
-                connection_string=database_url, schema=schema, amqp_url=amqp_url, **lane
-            ),
-            tasks=tasks,
-            queues=queues,
-        )
-        made.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in made:
-        runtime.close(timeout=10)
 
 
 def _rows(db: Conn, schema: str) -> tuple[int, int, int]:

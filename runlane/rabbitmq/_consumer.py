@@ -180,7 +180,8 @@ class RabbitAcquirer:
                 concurrency_limit=limit,
             )
         self.stats.claimed += len(claimed)
-        rest = [run_id for run_id in by_run if run_id not in {c.id for c in claimed}]
+        taken = {c.id for c in claimed}
+        rest = [run_id for run_id in by_run if run_id not in taken]
         if not rest:
             return claimed
         states = self._claims.run_delivery_state(self._environment, rest)
