@@ -26,6 +26,11 @@ class Backend:
         self._runtime = runtime
         self.storage = storage
 
+    @property
+    def max_output_bytes(self) -> int:
+        """The runtime's output limit, for steps and handlers' return values."""
+        return self._runtime.max_output_bytes
+
     def trigger_child(
         self,
         task: Task[Any, Any] | str,

@@ -22,10 +22,13 @@ import cattrs.gen
 from cattrs import cols
 from cattrs.preconf.json import make_converter
 
+from runlane._limits import DEFAULT_MAX_PAYLOAD_BYTES, describe_size
 from runlane.errors import PayloadValidationError
 
 __all__ = [
+    "MAX_DEPTH",
     "OutputNotSerializable",
+    "OutputTooLarge",
     "decode_payload",
     "dump_json",
     "encode_output",
@@ -35,6 +38,10 @@ __all__ = [
 
 class OutputNotSerializable(Exception):
     """A handler returned a value that cannot be stored as JSON."""
+
+
+class OutputTooLarge(OutputNotSerializable):
+    """A value to store as an output is over the runtime's ``max_output_bytes``."""
 
 
 def _strict_str(value: Any, _: type) -> str:
@@ -143,21 +150,84 @@ converter = _make_converter()
 # a \u0000 escape that is not itself escaped: Postgres jsonb cannot hold the NUL character
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
+# deeper values are refused: Python's encoders recurse (and fail near 1,000 levels), and no
+# task's arguments need it
+MAX_DEPTH = 100
 
-def dump_json(value: Any) -> str:
-    """Serialize plain JSON values; NaN, infinities, the NUL character and lone surrogates
-    are rejected, as Postgres ``jsonb`` would reject them."""
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+def _check_plain(value: Any) -> None:
+    """Refuse what ``json.dumps`` would silently change or fail on deep inside: object keys
+    that are not strings (it turns 1 into "1", so the stored value differs from the one
+    given) and nesting deeper than MAX_DEPTH (which also catches a value that contains
+    itself). Walks containers only, without recursion."""
+    if not isinstance(value, dict | list | tuple):
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(
+                f"it is nested more than {MAX_DEPTH} levels deep (or contains itself); flatten it"
+            )
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"object keys must be strings (JSON has no other kind), got the "
+                        f"{type(key).__name__} key {key!r}; convert keys with str() or send "
+                        "a list of pairs"
+                    )
+                if isinstance(child, dict | list | tuple):
+                    stack.append((child, depth + 1))
+        else:
+            stack.extend(
+                (child, depth + 1) for child in item if isinstance(child, dict | list | tuple)
+            )
+
+
+def _dump(value: Any) -> tuple[str, int]:
+    """``value`` as JSON text and the size of that text in UTF-8 bytes.
+
+    NaN, infinities, the NUL character, lone surrogates, non-string object keys and values
+    nested too deeply are refused (ValueError or TypeError), as Postgres ``jsonb`` would
+    refuse or JSON would change them."""
+    _check_plain(value)
+    try:
+        text = json.dumps(
+            value, allow_nan=False, check_circular=False, separators=(",", ":"), ensure_ascii=False
+        )
+    except RecursionError:
+        raise ValueError(
+            f"it is nested too deeply (limit {MAX_DEPTH} levels); flatten it"
+        ) from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise ValueError(
+                "an integer has more than 4300 digits; send such a number as a string"
+            ) from None
+        if "Out of range float" in str(exc):
+            raise ValueError(
+                "NaN and infinite floats cannot be stored as JSON; send None or a string instead"
+            ) from None
+        raise
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise ValueError("strings stored as JSON cannot contain the NUL character (\\x00)")
+    if text.isascii():
+        return text, len(text)
     try:
-        text.encode("utf-8")
+        return text, len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise ValueError(
             f"strings stored as JSON must be valid Unicode; found {text[exc.start]!r}, a "
             "lone surrogate"
         ) from None
-    return text
+
+
+def dump_json(value: Any) -> str:
+    """Serialize plain JSON values; NaN, infinities, the NUL character, lone surrogates,
+    non-string object keys and values nested too deeply are rejected, as Postgres ``jsonb``
+    would reject them or JSON would change them."""
+    return _dump(value)[0]
 
 
 def _problems(exc: BaseException) -> list[str]:
@@ -166,11 +236,17 @@ def _problems(exc: BaseException) -> list[str]:
     return [f"payload: {exc}"]
 
 
-def encode_payload(task_id: str, schema: type[Any] | None, payload: Any) -> str:
+def encode_payload(
+    task_id: str,
+    schema: type[Any] | None,
+    payload: Any,
+    max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> str:
     """Validate ``payload`` against ``schema`` and return its JSON text.
 
     ``payload`` is an instance of ``schema`` or a mapping that cattrs can structure into it.
     An instance is round-tripped too, so a field holding the wrong type is caught here.
+    Its JSON text must be at most ``max_bytes`` bytes in UTF-8.
     """
     if schema is not None and not isinstance(payload, schema) and attrs.has(type(payload)):
         problem = f"payload is a {type(payload).__name__}, but the task expects {schema.__name__}"
@@ -183,9 +259,20 @@ def encode_payload(task_id: str, schema: type[Any] | None, payload: Any) -> str:
             converter.structure(plain, schema)
         else:
             plain = converter.unstructure(converter.structure(payload, schema), schema)
-        return dump_json(plain)
-    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        text, size = _dump(plain)
+    except (
+        cattrs.BaseValidationError,
+        TypeError,
+        ValueError,
+        KeyError,
+        AttributeError,
+        RecursionError,
+    ) as exc:
         raise PayloadValidationError(task_id, _problems(exc)) from exc
+    if size > max_bytes:
+        problem = describe_size("payload", size, "max_payload_bytes", max_bytes)
+        raise PayloadValidationError(task_id, [problem])
+    return text
 
 
 def decode_payload(task_id: str, schema: type[Any] | None, stored: Any) -> Any:
@@ -198,12 +285,23 @@ def decode_payload(task_id: str, schema: type[Any] | None, stored: Any) -> Any:
         raise PayloadValidationError(task_id, _problems(exc)) from exc
 
 
-def encode_output(value: Any) -> str:
-    """Unstructure a handler's return value to JSON text, or raise OutputNotSerializable."""
+def encode_output(value: Any, max_bytes: int | None = None, *, what: str = "the output") -> str:
+    """Unstructure a value (a handler's return value, a step's output, a wait token's
+    output; ``what`` names it in errors) to JSON text, or raise OutputNotSerializable;
+    OutputTooLarge when its JSON text is over ``max_bytes`` bytes in UTF-8 (None: no limit)."""
+    kind = type(value).__name__
     try:
-        return dump_json(converter.unstructure(value))
+        text, size = _dump(converter.unstructure(value))
+    except RecursionError as exc:
+        raise OutputNotSerializable(
+            f"{what} (a {kind}) is nested too deeply to store as JSON (limit {MAX_DEPTH} "
+            "levels); flatten it"
+        ) from exc
     except (TypeError, ValueError, OverflowError) as exc:
         raise OutputNotSerializable(
-            f"the handler returned a {type(value).__name__} that cannot be stored as JSON "
-            f"({exc}); return attrs instances, dicts, lists, strings, numbers, booleans or None"
+            f"{what} (a {kind}) cannot be stored as JSON ({exc}); use attrs instances, dicts "
+            "with string keys, lists, strings, numbers, booleans or None"
         ) from exc
+    if max_bytes is not None and size > max_bytes:
+        raise OutputTooLarge(describe_size(what, size, "max_output_bytes", max_bytes))
+    return text

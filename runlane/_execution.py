@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from runlane._codec import OutputNotSerializable, decode_payload, dump_json, encode_output
+from runlane._limits import output_limit, truncate_message, truncate_traceback
 from runlane.context import ContextBackend, RunContext, Suspended
 from runlane.errors import (
     NonRetryableError,
@@ -62,8 +63,29 @@ def _error_json(error: RunError) -> str:
 
 
 def _storable(text: str) -> str:
-    """Postgres text cannot hold NUL; keep the message readable instead of losing it."""
-    return text.replace("\x00", "\\x00")
+    """Postgres text cannot hold NUL nor JSON a lone surrogate; keep the message readable
+    (escaped) instead of losing it."""
+    text = text.replace("\x00", "\\x00")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, bounded; an exception whose ``__str__`` fails still gets a message."""
+    try:
+        text = str(exc)
+    except Exception as failure:  # user code: any failure is possible
+        text = f"<str() of this {type(exc).__name__} raised {type(failure).__name__}>"
+    return truncate_message(_storable(text))
+
+
+def _traceback(exc: BaseException) -> str:
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception as failure:  # user code: any failure is possible
+        text = f"<formatting the traceback raised {type(failure).__name__}>"
+    return truncate_traceback(_storable(text))
 
 
 def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Failure:
@@ -88,8 +110,8 @@ def _failure(
         type=type(exc).__qualname__
         if module == "builtins"
         else f"{module}.{type(exc).__qualname__}",
-        message=_storable(str(exc)),
-        traceback=_storable("".join(traceback.format_exception(exc))) if with_tb else None,
+        message=_message(exc),
+        traceback=_traceback(exc) if with_tb else None,
         retryable=retry is not None,
     )
     delay = next_retry_delay(
@@ -151,7 +173,9 @@ def execute_attempt(
         log.info("run %s attempt %d of %s raised %r", claimed.id, claimed.attempt, task.id, exc)
         return Outcome(_failure(claimed, exc, retry=task), handler_ran=True)
     try:
-        output = encode_output(result)
+        output = encode_output(
+            result, output_limit(context._backend), what="the handler's return value"
+        )
     except OutputNotSerializable as exc:
         return Outcome(_failure(claimed, exc, retry=None, with_tb=False), handler_ran=True)
     completion = Completion(

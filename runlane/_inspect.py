@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from runlane._validation import check_text
 from runlane.errors import ConfigurationError, RunStateConflict
 from runlane.models import RunError, RunPage, RunSnapshot, RunStatus
 from runlane.storage import RunListQuery
@@ -78,7 +79,7 @@ def _name(what: str, value: object) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{what} must be a non-empty string (or None), got {value!r}")
-    return value
+    return check_text(what, value)
 
 
 def list_query(

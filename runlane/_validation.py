@@ -4,15 +4,35 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from runlane._limits import MAX_TEXT_CHARS
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
 from runlane.tasks import Queue
 
-__all__ = ["DEFAULT_QUEUE", "as_duration", "run_key", "token_key", "with_default_queue"]
+__all__ = [
+    "DEFAULT_QUEUE",
+    "INT32_MAX",
+    "MAX_DURATION",
+    "as_duration",
+    "as_int32",
+    "as_payload_list",
+    "as_run_at",
+    "check_text",
+    "run_key",
+    "token_key",
+    "with_default_queue",
+]
 
 DEFAULT_QUEUE = "default"
+INT32_MAX = 2**31 - 1
+
+# delays, timeouts and sleeps: a due time must stay a datetime Python and Postgres agree on
+# (Python's end at year 9999), and nothing waits a century on purpose
+MAX_DURATION = timedelta(days=36_525)
+_EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def as_duration(name: str, value: timedelta | float | int | None) -> timedelta:
@@ -34,7 +54,81 @@ def as_duration(name: str, value: timedelta | float | int | None) -> timedelta:
         raise ConfigurationError(
             f"{name} must not be negative, got {delta.total_seconds():g} seconds"
         )
+    if delta > MAX_DURATION:
+        raise ConfigurationError(
+            f"{name} must be at most 100 years ({MAX_DURATION.total_seconds():.0f} seconds), "
+            f"got {delta.total_seconds():g} seconds"
+        )
     return delta
+
+
+def as_run_at(value: object) -> datetime:
+    """A timezone-aware datetime from 1970 to 100 years from now."""
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise ConfigurationError(
+            f"run_at must be a timezone-aware datetime (e.g. datetime.now(UTC) + "
+            f"timedelta(hours=1)), got {value!r}"
+        )
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError) as exc:
+        raise ConfigurationError(f"run_at {value!r} is out of range") from exc
+    if not _EARLIEST_RUN_AT <= utc <= datetime.now(UTC) + MAX_DURATION:
+        raise ConfigurationError(
+            f"run_at must be from 1970 to 100 years from now, got {value.isoformat()}; "
+            "a run due in the past is due at once"
+        )
+    return value
+
+
+def as_int32(name: str, value: object, minimum: int = -INT32_MAX - 1) -> int:
+    """An int (not a bool) from ``minimum`` to 2**31 - 1: the range of the integer column."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT32_MAX:
+        raise ConfigurationError(
+            f"{name} must be an integer from {minimum} to {INT32_MAX}, got {value!r}"
+        )
+    return value
+
+
+def check_text(name: str, value: object, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """A non-empty string that Postgres text can hold: at most ``max_chars`` characters, no
+    NUL character, no lone surrogate."""
+    if not isinstance(value, str) or not value or len(value) > max_chars:
+        shown = (
+            repr(value)
+            if not isinstance(value, str) or len(value) <= 80
+            else (f"a string of {len(value):,} characters")
+        )
+        raise ConfigurationError(
+            f"{name} must be a non-empty string of at most {max_chars} characters, got {shown}"
+        )
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigurationError(
+                f"{name} must be valid Unicode text; {value!r} holds {value[exc.start]!r}, a "
+                "lone surrogate (decode bytes with errors='replace', or pick another value)"
+            ) from None
+    if "\x00" in value:
+        raise ConfigurationError(
+            f"{name} must not contain the NUL character (\\x00), which Postgres text cannot "
+            f"hold: got {value!r}"
+        )
+    return value
+
+
+def as_payload_list(payloads: object) -> list[Any]:
+    """``trigger_many``'s payloads as a list: one payload per item of a list, tuple or other
+    iterable; a string, bytes or mapping is refused (iterating it is not what was meant)."""
+    if isinstance(payloads, str | bytes | bytearray | Mapping) or not isinstance(
+        payloads, Iterable
+    ):
+        raise ConfigurationError(
+            f"trigger_many takes a list of payloads, got {type(payloads).__name__}; to trigger "
+            "one run, call trigger(task, payload) or pass [payload]"
+        )
+    return list(payloads)
 
 
 def run_key(run_id: uuid.UUID | str) -> uuid.UUID:

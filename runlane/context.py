@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, overload
 import attrs
 
 from runlane._codec import OutputNotSerializable, converter, encode_output
+from runlane._limits import output_limit
 from runlane._validation import as_duration
 from runlane.errors import (
     ChildRunFailed,
@@ -177,9 +178,11 @@ class RunContext:
         if not found:
             value = fn()
             try:
-                encoded = encode_output(value)
+                encoded = encode_output(
+                    value, output_limit(backend), what=f"the output of step {name!r}"
+                )
             except OutputNotSerializable as exc:
-                raise ConfigurationError(f"step {name!r}: {exc}") from exc
+                raise ConfigurationError(f"{exc}; nothing was stored") from exc
             output = self._store_step(name, encoded)
         return output if output_type is None else converter.structure(output, output_type)
 

@@ -15,8 +15,18 @@ from runlane._backend import Backend
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._ids import new_run_id
 from runlane._inspect import list_query, retry_conflict, run_page
+from runlane._limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES, check_limit
 from runlane._reads import PointReads
-from runlane._validation import as_duration, run_key, token_key, with_default_queue
+from runlane._validation import (
+    as_duration,
+    as_int32,
+    as_payload_list,
+    as_run_at,
+    check_text,
+    run_key,
+    token_key,
+    with_default_queue,
+)
 from runlane.errors import (
     ConfigurationError,
     PayloadValidationError,
@@ -53,7 +63,6 @@ __all__ = ["Runlane", "create_runlane"]
 log = logging.getLogger("runlane")
 
 _EAGER_RESUME_LIMIT = 100
-_INT32 = 2**31 - 1
 
 
 class Runlane:
@@ -74,8 +83,12 @@ class Runlane:
         schedules: Sequence[Schedule],
         retention: RetentionPolicy,
         environment: str,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
         self.environment = environment
+        self.max_payload_bytes = max_payload_bytes
+        self.max_output_bytes = max_output_bytes
         self._lane = lane
         self._queues = {q.name: q for q in queues}
         self._default_queue = next(q.name for q in queues if q.default)
@@ -120,7 +133,7 @@ class Runlane:
                 "add it to create_runlane(tasks=[...])"
             ) from exc
         try:
-            payload = encode_payload(task.id, task.schema, sched.payload)
+            payload = encode_payload(task.id, task.schema, sched.payload, self.max_payload_bytes)
         except PayloadValidationError as exc:
             raise ConfigurationError(f"schedule {sched.id!r}: {exc}") from exc
         return ScheduleEntry(
@@ -240,6 +253,11 @@ class Runlane:
         return registered
 
     def _resolve_queue(self, task: Task[Any, Any], queue: str | None) -> str:
+        if queue is not None and not isinstance(queue, str):
+            raise ConfigurationError(
+                f"queue must be a queue name (a string) or None, got {type(queue).__name__} "
+                f"{queue!r}"
+            )
         name = queue if queue is not None else task.queue or self._default_queue
         if name not in self._queues:
             raise ConfigurationError(
@@ -260,6 +278,7 @@ class Runlane:
         priority: int,
         max_attempts: int | None,
         parent_run_id: uuid.UUID | None = None,
+        batch: bool = False,
     ) -> NewRuns:
         resolved = self._resolve_task(task)
         queue_name = self._resolve_queue(resolved, queue)
@@ -267,24 +286,24 @@ class Runlane:
         if run_at is not None:
             if delay is not None:
                 raise ConfigurationError("pass either delay or run_at, not both")
-            if not isinstance(run_at, datetime) or run_at.utcoffset() is None:
-                raise ConfigurationError(
-                    f"run_at must be a timezone-aware datetime, got {run_at!r}"
-                )
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -_INT32 - 1 <= priority <= _INT32
-        ):
-            raise ConfigurationError(f"priority must be a 32-bit integer, got {priority!r}")
+            as_run_at(run_at)
+        as_int32("priority", priority)
         attempts = resolved.retry.max_attempts if max_attempts is None else max_attempts
-        if (
-            isinstance(attempts, bool)
-            or not isinstance(attempts, int)
-            or not 1 <= attempts <= _INT32
-        ):
-            raise ConfigurationError(f"max_attempts must be a positive integer, got {attempts!r}")
-        encoded = [encode_payload(resolved.id, resolved.schema, p) for p in payloads]
+        as_int32("max_attempts", attempts, minimum=1)
+        limit = self.max_payload_bytes
+        encoded: list[str]
+        if batch:
+            encoded = []
+            for index, payload in enumerate(payloads):
+                try:
+                    encoded.append(encode_payload(resolved.id, resolved.schema, payload, limit))
+                except PayloadValidationError as exc:
+                    raise PayloadValidationError(
+                        resolved.id,
+                        [f"payloads[{index}] (nothing was written): {p}" for p in exc.problems],
+                    ) from exc
+        else:
+            encoded = [encode_payload(resolved.id, resolved.schema, p, limit) for p in payloads]
         if isinstance(idempotency_keys, str | bytes):
             raise ConfigurationError(
                 "idempotency_keys takes one key (or None) per payload, got a single string"
@@ -298,11 +317,8 @@ class Runlane:
                 "give one per payload"
             )
         for key in keys:
-            if key is not None and (not isinstance(key, str) or not key or len(key) > 1000):
-                raise ConfigurationError(
-                    f"idempotency_key must be a non-empty string of at most 1000 characters, "
-                    f"got {key!r}"
-                )
+            if key is not None:
+                check_text("idempotency_key", key)
         return NewRuns(
             environment=self.environment,
             task_id=resolved.id,
@@ -373,7 +389,7 @@ class Runlane:
         self._check_open()
         return self._trigger(
             task,
-            list(payloads),
+            as_payload_list(payloads),
             idempotency_keys,
             queue=queue,
             delay=delay,
@@ -381,6 +397,7 @@ class Runlane:
             priority=priority,
             max_attempts=max_attempts,
             connection=connection,
+            batch=True,
         )
 
     def _trigger(
@@ -396,6 +413,7 @@ class Runlane:
         max_attempts: int | None,
         connection: Any,
         parent_run_id: uuid.UUID | None = None,
+        batch: bool = False,
     ) -> list[RunHandle]:
         runs = self._new_runs(
             task,
@@ -407,6 +425,7 @@ class Runlane:
             priority=priority,
             max_attempts=max_attempts,
             parent_run_id=parent_run_id,
+            batch=batch,
         )
         if not runs.ids:
             return []
@@ -540,12 +559,8 @@ class Runlane:
         ``idempotency_key``, a second call returns the first token."""
         self._check_open()
         delta = None if timeout is None else as_duration("timeout", timeout)
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key
-        ):
-            raise ConfigurationError(
-                f"idempotency_key must be a non-empty string, got {idempotency_key!r}"
-            )
+        if idempotency_key is not None:
+            check_text("idempotency_key", idempotency_key)
         self._ensure_started()
         return self._storage.wait_token_create(
             self.environment, new_run_id(), delta, idempotency_key
@@ -570,9 +585,9 @@ class Runlane:
         self._check_open()
         key = token_key(token_id)
         try:
-            encoded = encode_output(output)
+            encoded = encode_output(output, self.max_output_bytes, what="the wait token's output")
         except OutputNotSerializable as exc:
-            raise ConfigurationError(f"wait token output: {exc}") from exc
+            raise ConfigurationError(f"{exc}; nothing was written") from exc
         self._ensure_started()
         if self._storage.wait_token_complete(self.environment, key, encoded):
             try:
@@ -771,13 +786,22 @@ def create_runlane(
     schedules: Sequence[Schedule] = (),
     retention: RetentionPolicy | None = None,
     environment: str = "default",
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> Runlane:
     """Build a runtime. Nothing connects until ``start()`` or the first call that needs it.
 
     When no queue is marked ``default=True``, a queue named ``"default"`` is added and used
     for tasks that name no queue.
+
+    ``max_payload_bytes`` and ``max_output_bytes`` (default 1 MiB each, at most 64 MiB) cap
+    the size of a payload, and of an output (a handler's return value, a step's output, a
+    wait token's output), measured on its JSON text in UTF-8. An oversized payload raises
+    PayloadValidationError and writes nothing; see docs/bad-input.md for the rest.
     """
     _check_name("environment", environment)
+    check_limit("max_payload_bytes", max_payload_bytes)
+    check_limit("max_output_bytes", max_output_bytes)
     if retention is not None and not isinstance(retention, RetentionPolicy):
         raise ConfigurationError(f"retention must be a RetentionPolicy, got {retention!r}")
     schedule_ids = [getattr(s, "id", s) for s in schedules]
@@ -805,4 +829,6 @@ def create_runlane(
         schedules=list(schedules),
         retention=retention or RetentionPolicy(),
         environment=environment,
+        max_payload_bytes=max_payload_bytes,
+        max_output_bytes=max_output_bytes,
     )

@@ -96,8 +96,19 @@ def schedule(
             f"schedule {id!r}: catch_up must be an integer from 0 to {_MAX_CATCH_UP}, "
             f"got {catch_up!r}"
         )
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ConfigurationError(f"schedule {id!r}: priority must be an integer")
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -(2**31) <= priority <= 2**31 - 1
+    ):
+        raise ConfigurationError(
+            f"schedule {id!r}: priority must be an integer from {-(2**31)} to {2**31 - 1}, "
+            f"got {priority!r}"
+        )
+    if queue is not None and not isinstance(queue, str):
+        raise ConfigurationError(
+            f"schedule {id!r}: queue must be a queue name (a string) or None, got {queue!r}"
+        )
     return Schedule(
         id=id,
         task=task,
