@@ -1,11 +1,19 @@
 """Keeping the leases of running attempts alive, and noticing attempts past their timeout.
 
-A :class:`LeaseTracker` holds the attempts a process is executing. Its owner (the worker's
-lifecycle writer) calls ``extend`` a few times per
-lease period, which pushes every tracked lease forward in one fenced statement. When an
-extension is refused (the lease was lost or had expired) or the run asks to be cancelled, the
-attempt's ``context.cancelled`` is set. ``expire_timeouts`` hands back attempts whose task
-timeout has passed; the owner fails them (``timeout_failure``) so the run moves on at once.
+A :class:`LeaseTracker` holds the attempts a process is executing, each under its fence
+(run, attempt number, lease token): claims commit asynchronously, so a server crash can lose
+a claim the worker still holds, and the same worker can claim the run again (same attempt
+number, new token); the two claims must never share an entry. Its owner (the worker's
+lifecycle writer) calls ``extend`` a few times per lease period, which pushes every tracked
+lease forward in one fenced statement. When an extension is refused (the lease was lost or had
+expired) or the run asks to be cancelled, the attempt's ``context.cancelled`` is set.
+``expire_timeouts`` hands back attempts whose task timeout has passed; the owner fails them
+(``timeout_failure``) so the run moves on at once.
+
+Every entry remembers when its lease was last confirmed (the monotonic time the claim or the
+last applied extension was *sent*). A claimed run whose lease may have lapsed since (the
+process was paused: SIGSTOP, a VM freeze, a stalled writer) is not started: maintenance may
+already have expired the attempt and another worker may hold the run or the queue's slot.
 """
 
 from __future__ import annotations
@@ -13,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -41,6 +48,9 @@ class Tracked:
     deadline: float | None  # time.monotonic() past which the attempt has timed out
     held_at: float = 0.0  # time.monotonic() of the claim
     stop_reason: StopReason | None = None
+    # time.monotonic() when the claim or the last applied extension was sent: the lease
+    # runs at least until this plus the lease duration (database time ran no slower)
+    confirmed_at: float = 0.0
 
     def cancel(self, reason: StopReason) -> None:
         """Ask the attempt to stop (the first reason sticks); a run not started yet learns
@@ -62,7 +72,7 @@ class LeaseTracker:
         self.lease = lease
         self.interval = lease.total_seconds() / _EXTENSIONS_PER_LEASE
         self._lock = threading.Lock()
-        self._tracked: dict[uuid.UUID, Tracked] = {}
+        self._tracked: dict[LeaseRef, Tracked] = {}
         self._last_extension = time.monotonic()
         self.on_change: Callable[[], None] | None = None  # the owner re-reads deadlines
 
@@ -77,14 +87,29 @@ class LeaseTracker:
         self.hold(claimed)
         self.begin(claimed, context, task)
 
-    def hold(self, claimed: ClaimedRun) -> None:
-        """Keep the lease of a run claimed ahead of a free slot (its timeout starts later)."""
+    def hold(self, claimed: ClaimedRun, *, sent_at: float | None = None) -> None:
+        """Keep the lease of a run claimed ahead of a free slot (its timeout starts later).
+        ``sent_at`` is the monotonic time the claim was sent (default: now)."""
+        now = time.monotonic()
+        entry = Tracked(claimed, None, None, None, now, confirmed_at=sent_at or now)
         with self._lock:
             if not self._tracked:
                 # a lease granted now: the next extension is due a period from now
-                self._last_extension = time.monotonic()
-            self._tracked[claimed.id] = Tracked(claimed, None, None, None, time.monotonic())
+                self._last_extension = now
+            self._tracked[_ref(claimed)] = entry
         self._changed()
+
+    def lapsed(self, claimed: ClaimedRun, now: float | None = None) -> bool:
+        """Whether the held claim's lease may have lapsed: no claim or extension of it was
+        confirmed for longer than the lease less one extension interval (the process was
+        paused, or its extensions failed). Such a run must not start."""
+        with self._lock:
+            item = self._tracked.get(_ref(claimed))
+            if item is None:
+                return False
+            since = item.confirmed_at
+        budget = self.lease.total_seconds() - self.interval
+        return (now if now is not None else time.monotonic()) - since >= budget
 
     def begin(
         self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
@@ -93,7 +118,7 @@ class LeaseTracker:
         timeout = task.timeout if task is not None else None
         deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         with self._lock:
-            item = self._tracked.get(claimed.id)
+            item = self._tracked.get(_ref(claimed))
             if item is None:
                 return False
             item.context, item.task, item.deadline = context, task, deadline
@@ -103,10 +128,11 @@ class LeaseTracker:
             self._changed()
         return True
 
-    def untrack(self, run_id: uuid.UUID) -> Tracked | None:
+    def untrack(self, claimed: ClaimedRun | LeaseRef) -> Tracked | None:
         """Stop tracking; returns the entry, or None when it was already taken (timed out)."""
+        key = claimed if isinstance(claimed, LeaseRef) else _ref(claimed)
         with self._lock:
-            return self._tracked.pop(run_id, None)
+            return self._tracked.pop(key, None)
 
     def held_since(self, before: float) -> list[Tracked]:
         """Runs claimed ahead and still not started at ``before`` (monotonic)."""
@@ -136,7 +162,7 @@ class LeaseTracker:
                 t for t in self._tracked.values() if t.deadline is not None and now >= t.deadline
             ]
             for item in late:
-                del self._tracked[item.claimed.id]
+                del self._tracked[item.ref]
         for item in late:
             log.warning(
                 "run %s attempt %d of %s passed its timeout; failing the attempt",
@@ -152,15 +178,17 @@ class LeaseTracker:
 
     def extend(self, storage: Storage) -> None:
         """Extend every tracked lease in one fenced statement; signal the ones refused."""
-        self._last_extension = time.monotonic()
+        sent = self._last_extension = time.monotonic()
         live = self.tracked()
         if not live:
             return
         applied = storage.run_extend_leases([item.ref for item in live], self.lease)
         for item in live:
-            status = applied.get(item.claimed.id)
+            status = applied.get(item.ref)
+            if status is not None:
+                item.confirmed_at = max(item.confirmed_at, sent)
             if status is None:
-                if self.untrack(item.claimed.id) is None:
+                if self.untrack(item.ref) is None:
                     continue  # finished meanwhile: its lease was released, not lost
                 log.warning(
                     "run %s attempt %d lost its lease; signalling its handler to stop",
@@ -170,3 +198,7 @@ class LeaseTracker:
                 item.cancel(StopReason.LEASE_LOST)
             elif status is RunStatus.CANCELLATION_REQUESTED:
                 item.cancel(StopReason.CANCEL_REQUESTED)
+
+
+def _ref(claimed: ClaimedRun) -> LeaseRef:
+    return LeaseRef(claimed.id, claimed.attempt, claimed.lease_token)

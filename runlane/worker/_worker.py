@@ -42,7 +42,7 @@ from runlane import _telemetry
 from runlane._backoff import Backoff
 from runlane._execution import Write, execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
-from runlane.context import ContextBackend
+from runlane.context import ContextBackend, RunContext
 from runlane.errors import ConfigurationError, StopReason, StorageUnavailable, WorkerFailed
 from runlane.lanes import AcquirerOptions, Lane
 from runlane.storage import ClaimedRun, LeaseRef, Storage
@@ -155,7 +155,7 @@ class Worker:
         self._failure: BaseException | None = None
         self._slots: list[_Slot] = []
         self._abandoned: list[_Slot] = []
-        self._running: dict[Any, tuple[ClaimedRun, _Slot, float]] = {}
+        self._running: dict[LeaseRef, tuple[ClaimedRun, _Slot, float]] = {}
         self._slot_numbers = itertools.count(1)
         self.runs_executed = 0
         # drain only (one thread): attempts by outcome (see _telemetry.outcome_kind)
@@ -355,7 +355,7 @@ class Worker:
 
     def _hand_back(self, runs: Sequence[ClaimedRun], why: str) -> None:
         for claimed in runs:
-            if self._tracker.untrack(claimed.id) is not None:
+            if self._tracker.untrack(claimed) is not None:
                 log.info("runlane: handing run %s back (%s)", claimed.id, why)
                 self._writer.release(_ref(claimed))
                 _telemetry.handed_back([claimed])
@@ -458,10 +458,10 @@ class Worker:
         stale = self._tracker.held_since(time.monotonic() - _PREFETCH_MAX_WAIT_SECONDS)
         if not stale:
             return
-        ids = {item.claimed.id for item in stale}
+        refs = {item.ref for item in stale}
         with self._cond:
-            returned = [run for run in self._handoff if run.id in ids]
-            self._handoff = deque(run for run in self._handoff if run.id not in ids)
+            returned = [run for run in self._handoff if _ref(run) in refs]
+            self._handoff = deque(run for run in self._handoff if _ref(run) not in refs)
         self._hand_back(returned, "waited too long for a slot")
 
     def _acquire_once(self, slot: _Slot) -> ClaimedRun | None:
@@ -474,6 +474,7 @@ class Worker:
             # bounded queues never prefetch: a waiting lease would hold a scarce slot
             for_bounded = max(1, min(want, self._unserved()))
             self._reserved += want
+        sent_at = time.monotonic()
         try:
             claimed = self._acquirer.acquire(want, for_bounded)
         except StorageUnavailable as exc:
@@ -490,7 +491,7 @@ class Worker:
         self._backoff.reset()
         self._backlog = len(claimed) == want
         for run in claimed:
-            self._tracker.hold(run)  # leases are kept from the claim on
+            self._tracker.hold(run, sent_at=sent_at)  # leases are kept from the claim on
         if claimed:
             with self._cond:
                 late = self._stopping.is_set()
@@ -510,20 +511,40 @@ class Worker:
             self._acquirer.wait_for_work()
         return None
 
-    def _execute(self, slot: _Slot, claimed: ClaimedRun) -> None:
+    def _start(self, slot: _Slot, claimed: ClaimedRun) -> RunContext | None:
+        """The context a claimed run starts with; None when it must not start."""
         if self._stopping.is_set():
             # claimed just before close: give it straight back
             self._hand_back([claimed], "claimed just before close")
-            return
+            return None
+        if self._tracker.lapsed(claimed):
+            # this process was paused (or its extensions failed) since the claim: the lease
+            # may have lapsed and the attempt been expired, the run or its queue slot taken
+            # by another worker. Hand it back (fenced: refused if it is no longer ours).
+            log.warning(
+                "run %s attempt %d: its lease (%s) was not confirmed for too long since the "
+                "claim (was this process paused?); not starting it",
+                claimed.id,
+                claimed.attempt,
+                self._options.lease,
+            )
+            self._hand_back([claimed], "its lease may have lapsed before it started")
+            return None
         context = make_context(claimed, self.environment, slot.backend)
         task = self._tasks.get(claimed.task_id)
         if not self._tracker.begin(claimed, context, task):
             log.warning("run %s lost its lease while waiting for a slot; skipped", claimed.id)
+            return None
+        return context
+
+    def _execute(self, slot: _Slot, claimed: ClaimedRun) -> None:
+        context = self._start(slot, claimed)
+        if context is None:
             return
         attempt = _telemetry.begin_attempt(claimed, self._options.lease)
         started = time.perf_counter()
         with self._cond:
-            self._running[claimed.id] = (claimed, slot, started)
+            self._running[_ref(claimed)] = (claimed, slot, started)
         try:
             outcome = execute_attempt(claimed, self._tasks, context)
         except BaseException as exc:
@@ -534,8 +555,8 @@ class Worker:
             elapsed = time.perf_counter() - started
             self._handler_seconds += (elapsed - self._handler_seconds) * 0.1
             with self._cond:
-                self._running.pop(claimed.id, None)
-            still_ours = self._tracker.untrack(claimed.id) is not None
+                self._running.pop(_ref(claimed), None)
+            still_ours = self._tracker.untrack(claimed) is not None
         self.runs_executed += outcome.handler_ran
         if attempt is not None or self._options.drain:
             kind = _telemetry.outcome_kind(outcome, context)
@@ -572,7 +593,7 @@ class Worker:
     def _on_timeout(self, item: Tracked) -> None:
         """Called by the writer after failing a timed-out attempt: replace its slot."""
         with self._cond:
-            entry = self._running.get(item.claimed.id)
+            entry = self._running.get(item.ref)
             if entry is None or self._stopping.is_set() or self._options.drain:
                 return
             slot = entry[1]

@@ -121,4 +121,4 @@ where r.id = i.id
   and r.lease_token = i.lease_token
   and r.status in ('running', 'cancellation_requested')
   and r.lease_expires_at > now()
-returning r.id, r.status;
+returning r.id, r.attempt, r.lease_token, r.status;
