@@ -265,7 +265,7 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
     log = sql.Identifier(schema, "handler_log")
     runs = sql.Identifier(schema, "runs")
 
-    def one(query: sql.Composable, *params: Any) -> Any:
+    def one(query: sql.SQL | sql.Composed, *params: Any) -> Any:
         row = db.execute(query, params).fetchone()
         assert row is not None
         return row[0]
