@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import psycopg
 
+from benchmarks._common import Row, log, pct, ratio_row
 from runlane import RunContext, Runlane, create_runlane, task
 from runlane.testing import rabbitmq_available, start_rabbitmq_node
 
@@ -35,6 +36,7 @@ class RabbitBench:
     url: str  # the Postgres the polling lane's rows used
     amqp_url: str
     runs: int
+    triggers: int  # one-by-one triggers
     samples: int
     concurrency: int
     noop: Any  # the no-op task
@@ -115,7 +117,7 @@ def bench_rabbit_enqueue(bench: RabbitBench) -> dict[str, float]:
     with _runtime(url, schema, bench.amqp_url, [noop]) as runlane:
         runlane.trigger(noop, None)  # connect the publisher first, as a running app would
         _wait_published(url, schema)
-        single = min(bench.runs, 3000)
+        single = bench.triggers
         started = time.perf_counter()
         for _ in range(single):
             runlane.trigger(noop, None)
@@ -123,8 +125,8 @@ def bench_rabbit_enqueue(bench: RabbitBench) -> dict[str, float]:
         _wait_published(url, schema)
         published = time.perf_counter() - started
     return {
-        "rabbitmq: enqueue one by one (runs/s)": single / returned,
-        "rabbitmq: enqueue one by one, all published (runs/s)": single / published,
+        "rabbitmq: trigger one by one, calls return (runs/s)": single / returned,
+        "rabbitmq: trigger one by one, all published (runs/s)": single / published,
     }
 
 
@@ -164,32 +166,32 @@ def bench_rabbit_wakeup(bench: RabbitBench) -> list[float]:
     return latencies
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def rabbit_rows(
-    bench: RabbitBench, polling_one_process: float, log: Callable[[str, float], None]
-) -> list[tuple[str, str]]:
-    """The RabbitMQ lane's rows of the table (``log`` echoes a figure as it is measured)."""
-    rows: list[tuple[str, str]] = []
+def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[Row]:
+    """The RabbitMQ lane's rows of the table (each figure is logged as it is measured);
+    throughput is compared with the polling lane's one process when that was measured."""
+    rows: list[Row] = []
     rabbit = bench_rabbit_one_process(bench)
-    log("rabbitmq: one process (runs/s)", rabbit)
-    rows.append(("rabbitmq: one process (runs/s)", f"{rabbit:,.0f}"))
+    log(f"rabbitmq: one process {rabbit:,.0f} runs/s")
+    label = "rabbitmq: processing, one process, concurrency 8 (runs/s)"
+    if polling_one_process:
+        rows.append(
+            ratio_row(label, rabbit, "polling lane, one process", polling_one_process, None)
+        )
+    else:
+        rows.append(Row(label, rabbit))
     for label, rate in bench_rabbit_enqueue(bench).items():
-        log(label, rate)
-        rows.append((label, f"{rate:,.0f}"))
+        log(f"{label} {rate:,.0f}")
+        rows.append(Row(label, rate))
     latencies = bench_rabbit_wakeup(bench)
     for q in (0.50, 0.95, 0.99):
         rows.append(
-            (
-                f"rabbitmq: trigger-to-start latency p{int(q * 100)} (ms)",
-                f"{_pct(latencies, q):.2f}",
+            Row(
+                f"rabbitmq: trigger-to-start p{int(q * 100)}, idle worker (ms)",
+                pct(latencies, q),
+                ",.2f",
             )
         )
     rows.append(
-        ("rabbitmq: trigger-to-start latency mean (ms)", f"{statistics.mean(latencies):.2f}")
+        Row("rabbitmq: trigger-to-start mean, idle worker (ms)", statistics.mean(latencies), ",.2f")
     )
-    rows.append(("ratio: rabbitmq / polling, one process", f"{rabbit / polling_one_process:.2f}"))
     return rows

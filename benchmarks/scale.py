@@ -1,0 +1,448 @@
+"""runlane at scale: claim and trigger throughput as the tables grow, and cleanup beside a
+running claimer (issue 12, "flat as the tables grow"). Takes minutes at the full sizes.
+
+    python -m benchmarks.scale [--phases depth,history,cleanup] [--measure 4000]
+                               [--queued-small 10000] [--queued-large 1000000]
+                               [--history 5000000] [--cleanup 1000000] [--window 10]
+                               [--explain] [--database-url URL]
+
+Rows are generated with INSERT ... SELECT generate_series straight into runlane's tables,
+shaped as runlane writes them (benchmarks/_bulk.py); everything measured goes through
+runlane's own code:
+
+- **depth**: claim throughput with ``--queued-large`` runs queued vs ``--queued-small``
+  (target: >= 0.8x): ``--measure`` runs claimed 32 per claim through the storage's
+  ``run_claim`` (the statement and connection setting a worker's claims use), then
+  ``--measure`` runs processed by a delivery worker (concurrency 8, no-op handler), timed
+  between handler starts after a warm-up of 500;
+- **history**: the same claims, plus ``trigger`` one by one and ``trigger_many`` x1000, in a
+  schema keeping ``--history`` completed runs (and their attempt rows, finished over the
+  last 6 days, so within the default 7-day retention) vs an empty one (target: >= 0.8x);
+- **cleanup**: ``--cleanup`` completed runs finished 8-10 days ago (past retention) are
+  pruned by ``Runlane.run_maintenance_once()`` passes (the cleanup phase: 1,000 runs a pass
+  in statements of 500) until none is left, while a delivery worker processes runs a feeder
+  keeps triggering; every claim the worker makes is timed (target: the longest under
+  100 ms), beside a ``--window`` of seconds with the same load and no cleanup.
+
+``--explain`` prints EXPLAIN (ANALYZE, BUFFERS) of a 32-run claim (rolled back) in each
+depth and history setting, and of one cleanup statement, to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import psycopg
+
+from benchmarks._bulk import insert_finished, insert_queued
+from benchmarks._common import (
+    CONCURRENCY,
+    Row,
+    add_database_argument,
+    fresh_schema,
+    log,
+    pct,
+    print_table,
+    ratio_row,
+    server_url,
+)
+from runlane import MaintenanceLimits, RunContext, Runlane, create_runlane, task
+from runlane.postgres import postgres_polling_lane
+from runlane.postgres._sql import statements
+from runlane.postgres._storage import PostgresStorage
+
+PHASES = ("depth", "history", "cleanup")
+TASK_ID = "bench.count"
+WARM = 500
+LEASE = timedelta(seconds=30)
+CLAIM_BATCH = 4 * CONCURRENCY  # a worker's default claim batch
+
+# handler start times (perf_counter) of the measured worker; list.append is atomic
+_starts: list[float] = []
+
+
+@task(id=TASK_ID)
+def count(payload: Any, context: RunContext) -> None:
+    _starts.append(time.perf_counter())
+
+
+def _runtime(url: str, schema: str) -> Runlane:
+    lane = postgres_polling_lane(
+        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
+    )
+    return create_runlane(lane=lane, tasks=[count])
+
+
+def claim_rate(url: str, schema: str, runs: int) -> float:
+    """Runs/s claimed ``CLAIM_BATCH`` at a time through ``run_claim`` on a dedicated
+    connection with asynchronous commit (as a worker's acquirer claims)."""
+    lane = postgres_polling_lane(connection_string=url, schema=schema)
+    base = lane.create_storage()
+    storage = base.dedicated("bench-claims", synchronous_commit=False)
+    try:
+        storage.run_claim("default", ["default"], 1, LEASE)  # connect
+        claimed = 0
+        started = time.perf_counter()
+        while claimed < runs:
+            got = storage.run_claim("default", ["default"], CLAIM_BATCH, LEASE)
+            if not got:
+                raise RuntimeError(f"the queue ran dry after {claimed} claims")
+            claimed += len(got)
+        return claimed / (time.perf_counter() - started)
+    finally:
+        storage.close()
+        base.close()
+
+
+def worker_rate(runlane: Runlane, runs: int, timeout: float = 900) -> float:
+    """Runs/s of a delivery worker (concurrency 8) between the handler starts number
+    ``WARM`` and ``WARM + runs``."""
+    _starts.clear()
+    deadline = time.monotonic() + timeout
+    with runlane.create_delivery_worker(concurrency=CONCURRENCY):
+        while len(_starts) < WARM + runs:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(_starts)} runs started")
+            time.sleep(0.01)
+    return runs / (_starts[WARM + runs - 1] - _starts[WARM - 1])
+
+
+def trigger_rate(runlane: Runlane, count_: int) -> float:
+    started = time.perf_counter()
+    for i in range(count_):
+        runlane.trigger(TASK_ID, {"order": i})
+    return count_ / (time.perf_counter() - started)
+
+
+def trigger_many_rate(runlane: Runlane, batches: int) -> float:
+    started = time.perf_counter()
+    for b in range(batches):
+        runlane.trigger_many(TASK_ID, [{"order": b * 1000 + i} for i in range(1000)])
+    return batches * 1000 / (time.perf_counter() - started)
+
+
+def _literal_claim(schema: str) -> str:
+    sql = statements(schema)["run_claim"]
+    values = {
+        "environment": "'default'",
+        "queues": "array['default']",
+        "limit": str(CLAIM_BATCH),
+        "lease_seconds": "30",
+        "concurrency_limit": "null",
+    }
+    for name, value in values.items():
+        sql = sql.replace(f"%({name})s", value)
+    return sql
+
+
+def explain(url: str, sql: str, title: str) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of ``sql`` inside a transaction that is rolled back."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(f"explain (analyze, buffers) {sql}").fetchall()
+        conn.rollback()
+    log(f"--- EXPLAIN ANALYZE: {title}")
+    for (line,) in rows:
+        print(f"    {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def _setting(label: str, fn: Callable[[], float]) -> float:
+    value = fn()
+    log(f"{label:<62} {value:>12,.0f}")
+    return value
+
+
+# -- depth ------------------------------------------------------------------------------
+
+
+def phase_depth(url: str, args: argparse.Namespace) -> list[Row]:
+    figures: dict[int, tuple[float, float]] = {}
+    for queued in (args.queued_small, args.queued_large):
+        if queued < 2 * args.measure + WARM + 1000:
+            raise SystemExit(f"--queued-small must be at least {2 * args.measure + WARM + 1000}")
+        schema = fresh_schema(url)
+        took = insert_queued(url, schema, queued, task_id=TASK_ID)
+        log(f"{queued:,} queued runs generated in {took:.0f} s")
+        if args.explain:
+            explain(url, _literal_claim(schema), f"claim of {CLAIM_BATCH}, {queued:,} queued")
+        claims = _setting(
+            f"claim only, {queued:,} queued (runs/s)",
+            partial(claim_rate, url, schema, args.measure),
+        )
+        with _runtime(url, schema) as runlane:
+            worker = _setting(
+                f"worker, {queued:,} queued (runs/s)",
+                partial(worker_rate, runlane, args.measure),
+            )
+        figures[queued] = (claims, worker)
+        _drop(url, schema)
+    small, large = figures[args.queued_small], figures[args.queued_large]
+    base = f"{args.queued_small:,} queued"
+    return [
+        ratio_row(f"claim only, 32 per claim, {args.queued_large:,} queued (runs/s)",
+                  large[0], base, small[0], 0.8),
+        ratio_row(f"worker processing, {args.queued_large:,} queued (runs/s)",
+                  large[1], base, small[1], 0.8),
+    ]  # fmt: skip
+
+
+# -- history ----------------------------------------------------------------------------
+
+
+def phase_history(url: str, args: argparse.Namespace) -> list[Row]:
+    figures: dict[int, dict[str, float]] = {}
+    for kept in (0, args.history):
+        schema = fresh_schema(url)
+        if kept:
+            took = insert_finished(
+                url, schema, kept, oldest_days=6, newest_days=0.1, task_id=TASK_ID
+            )
+            log(f"{kept:,} finished runs (and attempts) generated in {took:.0f} s")
+        insert_queued(url, schema, 2 * args.measure + WARM + 1000, task_id=TASK_ID)
+        if args.explain:
+            explain(url, _literal_claim(schema), f"claim of {CLAIM_BATCH}, {kept:,} finished kept")
+        row: dict[str, float] = {}
+        with _runtime(url, schema) as runlane:
+            runlane.trigger(TASK_ID, None)  # connect first
+            row["trigger"] = _setting(
+                f"trigger one by one, {kept:,} kept (runs/s)",
+                partial(trigger_rate, runlane, args.triggers),
+            )
+            row["trigger_many"] = _setting(
+                f"trigger_many x1000, {kept:,} kept (runs/s)",
+                partial(trigger_many_rate, runlane, args.batches),
+            )
+            row["claim"] = _setting(
+                f"claim only, {kept:,} kept (runs/s)",
+                partial(claim_rate, url, schema, args.measure),
+            )
+            row["worker"] = _setting(
+                f"worker, {kept:,} kept (runs/s)",
+                partial(worker_rate, runlane, args.measure),
+            )
+        figures[kept] = row
+        _drop(url, schema)
+    empty, full = figures[0], figures[args.history]
+    kept_label = f"{args.history:,} finished kept"
+    labels = {
+        "trigger": "trigger one by one",
+        "trigger_many": "trigger_many, 1,000 per call",
+        "claim": "claim only, 32 per claim",
+        "worker": "worker processing",
+    }
+    return [
+        ratio_row(f"{text}, {kept_label} (runs/s)", full[key], "empty history", empty[key], 0.8)
+        for key, text in labels.items()
+    ]
+
+
+# -- cleanup ----------------------------------------------------------------------------
+
+
+@contextmanager
+def timed_claims() -> Iterator[list[tuple[float, float]]]:
+    """Record (start, seconds) of every ``PostgresStorage.run_claim`` call meanwhile."""
+    record: list[tuple[float, float]] = []
+    original = PostgresStorage.run_claim
+
+    def run_claim(self: PostgresStorage, *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            record.append((began, time.perf_counter() - began))
+
+    PostgresStorage.run_claim = run_claim  # type: ignore[method-assign]
+    try:
+        yield record
+    finally:
+        PostgresStorage.run_claim = original  # type: ignore[method-assign]
+
+
+class Feeder(threading.Thread):
+    """Keeps about ``backlog`` runs queued ahead of the worker with ``trigger_many``."""
+
+    def __init__(self, runlane: Runlane, backlog: int = 3000) -> None:
+        super().__init__(name="bench-feeder", daemon=True)
+        self.runlane = runlane
+        self.backlog = backlog
+        self.triggered = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if self.triggered - len(_starts) < self.backlog:
+                self.runlane.trigger_many(TASK_ID, [None] * 500)
+                self.triggered += 500
+            else:
+                self.stop.wait(0.005)
+
+
+def _gap(starts: list[float], since: float, until: float) -> float:
+    """The longest time (s) without a handler start between ``since`` and ``until``."""
+    inside = [since, *(s for s in starts if since <= s <= until), until]
+    return max(b - a for a, b in itertools.pairwise(inside))
+
+
+def _finished(url: str, schema: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            f"select count(*) from {schema}.runs where environment = 'default' "
+            "and status in ('completed', 'failed', 'cancelled') and pruned_at is null "
+            "and finished_at < now() - interval '7 days'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _explain_prune(url: str, schema: str, count: int) -> None:
+    sql = statements(schema)["run_prune"]
+    for name, value in {
+        "environment": "'default'",
+        "limit": "500",
+        "completed_seconds": str(7 * 86400),
+        "failed_seconds": str(30 * 86400),
+        "cancelled_seconds": str(30 * 86400),
+    }.items():
+        sql = sql.replace(f"%({name})s", value)
+    explain(url, sql, f"one cleanup statement (500 runs), {count:,} past retention")
+
+
+def phase_cleanup(url: str, args: argparse.Namespace) -> list[Row]:
+    schema = fresh_schema(url)
+    took = insert_finished(
+        url, schema, args.cleanup, oldest_days=10, newest_days=8, task_id=TASK_ID
+    )
+    log(f"{args.cleanup:,} finished runs past retention generated in {took:.0f} s")
+    if args.explain:
+        _explain_prune(url, schema, args.cleanup)
+    _starts.clear()
+    passes: list[float] = []
+    pruned = 0
+    with _runtime(url, schema) as runlane, timed_claims() as claims:
+        feeder = Feeder(runlane)
+        feeder.start()
+        worker = runlane.create_delivery_worker(concurrency=CONCURRENCY)
+        try:
+            time.sleep(2)  # warm up
+            quiet_from = time.perf_counter()
+            time.sleep(args.window)
+            began = time.perf_counter()
+            limits = MaintenanceLimits()
+            while True:
+                t = time.perf_counter()
+                result = runlane.run_maintenance_once(limits)
+                passes.append(time.perf_counter() - t)
+                pruned += result.runs_pruned + result.runs_tombstoned
+                if result.runs_pruned + result.runs_tombstoned == 0:
+                    break
+                if args.cleanup_seconds and time.perf_counter() - began > args.cleanup_seconds:
+                    log(f"cleanup: stopped after --cleanup-seconds {args.cleanup_seconds:g}")
+                    break
+                if len(passes) % 100 == 0:
+                    log(f"cleanup: {pruned:,} pruned ({time.perf_counter() - began:.0f} s)")
+            ended = time.perf_counter()
+        finally:
+            feeder.stop.set()
+            worker.close()
+            feeder.join(30)
+        left = _finished(url, schema)
+    _drop(url, schema)
+    starts = list(_starts)
+    quiet = [d * 1000 for s, d in claims if quiet_from <= s < began]
+    during = [d * 1000 for s, d in claims if began <= s < ended]
+    processed = sum(1 for s in starts if began <= s < ended)
+    processed_quiet = sum(1 for s in starts if quiet_from <= s < began)
+    seconds = ended - began
+    log(
+        f"cleanup: {pruned:,} runs pruned in {seconds:.1f} s over {len(passes)} passes "
+        f"(longest pass {max(passes) * 1000:.0f} ms), {left} left past retention; "
+        f"worker started {processed:,} runs meanwhile ({processed / seconds:,.0f}/s); "
+        f"claims: {len(quiet)} without cleanup (longest {max(quiet):.1f} ms), "
+        f"{len(during)} during (longest {max(during):.1f} ms)"
+    )
+    gap_quiet = _gap(starts, quiet_from, began) * 1000
+    gap_during = _gap(starts, began, ended) * 1000
+    n = f"{args.cleanup:,}"
+    status = "all pruned" if left == 0 else f"stopped with {left:,} left"
+    return [
+        Row(f"cleanup of {n} finished runs (runs pruned/s; {status} in {seconds:.0f} s)",
+            pruned / seconds),
+        Row("cleanup: longest maintenance pass (ms)", max(passes) * 1000, ",.1f"),
+        Row("worker processing during cleanup (runs/s)", processed / seconds, ",.0f",
+            "no cleanup", processed_quiet / (began - quiet_from),
+            processed / seconds / (processed_quiet / (began - quiet_from))),
+        Row(
+            "longest claim during cleanup (ms)",
+            max(during),
+            ",.1f",
+            "no cleanup",
+            max(quiet),
+            max(during) / max(quiet),
+            "< 100 ms",
+            max(during) < 100,
+        ),
+        Row("claim p99 during cleanup (ms)", pct(during, 0.99), ",.1f", "no cleanup",
+            pct(quiet, 0.99), pct(during, 0.99) / pct(quiet, 0.99)),
+        Row("longest gap between handler starts during cleanup (ms)", gap_during, ",.1f",
+            "no cleanup", gap_quiet, gap_during / gap_quiet),
+    ]  # fmt: skip
+
+
+def _drop(url: str, schema: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"drop schema {schema} cascade")
+        conn.execute("checkpoint")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset")
+    parser.add_argument("--measure", type=int, default=4000, help="runs claimed per figure")
+    parser.add_argument("--queued-small", type=int, default=10_000)
+    parser.add_argument("--queued-large", type=int, default=1_000_000)
+    parser.add_argument("--history", type=int, default=5_000_000, help="finished runs kept")
+    parser.add_argument("--triggers", type=int, default=3000, help="one-by-one triggers")
+    parser.add_argument("--batches", type=int, default=20, help="trigger_many calls of 1,000")
+    parser.add_argument("--cleanup", type=int, default=1_000_000, help="finished runs pruned")
+    parser.add_argument("--window", type=float, default=10, help="seconds without cleanup")
+    parser.add_argument(
+        "--cleanup-seconds",
+        type=float,
+        default=0,
+        help="stop cleanup after this many seconds (0: until every run is pruned)",
+    )
+    parser.add_argument("--explain", action="store_true", help="EXPLAIN ANALYZE to stderr")
+    add_database_argument(parser)
+    args = parser.parse_args(argv)
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        raise SystemExit(f"--phases: unknown {sorted(unknown)}; choose from {PHASES}")
+    log(f"scale: {vars(args)}; load average {os.getloadavg()[0]:.2f}")
+    began = time.perf_counter()
+    work = {"depth": phase_depth, "history": phase_history, "cleanup": phase_cleanup}
+    rows: list[Row] = []
+    with server_url(args.database_url) as url:
+        for phase in phases:
+            rows += work[phase](url, args)
+    print_table(
+        rows,
+        [f"took {time.perf_counter() - began:.0f} s; load average after {os.getloadavg()[0]:.2f}"],
+        compare="compared with",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
