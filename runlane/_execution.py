@@ -170,6 +170,15 @@ def execute_attempt(
     except NonRetryableError as exc:
         return Outcome(_failure(claimed, exc, retry=None), handler_ran=True)
     except Exception as exc:
+        if context._outage_behind(exc):
+            log.warning(
+                "run %s attempt %d of %s: a durable operation could not reach the database; "
+                "handing the attempt back unspent",
+                claimed.id,
+                claimed.attempt,
+                task.id,
+            )
+            return Outcome(LeaseRef(claimed.id, claimed.attempt, claimed.lease_token), True)
         log.info("run %s attempt %d of %s raised %r", claimed.id, claimed.attempt, task.id, exc)
         return Outcome(_failure(claimed, exc, retry=task), handler_ran=True)
     try:

@@ -9,11 +9,12 @@ and sleeps explicitly when that order could change).
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast, overload
 
 import attrs
 
@@ -27,6 +28,7 @@ from runlane.errors import (
     RunNotFound,
     StaleLease,
     StopReason,
+    StorageUnavailable,
     WaitTokenNotFound,
     WaitTokenTimedOut,
 )
@@ -39,6 +41,32 @@ if TYPE_CHECKING:
 __all__ = ["ContextBackend", "RunContext", "Suspended"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _outages_recorded(method: F) -> F:
+    """A durable operation that could not reach the database raises
+    :class:`~runlane.StorageUnavailable` saying what the handler should do, and the context
+    remembers it: when it propagates out of the handler, the attempt is handed back unspent
+    (the outage is not the handler's failure) instead of consuming an attempt."""
+
+    @functools.wraps(method)
+    def recorded(self: RunContext, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except StorageUnavailable as exc:
+            if exc is self._outage:
+                raise
+            outage = StorageUnavailable(
+                f"context.{method.__name__}() could not reach the database ({exc}). Let this "
+                "error propagate out of the handler (re-raise it if you catch Exception): the "
+                "attempt is then handed back without being spent, and the run re-runs from "
+                "the top once the database is back, its stored steps answered from storage"
+            )
+            self._outage = outage
+            raise outage from exc
+
+    return cast(F, recorded)
 
 
 class Suspended(BaseException):
@@ -100,6 +128,7 @@ class RunContext:
     _children: int = attrs.field(default=0, init=False, repr=False)
     _stop_reason: StopReason | None = attrs.field(default=None, init=False, repr=False)
     _stop_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    _outage: StorageUnavailable | None = attrs.field(default=None, init=False, repr=False)
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -134,6 +163,18 @@ class RunContext:
 
     # -- plumbing ------------------------------------------------------------------------
 
+    def _outage_behind(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is (or was caused by) a database outage a durable operation of
+        this context met."""
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            if current is self._outage:
+                return True
+            seen.add(id(current))
+            current = current.__cause__ or current.__context__
+        return False
+
     def _attached(self) -> tuple[ContextBackend, LeaseRef]:
         if self._backend is None or self._lease_token is None:
             raise ConfigurationError(
@@ -164,6 +205,7 @@ class RunContext:
     @overload
     def step(self, name: str, fn: Callable[[], Any], *, output_type: type[T]) -> T: ...
 
+    @_outages_recorded
     def step(self, name: str, fn: Callable[[], Any], *, output_type: Any = None) -> Any:
         """Run ``fn`` once per run and store its output; on a later attempt or resume, return
         the stored output without calling ``fn``.
@@ -188,6 +230,7 @@ class RunContext:
 
     # -- waits ---------------------------------------------------------------------------
 
+    @_outages_recorded
     def wait_for_token(self, token_id: uuid.UUID | str, *, output_type: Any = None) -> Any:
         """The token's output once it is completed; raises ``WaitTokenTimedOut`` when it
         timed out. While it is pending the run is suspended (``waiting``) and the handler
@@ -213,6 +256,7 @@ class RunContext:
                 self._stale("the wait")
             # resolved between the read and the suspension: read it again
 
+    @_outages_recorded
     def wait_for_run(self, run_id: uuid.UUID | str, *, output_type: Any = None) -> Any:
         """The output of another run of this environment once it completed; raises
         ``ChildRunFailed`` when it failed or was cancelled. Until then the run waits."""
@@ -241,6 +285,7 @@ class RunContext:
             if result.target_open:
                 self._stale("the wait")
 
+    @_outages_recorded
     def sleep(self, duration: timedelta | float, *, name: str | None = None) -> None:
         """Suspend the run for ``duration`` (database time); maintenance makes it runnable
         when due. On the re-run the sleep is already over and returns at once."""
@@ -261,6 +306,7 @@ class RunContext:
             self._stale("the sleep")
         raise Suspended
 
+    @_outages_recorded
     def release(self, delay: timedelta | float | None = None) -> NoReturn:
         """Hand the run back as ``released`` without consuming an attempt; it is delivered
         again after ``delay`` (by maintenance). Unwinds the handler."""
@@ -272,6 +318,7 @@ class RunContext:
 
     # -- child runs ----------------------------------------------------------------------
 
+    @_outages_recorded
     def trigger_child(self, task: Task[Any, Any] | str, payload: Any, **options: Any) -> RunHandle:
         """Trigger a run linked to this one as its parent. Durable: on a re-run, the n-th
         call returns the child the first run created (its idempotency key defaults to one

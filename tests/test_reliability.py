@@ -6,6 +6,8 @@
 - ``restart_embedded_postgres`` left the restarted server running after the handle's cleanup.
 - The lease tracker keyed its entries by run id: a claim lost to a crash (claims commit
   asynchronously) and the same worker's new claim of the run shared one entry.
+- A ``context.step`` whose write met an outage longer than the statement retries spent an
+  attempt: it now raises a runlane error saying what to do, and the attempt is handed back.
 - A worker paused for longer than the lease (SIGSTOP, a VM freeze) started the runs it had
   claimed ahead before the pause, although maintenance had already expired those attempts.
 """
@@ -17,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -28,13 +31,21 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runlane import RunContext, RunStatus, create_runlane, task
+from runlane import (
+    RetryPolicy,
+    RunContext,
+    RunStatus,
+    StorageUnavailable,
+    create_runlane,
+    task,
+)
 from runlane._leases import LeaseTracker
 from runlane.errors import StopReason
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.storage import ClaimedRun, LeaseRef, NewRuns, Storage
 from runlane.testing import restart_embedded_postgres, start_embedded_postgres
-from tests.helpers import storage_of, wait_until
+from tests._proxy import tcp_proxy
+from tests.helpers import storage_of, wait_for_status, wait_until
 
 LEASE = timedelta(seconds=30)
 
@@ -329,3 +340,49 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
             worker.wait()
         if worker.stdout is not None:
             worker.stdout.close()
+
+
+def test_a_step_meeting_a_long_outage_raises_a_runlane_error_and_spends_no_attempt(
+    database_url: str, schema: str, make_runlane: Any
+) -> None:
+    entered = threading.Event()
+    go = threading.Event()
+    seen: list[BaseException] = []
+
+    @task(id="stepper", schema=Item, retry=RetryPolicy(max_attempts=1))
+    def stepper(payload: Item, context: RunContext) -> int:
+        entered.set()
+        go.wait(10)
+        try:
+            return int(context.step("one", lambda: payload.n))
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    producer = make_runlane(tasks=[stepper])
+    with tcp_proxy(database_url) as proxy:
+        proxy.up()
+        lane = postgres_polling_lane(
+            connection_string=proxy.url_for(database_url), schema=schema, connect_timeout=1
+        )
+        rl = create_runlane(lane=lane, tasks=[stepper])
+        try:
+            with rl.create_delivery_worker(concurrency=1):
+                handle = producer.trigger(stepper, Item(7))
+                assert entered.wait(10)
+                proxy.down()  # longer than the statement retries (about 1.3 s)
+                go.set()
+                wait_until(lambda: bool(seen), timeout=20, what="the step to give up")
+                proxy.up()
+                done = wait_for_status(producer, handle.id, RunStatus.COMPLETED, timeout=30)
+        finally:
+            rl.close()
+    error = seen[0]
+    assert isinstance(error, StorageUnavailable)
+    assert "context.step()" in str(error)
+    assert "Let this error propagate" in str(error)
+    assert not isinstance(error, psycopg.Error)
+    # one attempt allowed, and it was not spent: handed back, then completed
+    assert done.output == 7
+    outcomes = [a.outcome for a in producer.get_run_history(handle.id).attempts]
+    assert outcomes == ["released", "completed"]
