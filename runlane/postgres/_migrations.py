@@ -9,7 +9,7 @@ import attrs
 import psycopg
 from psycopg import sql
 
-from runlane.errors import IncompatibleSchema
+from runlane.errors import ConfigurationError, IncompatibleSchema
 from runlane.postgres._connections import check_conninfo, storage_error
 from runlane.postgres._sql import load_migration_files, render, validate_schema_name
 
@@ -122,12 +122,20 @@ def apply_postgres_storage_migrations(
     migrations, the others wait and then find nothing to do. A ledger this release does not
     recognise raises :class:`~runlane.IncompatibleSchema` and changes nothing. A malformed
     connection string raises :class:`~runlane.ConfigurationError`; a database that cannot
-    be reached :class:`~runlane.StorageUnavailable`.
+    be reached :class:`~runlane.StorageUnavailable`; a connected role that may not create or
+    change the schema (an application role) :class:`~runlane.ConfigurationError`.
     """
     params = check_conninfo(connection_string)
     validate_schema_name(schema)
     try:
         return _apply(connection_string, schema, "connect_timeout" in params)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ConfigurationError(
+            f"the connected role may not migrate schema {schema!r} "
+            f"({exc.diag.message_primary}): run migrations as the schema's owner (the role "
+            "that created it, or one allowed to create schemas in this database), not as an "
+            "application role granted a job with `runlane grant`"
+        ) from exc
     except psycopg.Error as exc:
         raise storage_error(exc, connection_string, f"migrate schema {schema!r}") from exc
 

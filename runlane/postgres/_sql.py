@@ -1,7 +1,8 @@
 """Loads the named SQL blocks of the ``*.sql`` files in ``sql/`` and renders them for one schema.
 
 Statements are split by concern (``runs.sql``, ``claims.sql``, ``lifecycle.sql``, ...); a name
-is unique across all of them. Migrations live in ``sql/migrations/`` and are not statements.
+is unique across all of them. Migrations live in ``sql/migrations/`` and are not statements;
+nor are the blocks of ``grants.sql`` (they also name a role: see :func:`grant_blocks`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from psycopg import sql
 from runlane.errors import ConfigurationError
 
 __all__ = [
+    "GRANTS_FILE",
+    "grant_blocks",
     "load_migration_files",
     "notify_channel",
     "render",
@@ -24,6 +27,8 @@ __all__ = [
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BLOCK_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+# least-privilege grants: rendered with a role as well, never run by the storage
+GRANTS_FILE = "grants.sql"
 
 
 def validate_schema_name(schema: str) -> str:
@@ -43,13 +48,17 @@ def notify_channel(schema: str) -> str:
     return f"runlane.{schema}"[:63]
 
 
-def render(text: str, schema: str) -> str:
+def render(text: str, schema: str, **identifiers: str) -> str:
     """Substitute the quoted schema name for ``{schema}`` in ``text``, and the schema's
-    NOTIFY channel, as a string literal, for ``{channel}``."""
+    NOTIFY channel, as a string literal, for ``{channel}``; each further keyword's value,
+    quoted as an identifier, for ``{keyword}``."""
     validate_schema_name(schema)
+    quoted = {name: sql.Identifier(value) for name, value in identifiers.items()}
     return (
         sql.SQL(text)
-        .format(schema=sql.Identifier(schema), channel=sql.Literal(notify_channel(schema)))
+        .format(
+            schema=sql.Identifier(schema), channel=sql.Literal(notify_channel(schema)), **quoted
+        )
         .as_string()
     )
 
@@ -80,9 +89,16 @@ def _blocks() -> dict[str, str]:
     files = {
         entry.name: entry.read_text("utf-8")
         for entry in folder.iterdir()
-        if entry.name.endswith(".sql") and entry.is_file()
+        if entry.name.endswith(".sql") and entry.is_file() and entry.name != GRANTS_FILE
     }
     return parse_blocks(files)
+
+
+@cache
+def grant_blocks() -> dict[str, str]:
+    """The named blocks of ``grants.sql``, not rendered (``{schema}`` and ``{role}``)."""
+    text = resources.files("runlane.postgres").joinpath("sql", GRANTS_FILE).read_text("utf-8")
+    return parse_blocks({GRANTS_FILE: text})
 
 
 def statements(schema: str) -> dict[str, str]:

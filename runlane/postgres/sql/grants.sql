@@ -1,0 +1,120 @@
+-- Least-privilege grants: what each job of an application role needs in one runlane schema.
+--
+-- Rendered by runlane.postgres.postgres_grant_sql and applied by grant_postgres_role (and
+-- `runlane grant JOB ROLE`): {schema} and {role} are replaced by quoted identifiers. A role
+-- gets grant_common, its job's block, and grant_publisher on the RabbitMQ lane. Nothing
+-- here lets a role create, alter, drop or truncate anything, nor migrate: that stays with
+-- the schema's owner. Re-run the grant after a migration that adds tables or columns.
+--
+-- Column lists matter: the statement-level triggers of migrations 2 and 3 run with the
+-- privileges of whoever ran the statement that fired them. An UPDATE that ends a run makes
+-- the trigger resume the runs waiting on it (it updates their status, due_at, wait_kind,
+-- wait_run_id, updated_at); any statement that makes runs queued, in a schema where some
+-- environment delivers through the outbox, makes it insert outbox items (and read their
+-- environment, queue, claim_token and available_at back). runlane's tables use client-made
+-- uuids and no sequences, so no sequence grants are needed. The functions the triggers call
+-- are granted EXECUTE explicitly, in case EXECUTE was revoked from PUBLIC.
+
+-- name: grant_common
+-- Every job: find the schema, pass the runtime's start-up check of the migration ledger,
+-- and let the triggers write outbox items of runs becoming queued (and announce them).
+grant usage on schema {schema} to {role};
+grant select on {schema}.runlane_migrations to {role};
+grant select on {schema}.outbox_environments to {role};
+grant select on {schema}.outbox to {role};
+grant insert (id, environment, run_id, queue, available_at, claim_token, claim_expires_at)
+    on {schema}.outbox to {role};
+grant execute on function {schema}.runlane_announce(text, text, text) to {role};
+grant execute on function {schema}.runlane_outbox_write(jsonb) to {role};
+
+-- name: grant_producer
+-- trigger, trigger_many, trigger(connection=...), idempotency keys; get_run, wait_for_run;
+-- create_wait_token, get_wait_token, complete_wait_token and the resume pass that follows a
+-- completion (waiting runs become queued: status, due_at, wait_* and updated_at only; a
+-- producer cannot claim, complete, fail, lease, prune or delete a run).
+grant select on {schema}.runs to {role};
+grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
+              idempotency_key, parent_run_id, due_at, trace_context)
+    on {schema}.runs to {role};
+grant update (status, due_at, wait_kind, wait_token_id, wait_run_id, updated_at)
+    on {schema}.runs to {role};
+grant select on {schema}.wait_tokens to {role};
+grant insert (id, environment, status, idempotency_key, timeout_at)
+    on {schema}.wait_tokens to {role};
+grant update (status, output, resolved_at) on {schema}.wait_tokens to {role};
+
+-- name: grant_worker
+-- Claim (polling, and by id on the RabbitMQ lane), complete, fail, extend leases, hand back,
+-- release, steps, waits (tokens, sleeps, child runs: context.trigger_child inserts runs),
+-- cancellation observed through lease extensions, the consumer's outbox defer, and the
+-- worker's watch for missing maintenance. Not: payloads, priorities, queues, pruning,
+-- deleting runs, schedules, maintenance leases.
+grant select on {schema}.runs to {role};
+grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
+              idempotency_key, parent_run_id, due_at, trace_context)
+    on {schema}.runs to {role};
+grant update (status, attempt, releases, output, error, due_at, lease_token,
+              lease_expires_at, attempt_started_at, started_at, finished_at, updated_at,
+              wait_kind, wait_token_id, wait_run_id)
+    on {schema}.runs to {role};
+grant insert (run_id, attempt, lease_token, outcome, error, started_at)
+    on {schema}.attempts to {role};
+grant select on {schema}.steps to {role};
+grant insert (run_id, name, output, attempt) on {schema}.steps to {role};
+grant select on {schema}.wait_tokens to {role};
+grant insert (id, environment, status, idempotency_key, timeout_at)
+    on {schema}.wait_tokens to {role};
+-- completing tokens, and the row lock a suspension takes on the awaited token
+grant update (status, output, resolved_at) on {schema}.wait_tokens to {role};
+grant select on {schema}.maintenance_leases to {role};
+
+-- name: grant_maintenance
+-- run_maintenance_once and start_services: maintenance leases (bands and fences),
+-- schedules and their runs, due delivery, wait token timeouts and resumes, attempt expiry,
+-- delivery recovery, cleanup (deleting runs past retention, which removes their attempts
+-- and steps through the foreign keys, and tombstoning parents).
+grant select, delete on {schema}.runs to {role};
+grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
+              idempotency_key, parent_run_id, due_at, trace_context)
+    on {schema}.runs to {role};
+grant update (status, due_at, error, output, payload, lease_token, lease_expires_at,
+              finished_at, updated_at, wait_kind, wait_token_id, wait_run_id, pruned_at,
+              remaining_children)
+    on {schema}.runs to {role};
+grant insert (run_id, attempt, lease_token, outcome, error, started_at)
+    on {schema}.attempts to {role};
+grant select on {schema}.wait_tokens to {role};
+grant update (status, resolved_at) on {schema}.wait_tokens to {role};
+grant select on {schema}.schedules to {role};
+grant insert (environment, schedule_id, cron, timezone, next_slot_at)
+    on {schema}.schedules to {role};
+grant update (cron, timezone, next_slot_at, updated_at) on {schema}.schedules to {role};
+grant select on {schema}.schedule_slots to {role};
+grant insert (environment, schedule_id, slot_at, run_id) on {schema}.schedule_slots to {role};
+grant select on {schema}.maintenance_leases to {role};
+grant insert (environment, band, owner, fencing, expires_at, acquired_at)
+    on {schema}.maintenance_leases to {role};
+grant update (owner, fencing, expires_at, acquired_at)
+    on {schema}.maintenance_leases to {role};
+
+-- name: grant_operator
+-- list_runs, get_run, get_run_history, status (and `runlane status`, `runlane runs ...`),
+-- retry_run, cancel. Not: triggering, claiming, completing, deleting.
+grant select on {schema}.runs to {role};
+grant update (status, due_at, releases, error, output, finished_at, lease_token,
+              lease_expires_at, wait_kind, wait_token_id, wait_run_id, updated_at)
+    on {schema}.runs to {role};
+grant select on {schema}.attempts to {role};
+grant select on {schema}.steps to {role};
+grant select on {schema}.wait_tokens to {role};
+grant select on {schema}.maintenance_leases to {role};
+
+-- name: grant_publisher
+-- The RabbitMQ lane, whatever the job: every runtime enables the outbox of its environment
+-- when it starts and runs a publisher, which claims pending items, deletes those the broker
+-- confirmed and releases the others with a back-off.
+grant insert (environment, claim_seconds) on {schema}.outbox_environments to {role};
+grant update (claim_seconds) on {schema}.outbox_environments to {role};
+grant update (claim_token, claim_expires_at, failures, last_error, available_at)
+    on {schema}.outbox to {role};
+grant delete on {schema}.outbox to {role};
