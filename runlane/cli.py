@@ -1,4 +1,4 @@
-"""The ``runlane`` command line: migrate, worker, maintenance, drain, status and demo.
+"""The ``runlane`` command line: migrate, grant, worker, maintenance, drain, status and demo.
 
 ``APP`` arguments name a :class:`~runlane.Runlane` as ``module:attribute`` (for example
 ``myapp.runlane:runlane``), imported the way ``python -c "import module"`` would from the
@@ -38,7 +38,13 @@ from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
 from runlane.models import DrainResult
-from runlane.postgres import apply_postgres_storage_migrations
+from runlane.postgres import (
+    GRANT_JOBS,
+    GRANT_LANES,
+    apply_postgres_storage_migrations,
+    grant_postgres_role,
+    postgres_grant_sql,
+)
 from runlane.runtime import Runlane
 
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FAILURE", "EXIT_FORCED", "load_app", "main"]
@@ -60,7 +66,7 @@ exit codes:
   1  also: `status` found an unhealthy check (each is named on stderr)
   141 the reader of stdout went away (`runlane status APP | head -1`)
 
-`runlane` alone prints this help and exits 0. The database URL of `migrate` and `demo`
+`runlane` alone prints this help and exits 0. The database URL of `migrate`, `grant` and `demo`
 comes from --database-url, then $RUNLANE_DATABASE_URL, then $DATABASE_URL; commands taking
 APP use the URL the application gave its lane.
 
@@ -112,6 +118,26 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
         print(f"schema {result.schema}: applied {applied}; now at version {result.version}")
     else:
         print(f"schema {result.schema}: already at version {result.version}; nothing to do")
+    return 0
+
+
+def _cmd_grant(args: argparse.Namespace) -> int:
+    if args.print_sql:
+        sys.stdout.write(
+            postgres_grant_sql(job=args.job, role=args.role, schema=args.schema, lane=args.lane)
+        )
+        return 0
+    result = grant_postgres_role(
+        connection_string=_database_url(args.database_url),
+        job=args.job,
+        role=args.role,
+        schema=args.schema,
+        lane=args.lane,
+    )
+    print(
+        f"schema {result.schema}: granted the {result.job} job ({result.lane} lane) "
+        f"to role {result.role}"
+    )
     return 0
 
 
@@ -571,6 +597,35 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--database-url", help=DATABASE_URL_HELP)
     migrate.add_argument("--schema", default="runlane", help="schema name (default: runlane)")
     migrate.set_defaults(handler=_cmd_migrate)
+
+    grant = commands.add_parser(
+        "grant",
+        help="grant a database role only what one job needs (see docs/security.md)",
+        description=(
+            "Grant ROLE the privileges of JOB in the schema: producer (trigger and read runs, "
+            "wait tokens), worker (execute runs), maintenance (the maintenance services), "
+            "operator (inspect, retry, cancel). Connect as the schema's owner; ROLE must "
+            "exist. --print writes the SQL instead of running it."
+        ),
+    )
+    grant.add_argument("job", metavar="JOB", choices=GRANT_JOBS, help=", ".join(GRANT_JOBS))
+    grant.add_argument("role", metavar="ROLE", help="an existing PostgreSQL role")
+    grant.add_argument("--schema", default="runlane", help="schema name (default: runlane)")
+    grant.add_argument("--database-url", help=DATABASE_URL_HELP)
+    grant.add_argument(
+        "--lane",
+        choices=GRANT_LANES,
+        default="polling",
+        help="polling (default), or rabbitmq: also publishing the outbox, as every runtime "
+        "of the RabbitMQ lane does",
+    )
+    grant.add_argument(
+        "--print",
+        dest="print_sql",
+        action="store_true",
+        help="write the SQL to stdout without connecting or applying it",
+    )
+    grant.set_defaults(handler=_cmd_grant)
 
     drain = commands.add_parser(
         "drain", parents=[logged], help="execute currently due runs, then exit"
