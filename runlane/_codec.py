@@ -196,6 +196,13 @@ def _dump(value: Any) -> tuple[str, int]:
         text = json.dumps(
             value, allow_nan=False, check_circular=False, separators=(",", ":"), ensure_ascii=False
         )
+    except TypeError as exc:
+        if "is not JSON serializable" in str(exc):
+            raise TypeError(
+                f"{exc}; use JSON values (dicts with string keys, lists, strings, numbers, "
+                "booleans, None) or an attrs instance of the task's schema"
+            ) from None
+        raise
     except RecursionError:
         raise ValueError(
             f"it is nested too deeply (limit {MAX_DEPTH} levels); flatten it"

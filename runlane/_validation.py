@@ -135,14 +135,20 @@ def run_key(run_id: uuid.UUID | str) -> uuid.UUID:
     try:
         return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
     except ValueError as exc:
-        raise RunNotFound(f"{run_id!r} is not a run id (a UUID)") from exc
+        raise RunNotFound(
+            f"{run_id!r} is not a run id (a UUID): pass RunHandle.id, or an id that "
+            "`runlane runs list` printed"
+        ) from exc
 
 
 def token_key(token_id: uuid.UUID | str) -> uuid.UUID:
     try:
         return token_id if isinstance(token_id, uuid.UUID) else uuid.UUID(str(token_id))
     except ValueError as exc:
-        raise WaitTokenNotFound(f"{token_id!r} is not a wait token id (a UUID)") from exc
+        raise WaitTokenNotFound(
+            f"{token_id!r} is not a wait token id (a UUID): pass the WaitToken.id that "
+            "create_wait_token() returned"
+        ) from exc
 
 
 def with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
