@@ -361,7 +361,7 @@ def test_a_worker_role_executes_steps_token_waits_child_runs_sleeps_and_retries(
     operator = runtimes(runtime_as(granted("operator"), schema))
     maintenance = runtimes(runtime_as(granted("maintenance"), schema))
     worker_rl = runtimes(
-        runtime_as(granted("worker"), schema, lane_options={"lease_duration": timedelta(seconds=1)})
+        runtime_as(granted("worker"), schema, lane_options={"lease_duration": timedelta(seconds=2)})
     )
     journal.clear()
     release_blocker.clear()
@@ -371,7 +371,7 @@ def test_a_worker_role_executes_steps_token_waits_child_runs_sleeps_and_retries(
         "approve": producer.trigger(approve, {"token": str(token.id)}),
         "parent": producer.trigger(parent, {"n": 8}),
         "napper": producer.trigger(napper, {}),
-        "slow": producer.trigger(slow, {"seconds": 2.5}),
+        "slow": producer.trigger(slow, {"seconds": 3.5}),
         "flaky": producer.trigger(flaky, {}),
         "cancelled": producer.trigger(blocker, {}),
     }
@@ -403,7 +403,7 @@ def test_a_worker_role_executes_steps_token_waits_child_runs_sleeps_and_retries(
                 "approve": "approved by grace",
                 "parent": "parent of leaf-8",
                 "napper": "rested",
-                "slow": "slow done",  # kept alive by lease extensions past 1 s leases
+                "slow": "slow done",  # kept alive by lease extensions past 2 s leases
                 "flaky": 2,
             }
             for name, output in expected.items():
@@ -431,7 +431,11 @@ def test_a_worker_role_executes_steps_token_waits_child_runs_sleeps_and_retries(
 
 
 def test_a_worker_role_cannot_migrate_drop_truncate_or_alter(
-    database_url: str, schema: str, granted: RoleMaker, db: Conn
+    database_url: str,
+    schema: str,
+    granted: RoleMaker,
+    db: Conn,
+    make_role: Callable[[], tuple[str, str]],
 ) -> None:
     conninfo = granted("worker")
     with pytest.raises(ConfigurationError, match=r"may not migrate schema.*owner"):
@@ -467,6 +471,14 @@ def test_a_worker_role_cannot_migrate_drop_truncate_or_alter(
             job="maintenance",
             role=str(conninfo_to_dict(conninfo)["user"]),
         )
+    # nor pass its own privileges on (it holds them without the grant option: PostgreSQL
+    # only warns and grants nothing, which runlane turns into an error)
+    other, _ = make_role()
+    with pytest.raises(ConfigurationError, match="may not grant everything the worker job"):
+        grant_postgres_role(connection_string=conninfo, schema=schema, job="worker", role=other)
+    assert db.execute(
+        "select has_schema_privilege(%s, %s, 'usage')", (other, schema)
+    ).fetchone() == (False,)
     ledger = SchemaDb(db, schema).one("select count(*) from {schema}.runlane_migrations")
     assert ledger[0] >= 4
 

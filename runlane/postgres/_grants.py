@@ -35,6 +35,7 @@ GRANT_LANES: Final = ("polling", "rabbitmq")
 _ROLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.@-]{0,62}$")
 _RESERVED_ROLES = frozenset({"public", "none", "current_role", "current_user", "session_user"})
 _CONNECT_TIMEOUT = 10  # seconds, unless the connection string sets connect_timeout
+_PRIVILEGE_NOT_GRANTED = "01007"  # a warning: the grantor lacks the grant option
 
 
 @attrs.frozen
@@ -129,12 +130,27 @@ def grant_postgres_role(
         {} if "connect_timeout" in params else {"connect_timeout": _CONNECT_TIMEOUT}
     )
     try:
-        with (
-            psycopg.connect(connection_string, autocommit=True, **timeout) as conn,
-            conn.transaction(),
-        ):
-            _check_target(conn, role, schema)
-            conn.execute(text.encode("utf-8"))
+        with psycopg.connect(connection_string, autocommit=True, **timeout) as conn:
+            # a grantor holding a privilege without its grant option gets a warning, not an
+            # error, and grants nothing: collected, and the transaction rolled back
+            skipped: list[str] = []
+            conn.add_notice_handler(
+                lambda notice: (
+                    skipped.append(notice.message_primary or "")
+                    if notice.sqlstate == _PRIVILEGE_NOT_GRANTED
+                    else None
+                )
+            )
+            with conn.transaction():
+                _check_target(conn, role, schema)
+                conn.execute(text.encode("utf-8"))
+                if skipped:
+                    raise ConfigurationError(
+                        f"the connected role may not grant everything the {job} job needs on "
+                        f"schema {schema!r} ({skipped[0]}; {len(skipped)} such warnings); "
+                        "nothing was granted: connect as the schema's owner (the role that "
+                        "ran `runlane migrate`) or a superuser"
+                    )
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ConfigurationError(
             f"the connected role may not grant on schema {schema!r} "
