@@ -375,6 +375,8 @@ def test_a_worker_role_executes_steps_token_waits_child_runs_sleeps_and_retries(
         "flaky": producer.trigger(flaky, {}),
         "cancelled": producer.trigger(blocker, {}),
     }
+    # `runlane worker` and `runlane maintenance` read status() before starting
+    assert worker_rl.status().environment == maintenance.status().environment == "default"
     stop = threading.Event()
 
     def maintain() -> None:  # due retries and sleeps come back through maintenance
@@ -647,27 +649,44 @@ def test_triggers_write_outbox_items_under_the_producer_role(
         publisher.close()
 
 
-def test_a_rabbitmq_lane_producer_runs_under_its_grant(
+def test_rabbitmq_lane_runtimes_run_under_their_grants(
     schema: str,
     granted: RoleMaker,
     runtimes: Callable[[Runlane], Runlane],
     rabbitmq_url: str,
 ) -> None:
+    """Every runtime of the RabbitMQ lane enables its environment's outbox and publishes:
+    each job's grant with lane="rabbitmq" covers it, and the consumer's claim by id."""
     from runlane.rabbitmq import rabbitmq_lane  # noqa: PLC0415 - needs pika
 
-    lane = rabbitmq_lane(
-        connection_string=granted("producer", lane="rabbitmq"),
-        schema=schema,
-        amqp_url=rabbitmq_url,
+    conninfos: dict[str, str] = {}
+
+    def runtime(job: str) -> Runlane:
+        conninfos[job] = granted(job, lane="rabbitmq")
+        lane = rabbitmq_lane(
+            connection_string=conninfos[job],
+            schema=schema,
+            amqp_url=rabbitmq_url,
+            connect_timeout=3.0,
+        )
+        return runtimes(create_runlane(lane=lane, queues=QUEUES, tasks=TASKS))
+
+    producer, worker_rl, maintenance, operator = (
+        runtime(job) for job in ("producer", "worker", "maintenance", "operator")
     )
-    producer = runtimes(create_runlane(lane=lane, queues=QUEUES, tasks=TASKS))
-    worker_lane = rabbitmq_lane(
-        connection_string=granted("worker", lane="rabbitmq"), schema=schema, amqp_url=rabbitmq_url
-    )
-    worker_rl = runtimes(create_runlane(lane=worker_lane, queues=QUEUES, tasks=TASKS))
     with worker_rl.create_delivery_worker(concurrency=2):
-        handle = producer.trigger(leaf, {"n": 1})
-        assert producer.wait_for_run(handle.id, timeout=30).status is RunStatus.COMPLETED
+        eager = producer.trigger(leaf, {"n": 1})  # published by the producer after commit
+        with psycopg.connect(conninfos["producer"]) as conn:  # stored unclaimed, swept
+            swept = producer.trigger(leaf, {"n": 2}, connection=conn)
+        failing = producer.trigger(doomed, {})
+        for handle in (eager, swept):
+            assert producer.wait_for_run(handle.id, timeout=30).status is RunStatus.COMPLETED
+        assert producer.wait_for_run(failing.id, timeout=30).status is RunStatus.FAILED
+        assert operator.retry_run(failing.id).status is RunStatus.QUEUED
+        again = producer.wait_for_run(failing.id, timeout=30)
+        assert (again.status, again.attempt) == (RunStatus.FAILED, 2)
+        maintenance.run_maintenance_once()  # publishes pending items, recovers deliveries
+        assert operator.status().outbox_pending == 0
 
 
 # -- bad input ----------------------------------------------------------------------------------
