@@ -49,7 +49,7 @@ class OutboxMethods:
     def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
         raise NotImplementedError
 
-    def _insert_params(self, runs: NewRuns) -> dict[str, Any]:
+    def _insert_params(self, runs: NewRuns, *, one: bool = False) -> dict[str, Any]:
         raise NotImplementedError
 
     def _resolve_inserted(

@@ -302,8 +302,9 @@ class PostgresStorage(OutboxMethods, InspectMethods):
 
     # -- runs ----------------------------------------------------------------------------
 
-    def _insert_params(self, runs: NewRuns) -> dict[str, Any]:
-        return {
+    def _insert_params(self, runs: NewRuns, *, one: bool = False) -> dict[str, Any]:
+        """Parameters of run_insert_many, or of run_insert_one when ``one``."""
+        params = {
             "environment": runs.environment,
             "task_id": runs.task_id,
             "queue": runs.queue,
@@ -312,11 +313,17 @@ class PostgresStorage(OutboxMethods, InspectMethods):
             "parent_run_id": runs.parent_run_id,
             "run_at": runs.run_at,
             "delay_seconds": runs.delay.total_seconds(),
-            "ids": list(runs.ids),
-            "payloads": list(runs.payloads),
-            "idempotency_keys": list(runs.idempotency_keys),
             "trace_context": runs.trace_context,
         }
+        if one:
+            params["id"] = runs.ids[0]
+            params["payload"] = runs.payloads[0]
+            params["idempotency_key"] = runs.idempotency_keys[0]
+        else:
+            params["ids"] = list(runs.ids)
+            params["payloads"] = list(runs.payloads)
+            params["idempotency_keys"] = list(runs.idempotency_keys)
+        return params
 
     def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
         return _claimed(rows)
@@ -330,11 +337,13 @@ class PostgresStorage(OutboxMethods, InspectMethods):
     def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
         if connection is None and self._eager is not None:
             return self._insert_eager(runs, self._eager)
-        params = self._insert_params(runs)
+        one = len(runs.ids) == 1
+        params = self._insert_params(runs, one=one)
+        statement = self._sql["run_insert_one" if one else "run_insert_many"]
 
         def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:
             with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(self._sql["run_insert_many"], params)
+                cur.execute(statement, params)
                 inserted = {row[0] for row in cur.fetchall()}
                 if len(inserted) == len(runs.ids):
                     return [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]

@@ -32,6 +32,19 @@ order by i.idempotency_key, i.id
 on conflict do nothing
 returning r.id;
 
+-- name: run_insert_one
+-- run_insert_many for one payload, what every trigger() sends: the same row, without the
+-- unnest and the sort (measured: 10 to 20 percent more triggers per second one by one).
+insert into {schema}.runs as r (
+    id, environment, task_id, queue, status, priority, payload, max_attempts,
+    idempotency_key, parent_run_id, due_at, trace_context)
+values (%(id)s, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
+        %(payload)s::jsonb, %(max_attempts)s, %(idempotency_key)s, %(parent_run_id)s,
+        coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
+        %(trace_context)s::jsonb)
+on conflict do nothing
+returning r.id;
+
 -- name: run_find_existing
 select id, idempotency_key, queue
 from {schema}.runs
