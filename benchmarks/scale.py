@@ -4,7 +4,8 @@ running claimer (issue 12, "flat as the tables grow"). Takes minutes at the full
     python -m benchmarks.scale [--phases depth,history,cleanup] [--measure 4000]
                                [--queued-small 10000] [--queued-large 1000000]
                                [--history 5000000] [--cleanup 1000000] [--window 10]
-                               [--explain] [--database-url URL]
+                               [--feed-rate 1000] [--cleanup-seconds 0] [--explain]
+                               [--database-url URL]
 
 Rows are generated with INSERT ... SELECT generate_series straight into runlane's tables,
 shaped as runlane writes them (benchmarks/_bulk.py); everything measured goes through
@@ -18,11 +19,13 @@ runlane's own code:
 - **history**: the same claims, plus ``trigger`` one by one and ``trigger_many`` x1000, in a
   schema keeping ``--history`` completed runs (and their attempt rows, finished over the
   last 6 days, so within the default 7-day retention) vs an empty one (target: >= 0.8x);
-- **cleanup**: ``--cleanup`` completed runs finished 8-10 days ago (past retention) are
-  pruned by ``Runlane.run_maintenance_once()`` passes (the cleanup phase: 1,000 runs a pass
-  in statements of 500) until none is left, while a delivery worker processes runs a feeder
-  keeps triggering; every claim the worker makes is timed (target: the longest under
-  100 ms), beside a ``--window`` of seconds with the same load and no cleanup.
+- **cleanup**: ``--cleanup`` completed runs finished 8-10 days ago (past the default 7-day
+  retention) are pruned by ``Runlane.run_maintenance_once()`` passes (the cleanup phase:
+  1,000 runs a pass, in statements of 500) until none is left (or ``--cleanup-seconds``
+  passed), while a feeder triggers ``--feed-rate`` runs/s (``trigger_many`` every 50 ms) and
+  a delivery worker runs them. Every claim the worker makes is timed (target: the longest
+  under 100 ms), and so are each run's trigger-to-start wait and each ``trigger_many`` call,
+  beside a ``--window`` of seconds with the same load and no cleanup.
 
 ``--explain`` prints EXPLAIN (ANALYZE, BUFFERS) of a 32-run claim (rolled back) in each
 depth and history setting, and of one cleanup statement, to stderr.
@@ -31,7 +34,6 @@ depth and history setting, and of one cleanup statement, to stderr.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import sys
 import threading
@@ -42,6 +44,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+import attrs
 import psycopg
 
 from benchmarks._bulk import insert_finished, insert_queued
@@ -269,29 +272,58 @@ def timed_claims() -> Iterator[list[tuple[float, float]]]:
         PostgresStorage.run_claim = original  # type: ignore[method-assign]
 
 
-class Feeder(threading.Thread):
-    """Keeps about ``backlog`` runs queued ahead of the worker with ``trigger_many``."""
+# the cleanup phase's runs: (handler start, seconds since their trigger_many call began)
+_waits: list[tuple[float, float]] = []
 
-    def __init__(self, runlane: Runlane, backlog: int = 3000) -> None:
+
+@task(id="bench.timed")
+def timed_run(payload: Any, context: RunContext) -> None:
+    now = time.perf_counter()
+    _waits.append((now, now - payload["t"]))
+
+
+class Feeder(threading.Thread):
+    """Triggers ``rate`` runs/s, in ``trigger_many`` calls of ``rate // 20`` every 50 ms, each
+    run's payload carrying the call's start time; records (start, seconds) of each call."""
+
+    def __init__(self, runlane: Runlane, rate: int) -> None:
         super().__init__(name="bench-feeder", daemon=True)
         self.runlane = runlane
-        self.backlog = backlog
-        self.triggered = 0
+        self.batch = max(1, rate // 20)
+        self.calls: list[tuple[float, float]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
+        tick = time.perf_counter()
         while not self.stop.is_set():
-            if self.triggered - len(_starts) < self.backlog:
-                self.runlane.trigger_many(TASK_ID, [None] * 500)
-                self.triggered += 500
-            else:
-                self.stop.wait(0.005)
+            began = time.perf_counter()
+            self.runlane.trigger_many(timed_run, [{"t": began}] * self.batch)
+            self.calls.append((began, time.perf_counter() - began))
+            tick += 0.05
+            self.stop.wait(max(0.0, tick - time.perf_counter()))
 
 
-def _gap(starts: list[float], since: float, until: float) -> float:
-    """The longest time (s) without a handler start between ``since`` and ``until``."""
-    inside = [since, *(s for s in starts if since <= s <= until), until]
-    return max(b - a for a, b in itertools.pairwise(inside))
+@attrs.frozen
+class Window:
+    """What happened between ``since`` and ``until``."""
+
+    since: float
+    until: float
+
+    def of(self, events: list[tuple[float, float]]) -> list[float]:
+        """The durations (ms) of the events that began inside."""
+        return [d * 1000 for s, d in events if self.since <= s < self.until]
+
+    @property
+    def seconds(self) -> float:
+        return self.until - self.since
+
+
+def _compare(label: str, during: list[float], quiet: list[float], q: float | None) -> Row:
+    """Row of the longest (q None) or a percentile of ``during`` beside ``quiet`` (ms)."""
+    d = max(during) if q is None else pct(during, q)
+    b = max(quiet) if q is None else pct(quiet, q)
+    return Row(label, d, ",.1f", "no cleanup", b, d / b if b else None)
 
 
 def _finished(url: str, schema: str) -> int:
@@ -326,76 +358,65 @@ def phase_cleanup(url: str, args: argparse.Namespace) -> list[Row]:
     log(f"{args.cleanup:,} finished runs past retention generated in {took:.0f} s")
     if args.explain:
         _explain_prune(url, schema, args.cleanup)
-    _starts.clear()
-    passes: list[float] = []
+    _waits.clear()
+    passes: list[tuple[float, float]] = []
     pruned = 0
-    with _runtime(url, schema) as runlane, timed_claims() as claims:
-        feeder = Feeder(runlane)
-        feeder.start()
+    lane = postgres_polling_lane(
+        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
+    )
+    with create_runlane(lane=lane, tasks=[timed_run]) as runlane, timed_claims() as claims:
+        runlane.trigger(timed_run, {"t": time.perf_counter()})  # connect first
+        feeder = Feeder(runlane, args.feed_rate)
         worker = runlane.create_delivery_worker(concurrency=CONCURRENCY)
+        feeder.start()
         try:
             time.sleep(2)  # warm up
-            quiet_from = time.perf_counter()
+            quiet = Window(time.perf_counter(), time.perf_counter() + args.window)
             time.sleep(args.window)
             began = time.perf_counter()
             limits = MaintenanceLimits()
             while True:
                 t = time.perf_counter()
                 result = runlane.run_maintenance_once(limits)
-                passes.append(time.perf_counter() - t)
+                passes.append((t, time.perf_counter() - t))
                 pruned += result.runs_pruned + result.runs_tombstoned
                 if result.runs_pruned + result.runs_tombstoned == 0:
                     break
                 if args.cleanup_seconds and time.perf_counter() - began > args.cleanup_seconds:
                     log(f"cleanup: stopped after --cleanup-seconds {args.cleanup_seconds:g}")
                     break
-                if len(passes) % 100 == 0:
+                if len(passes) % 50 == 0:
                     log(f"cleanup: {pruned:,} pruned ({time.perf_counter() - began:.0f} s)")
-            ended = time.perf_counter()
+            during = Window(began, time.perf_counter())
         finally:
             feeder.stop.set()
             worker.close()
             feeder.join(30)
         left = _finished(url, schema)
     _drop(url, schema)
-    starts = list(_starts)
-    quiet = [d * 1000 for s, d in claims if quiet_from <= s < began]
-    during = [d * 1000 for s, d in claims if began <= s < ended]
-    processed = sum(1 for s in starts if began <= s < ended)
-    processed_quiet = sum(1 for s in starts if quiet_from <= s < began)
-    seconds = ended - began
+    longest_pass = max(d for _, d in passes) * 1000
     log(
-        f"cleanup: {pruned:,} runs pruned in {seconds:.1f} s over {len(passes)} passes "
-        f"(longest pass {max(passes) * 1000:.0f} ms), {left} left past retention; "
-        f"worker started {processed:,} runs meanwhile ({processed / seconds:,.0f}/s); "
-        f"claims: {len(quiet)} without cleanup (longest {max(quiet):.1f} ms), "
-        f"{len(during)} during (longest {max(during):.1f} ms)"
+        f"cleanup: {pruned:,} runs pruned in {during.seconds:.1f} s over {len(passes)} passes "
+        f"(longest pass {longest_pass:.0f} ms), {left:,} left past retention; "
+        f"{len(during.of(_waits)):,} runs started meanwhile; claims: "
+        f"{len(quiet.of(claims))} without cleanup, {len(during.of(claims))} during"
     )
-    gap_quiet = _gap(starts, quiet_from, began) * 1000
-    gap_during = _gap(starts, began, ended) * 1000
-    n = f"{args.cleanup:,}"
     status = "all pruned" if left == 0 else f"stopped with {left:,} left"
+    longest = max(during.of(claims))
+    quiet_longest = max(quiet.of(claims))
     return [
-        Row(f"cleanup of {n} finished runs (runs pruned/s; {status} in {seconds:.0f} s)",
-            pruned / seconds),
-        Row("cleanup: longest maintenance pass (ms)", max(passes) * 1000, ",.1f"),
-        Row("worker processing during cleanup (runs/s)", processed / seconds, ",.0f",
-            "no cleanup", processed_quiet / (began - quiet_from),
-            processed / seconds / (processed_quiet / (began - quiet_from))),
-        Row(
-            "longest claim during cleanup (ms)",
-            max(during),
-            ",.1f",
-            "no cleanup",
-            max(quiet),
-            max(during) / max(quiet),
-            "< 100 ms",
-            max(during) < 100,
-        ),
-        Row("claim p99 during cleanup (ms)", pct(during, 0.99), ",.1f", "no cleanup",
-            pct(quiet, 0.99), pct(during, 0.99) / pct(quiet, 0.99)),
-        Row("longest gap between handler starts during cleanup (ms)", gap_during, ",.1f",
-            "no cleanup", gap_quiet, gap_during / gap_quiet),
+        Row(f"cleanup of {args.cleanup:,} finished runs (runs pruned/s; {status} in "
+            f"{during.seconds:.0f} s)", pruned / during.seconds),
+        Row("cleanup: longest maintenance pass, 1,000 runs (ms)", longest_pass, ",.1f"),
+        Row(f"longest claim during cleanup, {args.feed_rate:,} runs/s fed (ms)", longest, ",.1f",
+            "no cleanup", quiet_longest, longest / quiet_longest, "< 100 ms", longest < 100),
+        _compare("claim p99 during cleanup (ms)", during.of(claims), quiet.of(claims), 0.99),
+        _compare("trigger-to-start, longest during cleanup (ms)", during.of(_waits),
+                 quiet.of(_waits), None),
+        _compare("trigger-to-start p99 during cleanup (ms)", during.of(_waits),
+                 quiet.of(_waits), 0.99),
+        _compare("trigger_many call, longest during cleanup (ms)", during.of(feeder.calls),
+                 quiet.of(feeder.calls), None),
     ]  # fmt: skip
 
 
@@ -416,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=20, help="trigger_many calls of 1,000")
     parser.add_argument("--cleanup", type=int, default=1_000_000, help="finished runs pruned")
     parser.add_argument("--window", type=float, default=10, help="seconds without cleanup")
+    parser.add_argument(
+        "--feed-rate", type=int, default=1000, help="runs/s triggered during cleanup"
+    )
     parser.add_argument(
         "--cleanup-seconds",
         type=float,
