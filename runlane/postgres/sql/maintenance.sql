@@ -168,20 +168,53 @@ select {schema}.runlane_announce(%(environment)s, 'due', queue), queue from rece
 -- Cleanup: deletes terminal runs past retention; one that still has children becomes a
 -- tombstone counting them, and each deleted child lowers its tombstoned parent's count.
 -- Tombstones whose count reached zero are deleted like any other run.
-with doomed as materialized (
-    select id, parent_run_id, pruned_at is not null as was_tombstone
-    from {schema}.runs
-    where environment = %(environment)s
-      and ((pruned_at is null
-            and status in ('completed', 'failed', 'cancelled')
-            and finished_at < now() - case status
+-- Candidates come from one index range per status (runs_finished, oldest first) and from
+-- runs_tombstones, so a pass reads about limit rows whatever the table holds (one query
+-- with an OR across them scanned and sorted the whole table).
+with candidates as materialized (
+    (select id
+     from {schema}.runs
+     where environment = %(environment)s and pruned_at is null and status = 'completed'
+       and finished_at < now() - %(completed_seconds)s * interval '1 second'
+     order by finished_at
+     limit %(limit)s)
+    union all
+    (select id
+     from {schema}.runs
+     where environment = %(environment)s and pruned_at is null and status = 'failed'
+       and finished_at < now() - %(failed_seconds)s * interval '1 second'
+     order by finished_at
+     limit %(limit)s)
+    union all
+    (select id
+     from {schema}.runs
+     where environment = %(environment)s and pruned_at is null and status = 'cancelled'
+       and finished_at < now() - %(cancelled_seconds)s * interval '1 second'
+     order by finished_at
+     limit %(limit)s)
+    union all
+    (select id
+     from {schema}.runs
+     where environment = %(environment)s and pruned_at is not null
+       and remaining_children <= 0
+     limit %(limit)s)
+), doomed as materialized (
+    -- lock them, the conditions checked again on the locked rows (a run retried meanwhile
+    -- is no longer terminal)
+    select r.id, r.parent_run_id, r.pruned_at is not null as was_tombstone
+    from {schema}.runs as r
+    where r.id in (select id from candidates)
+      and r.environment = %(environment)s
+      and ((r.pruned_at is null
+            and r.status in ('completed', 'failed', 'cancelled')
+            and r.finished_at < now() - case r.status
                 when 'completed' then %(completed_seconds)s
                 when 'failed' then %(failed_seconds)s
                 else %(cancelled_seconds)s end * interval '1 second')
-           or (pruned_at is not null and remaining_children <= 0))
-    order by finished_at
+           or (r.pruned_at is not null and r.remaining_children <= 0))
+    order by r.finished_at
     limit %(limit)s
-    for update skip locked
+    for update of r skip locked
 ), child_counts as (
     select c.parent_run_id as id, count(*) as n
     from {schema}.runs as c
