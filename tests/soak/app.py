@@ -108,6 +108,10 @@ create table if not exists {side}.executions (
     lease       uuid not null,
     queue       text not null,
     proc        text not null,
+    -- time.monotonic() when the handler function was entered (the clock is system-wide:
+    -- compared with the soak's SIGSTOP/SIGCONT times, it tells a handler entered before its
+    -- process froze from one the engine started after the process woke up)
+    entered     double precision not null,
     started_at  timestamptz not null default clock_timestamp(),
     ended_at    timestamptz,
     error       text
@@ -190,12 +194,19 @@ class Recorder:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def started(self, context: RunContext) -> int:
+    def started(self, context: RunContext, entered: float) -> int:
         return int(
             self.execute(
-                "insert into {side}.executions (run_id, attempt, lease, queue, proc) "
-                "values (%s, %s, %s, %s, %s) returning id",
-                (context.run_id, context.attempt, lease_of(context), context.queue, self.proc),
+                "insert into {side}.executions (run_id, attempt, lease, queue, proc, entered) "
+                "values (%s, %s, %s, %s, %s, %s) returning id",
+                (
+                    context.run_id,
+                    context.attempt,
+                    lease_of(context),
+                    context.queue,
+                    self.proc,
+                    entered,
+                ),
             )
         )
 
@@ -257,8 +268,9 @@ def _fail(i: int) -> None:
 
 
 def _handle(payload: Job, context: RunContext) -> dict[str, Any]:
+    entered = time.monotonic()
     recorder = _current()
-    execution = recorder.started(context)
+    execution = recorder.started(context, entered)
     error: str | None = None
     try:
         context.cancelled.wait(sleep_seconds(payload.i))

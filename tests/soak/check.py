@@ -67,6 +67,7 @@ def check(
     *,
     deaths: dict[str, datetime],
     freezes: dict[str, list[tuple[datetime, datetime]]],
+    frozen_mono: dict[str, list[tuple[float, float]]],
     events: list[Event],
     ended: datetime,
 ) -> Report:
@@ -169,15 +170,21 @@ def check(
     f["handler executions per run (executions: runs)"] = dict(sorted(per_run.items()))
     total = sum(k * v for k, v in per_run.items())
     f["handler executions (total, per run)"] = (total, round(total / max(1, runs), 4))
-    late = db.all(
+    late_rows = db.all(
         "select e.run_id, e.attempt, e.proc, a.outcome, "
         "extract(epoch from e.started_at - a.finished_at)::float, "
-        "a.started_at::text, a.finished_at::text, e.started_at::text "
+        "a.started_at::text, a.finished_at::text, e.started_at::text, e.entered "
         "from {side}.executions e join {schema}.attempts a on a.run_id = e.run_id "
         "and a.attempt = e.attempt and a.lease_token = e.lease "
         "where e.started_at > a.finished_at order by e.started_at"
     )
+    # a handler entered before its process froze, that recorded its start only after it
+    # woke up, ran through the freeze: the engine started it on a live lease
+    late = [r for r in late_rows if not _entered_before_freeze(r[2], r[-1], frozen_mono)]
     f["handlers started on an already-finalized attempt"] = len(late)
+    f["handlers entered before a freeze that recorded their start after it"] = len(late_rows) - len(
+        late
+    )
     if late:
         report.fail(
             "no handler started on an expired claim",
@@ -202,11 +209,12 @@ def check(
     # -- the bounded queue -------------------------------------------------------------------
     strict, through = _overlap(
         db.all(
-            "select proc, started_at, ended_at from {side}.executions where queue = %s",
+            "select proc, started_at, ended_at, entered from {side}.executions where queue = %s",
             BOUNDED_QUEUE,
         ),
         deaths,
         freezes,
+        frozen_mono,
         ended,
     )
     f["bounded queue limit"] = settings.bounded_limit
@@ -243,21 +251,33 @@ def _overlap(
     rows: list[tuple[Any, ...]],
     deaths: dict[str, datetime],
     freezes: dict[str, list[tuple[datetime, datetime]]],
+    frozen_mono: dict[str, list[tuple[float, float]]],
     ended: datetime,
 ) -> tuple[int, int]:
     """The most handlers executing at once: strictly (a handler frozen with its process stops
     counting at the freeze) and counting handlers that resumed after a freeze."""
     strict: list[tuple[datetime, int]] = []
     through: list[tuple[datetime, int]] = []
-    for proc, start, end in rows:
+    for proc, start, end, entered in rows:
         stop = end if end is not None else deaths.get(proc, ended)
         through += [(start, 1), (stop, -1)]
+        if _entered_before_freeze(proc, entered, frozen_mono) and any(
+            start >= frozen for frozen, _ in freezes.get(proc, [])
+        ):
+            continue  # entered before the freeze, recorded after: it ran through it
         cut = stop
         for frozen, _resumed in freezes.get(proc, []):
             if start <= frozen < cut:
                 cut = frozen
         strict += [(start, 1), (cut, -1)]
     return _peak(strict), _peak(through)
+
+
+def _entered_before_freeze(
+    proc: str, entered: float, frozen_mono: dict[str, list[tuple[float, float]]]
+) -> bool:
+    """The handler function was entered before a freeze of its process began."""
+    return any(entered < stopped for stopped, _ in frozen_mono.get(proc, []))
 
 
 def _peak(points: list[tuple[datetime, int]]) -> int:

