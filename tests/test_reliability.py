@@ -175,29 +175,17 @@ def test_a_lost_claim_and_the_new_claim_of_the_same_run_are_tracked_apart(
         tracker.hold(lost)
         tracker.hold(live)
         assert len(tracker) == 2
-        tracker.extend(storage_of(rl))
-        (kept,) = tracker.tracked()
-        assert kept.ref == LeaseRef(live.id, live.attempt, live.lease_token)
         # the lost claim's end cannot take the live claim's entry with it
-        assert tracker.untrack(lost) is None
-        assert tracker.untrack(live) is kept
-    finally:
-        rl.close()
-
-
-def test_the_lost_claim_is_signalled_and_the_live_one_keeps_running(
-    database_url: str, schema: str
-) -> None:
-    rl, live = _claim_one(database_url, schema)
-    try:
-        lost = attrs.evolve(live, lease_token=uuid.uuid4())
-        tracker = LeaseTracker(LEASE)
+        assert tracker.untrack(lost) is not None
+        (only,) = tracker.tracked()
+        assert only.ref == LeaseRef(live.id, live.attempt, live.lease_token)
+        # an extension signals the lost claim and keeps the live one
         tracker.hold(lost)
-        tracker.hold(live)
         entries = {item.ref.lease_token: item for item in tracker.tracked()}
         tracker.extend(storage_of(rl))
         assert entries[lost.lease_token].stop_reason is StopReason.LEASE_LOST
         assert entries[live.lease_token].stop_reason is None
+        assert tracker.tracked() == [entries[live.lease_token]]
     finally:
         rl.close()
 
