@@ -699,13 +699,14 @@ class Runlane:
         ``concurrency`` threads. Close it with ``close()`` or use it as a context manager;
         ``wait_until_closed()`` observes it.
 
-        ``claim_batch`` (default four times ``concurrency``) caps one claim. While a backlog
-        lasts and handlers are short (under 20 ms on average), the worker claims up to
-        ``claim_batch - concurrency`` runs ahead of free slots, which saves claims; their
-        leases are kept alive, and bounded queues never claim ahead."""
+        ``claim_batch`` (default twelve times ``concurrency``, at most 500) caps one claim.
+        While a backlog lasts and handlers are short (under 20 ms on average), the worker
+        claims up to ``claim_batch - concurrency`` runs ahead of free slots (about 240 ms of
+        work at most), which saves claims; their leases are kept alive, a run that waited a
+        second for a slot is handed back, and bounded queues never claim ahead."""
         self._check_open()
         polled = check_worker_arguments(concurrency, queues, self._queues)
-        batch = 4 * concurrency if claim_batch is None else claim_batch
+        batch = _default_claim_batch(concurrency) if claim_batch is None else claim_batch
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ConfigurationError(f"claim_batch must be a positive integer, got {batch!r}")
         self._ensure_started()
@@ -776,6 +777,13 @@ class Runlane:
             ),
             **counts,
         )
+
+
+def _default_claim_batch(concurrency: int) -> int:
+    """Twelve runs a slot: with short handlers one claim feeds the slots for about 240 ms.
+    Measured (20,000 no-op runs, concurrency 8, 2 cores): 12.1k runs/s at 32 a claim, 13.9k
+    at 96; larger claims gain little more and hold more leases ahead."""
+    return min(12 * concurrency, 500)
 
 
 def create_runlane(

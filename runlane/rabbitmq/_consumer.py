@@ -2,7 +2,7 @@
 
 ``runlane-worker-N-consumer`` owns the worker's one AMQP connection (pika connections belong
 to one thread). It consumes the worker's queues with a prefetch of the worker's claim batch
-(``create_delivery_worker(claim_batch=...)``, by default four times its concurrency) and
+(``create_delivery_worker(claim_batch=...)``, at most four times its concurrency) and
 buffers deliveries; it never touches the database. The pool's acquiring slot takes
 deliveries from the buffer, claims the runs they name by id with the same fenced claim as the
 polling lane (bounded queues still enforced in storage, under the queue's lock), and only then
@@ -93,11 +93,14 @@ class RabbitAcquirer:
         self._environment = options.environment
         self._lease = options.lease
         self._queues = {q.name: q for q in options.queues}
-        # unacknowledged deliveries the broker sends ahead: the worker's claim batch (by
-        # default 4 x concurrency), so one claim can feed every slot and a few runs ahead;
-        # measured: prefetch = concurrency halves throughput (the claim-ack-redeliver
-        # round trip leaves slots idle)
-        self._prefetch = max(1, options.concurrency, options.claim_batch)
+        # unacknowledged deliveries the broker sends ahead: the worker's claim batch, at
+        # most 4 x concurrency (the broker hands them over whatever the handlers' length,
+        # and messages held here wait behind a busy worker), so one claim can feed every
+        # slot and a few runs ahead; measured: prefetch = concurrency halves throughput (the
+        # claim-ack-redeliver round trip leaves slots idle)
+        self._prefetch = max(
+            1, options.concurrency, min(options.claim_batch, 4 * options.concurrency)
+        )
         self._params = params
         self._schema = schema
         self._delivery_limit = delivery_limit
