@@ -129,6 +129,9 @@ class RunContext:
     _stop_reason: StopReason | None = attrs.field(default=None, init=False, repr=False)
     _stop_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _outage: StorageUnavailable | None = attrs.field(default=None, init=False, repr=False)
+    # time.monotonic() when the worker last checked the claim's lease and started the
+    # attempt (fault-injection tests tell a pause after that moment from a late start)
+    _lease_checked_at: float = attrs.field(default=0.0, init=False, repr=False)
 
     # -- stopping ------------------------------------------------------------------------
 

@@ -517,7 +517,8 @@ class Worker:
             # claimed just before close: give it straight back
             self._hand_back([claimed], "claimed just before close")
             return None
-        if self._tracker.lapsed(claimed):
+        checked_at = time.monotonic()
+        if self._tracker.lapsed(claimed, checked_at):
             # this process was paused (or its extensions failed) since the claim: the lease
             # may have lapsed and the attempt been expired, the run or its queue slot taken
             # by another worker. Hand it back (fenced: refused if it is no longer ours).
@@ -531,6 +532,7 @@ class Worker:
             self._hand_back([claimed], "its lease may have lapsed before it started")
             return None
         context = make_context(claimed, self.environment, slot.backend)
+        context._lease_checked_at = checked_at
         task = self._tasks.get(claimed.task_id)
         if not self._tracker.begin(claimed, context, task):
             log.warning("run %s lost its lease while waiting for a slot; skipped", claimed.id)

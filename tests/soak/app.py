@@ -112,6 +112,9 @@ create table if not exists {side}.executions (
     -- compared with the soak's SIGSTOP/SIGCONT times, it tells a handler entered before its
     -- process froze from one the engine started after the process woke up)
     entered     double precision not null,
+    -- time.monotonic() when the worker checked the claim's lease and started the attempt
+    -- (RunContext._lease_checked_at): a pause or an outage after it is not a late start
+    checked     double precision not null,
     started_at  timestamptz not null default clock_timestamp(),
     ended_at    timestamptz,
     error       text
@@ -197,8 +200,9 @@ class Recorder:
     def started(self, context: RunContext, entered: float) -> int:
         return int(
             self.execute(
-                "insert into {side}.executions (run_id, attempt, lease, queue, proc, entered) "
-                "values (%s, %s, %s, %s, %s, %s) returning id",
+                "insert into {side}.executions "
+                "(run_id, attempt, lease, queue, proc, entered, checked) "
+                "values (%s, %s, %s, %s, %s, %s, %s) returning id",
                 (
                     context.run_id,
                     context.attempt,
@@ -206,6 +210,7 @@ class Recorder:
                     context.queue,
                     self.proc,
                     entered,
+                    context._lease_checked_at,
                 ),
             )
         )

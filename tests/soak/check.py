@@ -70,7 +70,10 @@ def check(
     frozen_mono: dict[str, list[tuple[float, float]]],
     events: list[Event],
     ended: datetime,
+    mono_offset: float,
 ) -> Report:
+    """``mono_offset``: database epoch seconds minus ``time.monotonic()`` (system-wide), to
+    place the handlers' monotonic records on the database's clock."""
     db = Reader(conn, settings)
     report = Report()
     f = report.figures
@@ -173,18 +176,34 @@ def check(
     late_rows = db.all(
         "select e.run_id, e.attempt, e.proc, a.outcome, "
         "extract(epoch from e.started_at - a.finished_at)::float, "
-        "a.started_at::text, a.finished_at::text, e.started_at::text, e.entered "
+        "a.started_at::text, a.finished_at::text, e.started_at::text, e.checked, "
+        "extract(epoch from a.finished_at)::float "
         "from {side}.executions e join {schema}.attempts a on a.run_id = e.run_id "
         "and a.attempt = e.attempt and a.lease_token = e.lease "
         "where e.started_at > a.finished_at order by e.started_at"
     )
-    # a handler entered before its process froze, that recorded its start only after it
-    # woke up, ran through the freeze: the engine started it on a live lease
-    late = [r for r in late_rows if not _entered_before_freeze(r[2], r[-1], frozen_mono)]
-    f["handlers started on an already-finalized attempt"] = len(late)
-    f["handlers entered before a freeze that recorded their start after it"] = len(late_rows) - len(
-        late
+    # the record is written by the handler's first statement: a pause or an outage between
+    # the worker's lease check and that statement delays it. What counts is when the worker
+    # checked the lease and started the attempt, on the database's clock (10 ms of slack
+    # for the offset's measurement)
+    late = [r[:-2] for r in late_rows if r[-2] + mono_offset > r[-1] + 0.01]
+    # the mapping itself, checked: a handler's record follows the worker's lease check by
+    # a few milliseconds (the record's round trip) in the usual case
+    lag = db.one(
+        "select percentile_cont(0.5) within group (order by "
+        "extract(epoch from started_at)::float - (checked + %s)) from {side}.executions",
+        mono_offset,
     )
+    f["lease check to handler record, median (ms)"] = round(1000 * float(lag or 0.0), 2)
+    if lag is None or not 0.0 <= float(lag) < 0.5:
+        report.fail(
+            "the handlers' monotonic records map onto the database clock",
+            f"median lag from lease check to record {lag!r} s (expected 0 to 0.5 s)",
+        )
+    f["handlers started on an already-finalized attempt"] = len(late)
+    f["handlers started on a live lease that recorded their start after it ended"] = len(
+        late_rows
+    ) - len(late)
     if late:
         report.fail(
             "no handler started on an expired claim",

@@ -75,6 +75,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _mono_offset(conn: psycopg.Connection[Any]) -> float:
+    """Database epoch seconds minus ``time.monotonic()``, from the tightest of a few round
+    trips (the monotonic clock is system-wide: the children's records share it)."""
+    best: tuple[float, float] | None = None
+    for _ in range(20):
+        before = time.monotonic()
+        row = conn.execute("select extract(epoch from clock_timestamp())::float").fetchone()
+        after = time.monotonic()
+        assert row is not None
+        if best is None or after - before < best[0]:
+            best = (after - before, float(row[0]) - (before + after) / 2)
+    assert best is not None
+    return best[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     # SIGTERM and SIGINT (even when started in the background) unwind through the clean-up:
@@ -211,6 +226,7 @@ def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespa
             frozen_mono=soak.frozen_mono,
             events=soak.events,
             ended=ended,
+            mono_offset=_mono_offset(conn),
         )
     f = report.figures
     f["lane"] = settings.lane
