@@ -86,7 +86,11 @@ def _check_figures(data: dict[str, object], runs: int) -> None:
     assert figures["faults injected"]["postgres-restart"] == 3
     assert len(figures["postgres restarts"]) == 3
     skews = figures["process clocks against the database (s)"]
-    assert sorted(skews.values()) == [-3600, 3600], skews
+    # one hour behind and one ahead, as measured against the database (a loaded machine
+    # can add a second to the measurement)
+    low, high = sorted(skews.values())
+    assert abs(low + 3600) <= 5, skews
+    assert abs(high - 3600) <= 5, skews
 
 
 @pytest.mark.timeout(240)
