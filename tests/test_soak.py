@@ -19,18 +19,11 @@ from pathlib import Path
 import pytest
 
 from runlane.testing import rabbitmq_available, rabbitmq_test_verdict
+from tests.soak.check import FAULTS
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-FAULTS = {
-    "sigkill-worker",
-    "zombie",
-    "terminate-storm",
-    "postgres-restart",
-    "proxy-stall",
-    "maintenance-failover",
-}
 
 
 def _faketime_missing() -> str | None:
