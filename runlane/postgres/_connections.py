@@ -26,6 +26,7 @@ __all__ = [
     "PoolSource",
     "check_conninfo",
     "connection_failed",
+    "connection_lost",
     "describe_target",
     "storage_error",
 ]
@@ -101,11 +102,18 @@ def connection_failed(exc: BaseException) -> bool:
     return False
 
 
-def _connection_broke(exc: psycopg.OperationalError) -> bool:
-    """The connection itself failed (not a cancelled or timed-out statement)."""
-    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.PoolClosed):
-        return False
-    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+def connection_lost(exc: psycopg.OperationalError) -> bool:
+    """A failure of the connection itself, worth repeating the statement on a new one: not
+    a cancelled statement (close() interrupted it, or statement_timeout), and not a pool
+    that already waited its whole timeout for a connection."""
+    if isinstance(
+        exc,
+        psycopg.errors.QueryCanceled
+        | psycopg.errors.LockNotAvailable
+        | psycopg_pool.PoolTimeout
+        | psycopg_pool.PoolClosed
+        | psycopg_pool.TooManyRequests,
+    ):
         return False
     return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
@@ -220,7 +228,7 @@ class PoolSource:
             self._discard(pool)
             raise
         except psycopg.OperationalError as exc:
-            if _connection_broke(exc):
+            if connection_lost(exc):
                 self._sweep(pool)
             raise
 

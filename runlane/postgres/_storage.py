@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 import attrs
 import psycopg
-import psycopg_pool
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
 from runlane.errors import (
@@ -32,6 +31,7 @@ from runlane.postgres._connections import (
     PoolSource,
     check_conninfo,
     connection_failed,
+    connection_lost,
     storage_error,
 )
 from runlane.postgres._inspect import InspectMethods
@@ -65,22 +65,6 @@ T = TypeVar("T")
 
 # Retries of a statement whose connection broke (server restart, terminated backend).
 _RECONNECT_DELAYS = (0.05, 0.25, 1.0)
-
-
-def _connection_lost(exc: psycopg.OperationalError) -> bool:
-    """A failure of the connection itself, worth repeating the statement on a new one: not
-    a cancelled statement (close() interrupted it, or statement_timeout), and not a pool
-    that already waited its whole timeout for a connection."""
-    if isinstance(
-        exc,
-        psycopg.errors.QueryCanceled
-        | psycopg.errors.LockNotAvailable
-        | psycopg_pool.PoolTimeout
-        | psycopg_pool.PoolClosed
-        | psycopg_pool.TooManyRequests,
-    ):
-        return False
-    return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
 
 def _migrate_hint(schema: str) -> str:
@@ -292,7 +276,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
                     with self._translated():
                         return fn(conn)
             except psycopg.OperationalError as exc:
-                if delay is None or not _connection_lost(exc) or self._closed:
+                if delay is None or not connection_lost(exc) or self._closed:
                     raise self._error(exc) from exc
             except psycopg.Error as exc:
                 raise self._error(exc) from exc
