@@ -4,13 +4,17 @@ uses stay in that file."""
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, LiteralString, TypeVar
 
 import attrs
@@ -41,6 +45,29 @@ class Greet:
 
 
 # -- SQL on the test's schema ------------------------------------------------------------------
+
+
+@contextmanager
+def importable_app(
+    directory: Path, source: str, database_url: str, schema: str
+) -> Iterator[dict[str, str]]:
+    """``cliapp:runlane`` (``source``, reading APP_DATABASE_URL and APP_SCHEMA) importable in
+    this process, fresh for each import, and in subprocesses given the environment yielded."""
+    (directory / "cliapp.py").write_text(source)
+    env = {"APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    sys.path.insert(0, str(directory))
+    try:
+        yield {**os.environ, **env, "PYTHONPATH": str(directory)}
+    finally:
+        sys.path.remove(str(directory))
+        sys.modules.pop("cliapp", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def q(query: LiteralString, schema: str) -> sql.Composed:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 
 from runlane import RunStatus
 from runlane.cli import DATABASE_URL_HELP, EXIT_PIPE, main
-from tests.helpers import SchemaDb, wait_until
+from tests.helpers import SchemaDb, importable_app, wait_until
 
 APP = textwrap.dedent(
     """
@@ -47,21 +46,8 @@ APP = textwrap.dedent(
 @pytest.fixture
 def app(tmp_path: Path, database_url: str, schema: str) -> Iterator[dict[str, str]]:
     """``cliapp:runlane`` importable here (fresh for each ``run``) and in subprocesses."""
-    (tmp_path / "cliapp.py").write_text(APP)
-    env = {"APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        yield {**os.environ, **env, "PYTHONPATH": str(tmp_path)}
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("cliapp", None)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with importable_app(tmp_path, APP, database_url, schema) as env:
+        yield env
 
 
 def run(*argv: str) -> int:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from runlane import QueueStatus, RunContext, queue, task
 from runlane._status import unhealthy
 from runlane.cli import EXIT_FAILURE, main
 from tests.conftest import RunlaneFactory
-from tests.helpers import SchemaDb
+from tests.helpers import SchemaDb, importable_app
 
 APP = textwrap.dedent(
     """
@@ -49,21 +48,8 @@ def echo(payload: Any, context: RunContext) -> Any:
 @pytest.fixture
 def app(tmp_path: Path, database_url: str, schema: str) -> Iterator[dict[str, str]]:
     """``cliapp:runlane`` importable in this process and in subprocesses."""
-    (tmp_path / "cliapp.py").write_text(APP)
-    env = {"APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        yield {**os.environ, **env, "PYTHONPATH": str(tmp_path)}
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("cliapp", None)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with importable_app(tmp_path, APP, database_url, schema) as env:
+        yield env
 
 
 def test_status_counts_per_queue(make_runlane: RunlaneFactory, db: Any, schema: str) -> None:
