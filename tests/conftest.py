@@ -14,11 +14,11 @@ from psycopg import sql
 
 from runlane import Queue, Runlane, Task, create_runlane
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
+from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
 from runlane.testing import (
     RabbitNode,
     rabbitmq_available,
     rabbitmq_test_verdict,
-    start_embedded_postgres,
     start_rabbitmq_cluster,
     start_rabbitmq_node,
 )
@@ -28,17 +28,10 @@ RabbitRuntimes = Callable[..., Runlane]
 
 
 @pytest.fixture(scope="session")
-def database_url() -> Iterator[str]:
-    """RUNLANE_TEST_DATABASE_URL when set, else an embedded server for the session."""
-    configured = os.environ.get("RUNLANE_TEST_DATABASE_URL")
-    if configured:
-        yield configured
-        return
-    url, server = start_embedded_postgres()
-    try:
-        yield url
-    finally:
-        server.cleanup()
+def database_url(runlane_database_url: str) -> str:  # noqa: F811 - the fixture, by name
+    """RUNLANE_TEST_DATABASE_URL when set, else an embedded server for the session: the
+    server users get from runlane's pytest plugin (``runlane_database_url``)."""
+    return runlane_database_url
 
 
 @pytest.fixture
