@@ -249,19 +249,19 @@ def _plan(storage: PostgresStorage, db: Conn, query: RunListQuery, *, generic: b
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-def test_listing_is_served_by_the_listing_indexes(
+def test_listing_is_served_by_the_listing_index(
     many_runs: PostgresStorage, db: Conn, generic: bool
 ) -> None:
     before = (datetime.now(UTC) - timedelta(hours=2), uuid.uuid4())
     cases = [
-        (None, None, None, "runs_listing"),
-        (None, None, before, "runs_listing"),
-        (None, "task.1", before, "runs_listing"),
-        (RunStatus.FAILED, None, None, "runs_listing_by_status"),
-        (RunStatus.FAILED, None, before, "runs_listing_by_status"),
-        (RunStatus.QUEUED, "task.2", before, "runs_listing_by_status"),
+        (None, None, None),
+        (None, None, before),
+        (None, "task.1", before),
+        (RunStatus.FAILED, None, None),
+        (RunStatus.FAILED, None, before),
+        (RunStatus.QUEUED, "task.2", before),
     ]
-    for status, task_id, cursor, index in cases:
+    for status, task_id, cursor in cases:
         query = RunListQuery(
             environment="default",
             status=status,
@@ -271,9 +271,17 @@ def test_listing_is_served_by_the_listing_indexes(
             before=cursor,
         )
         plan = _plan(many_runs, db, query, generic=generic)
-        assert f"Index Scan using {index} on " in plan, plan
+        assert "Index Scan using runs_listing_by_status on " in plan, plan
         assert "Seq Scan" not in plan, plan
-        assert "Sort" not in plan, plan
+        if status is None:
+            # one walk per status, each stopping at the page size; the only sort is of the
+            # pages the walks return (at most nine pages), never of the table
+            _, _, walks = plan.partition("Nested Loop")
+            assert "Function Scan on unnest" in walks, plan
+            assert "Sort" not in walks, plan
+            assert "Limit" in walks.split("Function Scan on unnest")[1], plan
+        else:
+            assert "Sort" not in plan, plan
         # the keyset condition is an index condition, not a filter over the walk
         assert "Index Cond:" in plan
         assert "(created_at, id) <" in plan.split("Index Cond:")[1].split("\n")[0], plan

@@ -23,6 +23,8 @@ T = TypeVar("T")
 
 # the first page starts below every run: no created_at reaches infinity
 _FIRST_PAGE_ID = uuid.UUID(int=2**128 - 1)
+# the unfiltered listing walks each status's part of runs_listing_by_status
+_STATUSES = [status.value for status in RunStatus]
 
 
 class InspectMethods:
@@ -43,7 +45,7 @@ class InspectMethods:
             before_created_at, before_id = "infinity", _FIRST_PAGE_ID
         else:
             before_created_at, before_id = query.before
-        params = {
+        params: dict[str, Any] = {
             "environment": query.environment,
             "status": None if query.status is None else query.status.value,
             "task_id": query.task_id,
@@ -52,6 +54,8 @@ class InspectMethods:
             "before_created_at": before_created_at,
             "before_id": before_id,
         }
+        if query.status is None:
+            params["statuses"] = _STATUSES
         return self._sql["run_list" if query.status is None else "run_list_by_status"], params
 
     def run_list(self, query: RunListQuery) -> list[RunSnapshot]:

@@ -71,8 +71,8 @@ grant select on {schema}.maintenance_leases to {role};
 -- name: grant_maintenance
 -- run_maintenance_once and start_services: maintenance leases (bands and fences),
 -- schedules and their runs, due delivery, wait token timeouts and resumes, attempt expiry,
--- delivery recovery, cleanup (deleting runs past retention, which removes their attempts
--- and steps through the foreign keys, and tombstoning parents).
+-- delivery recovery, cleanup (deleting runs past retention with their attempts, and their
+-- steps through the foreign key, and tombstoning parents).
 grant select, delete on {schema}.runs to {role};
 grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
               idempotency_key, parent_run_id, due_at, trace_context)
@@ -81,6 +81,7 @@ grant update (status, due_at, error, output, payload, lease_token, lease_expires
               finished_at, updated_at, wait_kind, wait_token_id, wait_run_id, pruned_at,
               remaining_children)
     on {schema}.runs to {role};
+grant select, delete on {schema}.attempts to {role};
 grant insert (run_id, attempt, lease_token, outcome, error, started_at)
     on {schema}.attempts to {role};
 grant select on {schema}.wait_tokens to {role};

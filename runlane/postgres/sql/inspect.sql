@@ -5,24 +5,32 @@
 -- Parameters are psycopg named placeholders. Names are unique across the files of sql/.
 
 -- name: run_list
--- One page newest first, walking runs_listing (environment, created_at desc, id desc) from
--- the previous page's last run (keyset pagination: the row comparison is an index
--- condition; the first page starts from ('infinity', the largest uuid)). A task or queue
--- filter is checked on the rows the walk meets, bounded by the page it must fill.
-select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
-       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at
-from {schema}.runs
-where environment = %(environment)s
-  and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
-  and (%(task_id)s::text is null or task_id = %(task_id)s::text)
-  and (%(queue)s::text is null or queue = %(queue)s::text)
-order by created_at desc, id desc
+-- One page newest first over every status: for each status, a walk of
+-- runs_listing_by_status (environment, status, created_at desc, id desc) from the previous
+-- page's last run (keyset pagination: the row comparison is an index condition; the first
+-- page starts from ('infinity', the largest uuid)), each walk stopping once it fills the
+-- page; the walks are merged and the page cut from them. A task or queue filter is checked
+-- on the rows the walks meet, bounded by the page each must fill.
+select l.*
+from unnest(%(statuses)s::text[]) as s(status)
+cross join lateral (
+    select id, environment, task_id, queue, status, attempt, max_attempts, priority,
+           payload, output, error, idempotency_key, parent_run_id, created_at, updated_at,
+           due_at, started_at, finished_at
+    from {schema}.runs
+    where environment = %(environment)s
+      and status = s.status
+      and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+      and (%(task_id)s::text is null or task_id = %(task_id)s::text)
+      and (%(queue)s::text is null or queue = %(queue)s::text)
+    order by created_at desc, id desc
+    limit %(limit)s
+) as l
+order by l.created_at desc, l.id desc
 limit %(limit)s;
 
 -- name: run_list_by_status
--- The same, in one status: walks runs_listing_by_status (environment, status, created_at
--- desc, id desc).
+-- The same, in one status: one walk of runs_listing_by_status.
 select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
        output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
        started_at, finished_at

@@ -241,6 +241,12 @@ with candidates as materialized (
     using doomed as d
     where r.id = d.id and d.id not in (select id from child_counts)
     returning r.id, r.parent_run_id
+), attempts_deleted as (
+    -- a deleted run's finished attempts go with it (in this statement since version 5
+    -- dropped the key that cascaded)
+    delete from {schema}.attempts as a
+    using deleted as d
+    where a.run_id = d.id
 ), parents as (
     update {schema}.runs as p
     set remaining_children = p.remaining_children - g.n, updated_at = now()
