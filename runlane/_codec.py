@@ -150,6 +150,11 @@ converter = _make_converter()
 # a \u0000 escape that is not itself escaped: Postgres jsonb cannot hold the NUL character
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
+# one encoder for every value (json.dumps with these options builds a new one per call)
+_ENCODER = json.JSONEncoder(
+    allow_nan=False, check_circular=False, separators=(",", ":"), ensure_ascii=False
+)
+
 # deeper values are refused: Python's encoders recurse (and fail near 1,000 levels), and no
 # task's arguments need it
 MAX_DEPTH = 100
@@ -193,9 +198,7 @@ def _dump(value: Any) -> tuple[str, int]:
     refuse or JSON would change them."""
     _check_plain(value)
     try:
-        text = json.dumps(
-            value, allow_nan=False, check_circular=False, separators=(",", ":"), ensure_ascii=False
-        )
+        text = _ENCODER.encode(value)
     except TypeError as exc:
         if "is not JSON serializable" in str(exc):
             raise TypeError(

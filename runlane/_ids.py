@@ -7,11 +7,27 @@ import threading
 import time
 import uuid
 
-__all__ = ["new_run_id"]
+__all__ = ["new_run_id", "new_run_ids"]
 
 _lock = threading.Lock()
 _last_ms = 0
 _counter = 0
+_MS_MASK = (1 << 48) - 1
+_VERSION = 0x7 << 76
+_VARIANT = 0b10 << 62
+_RAND_MASK = (1 << 62) - 1
+
+
+def _next_stamp(now_ms: int) -> int:
+    """The time and counter bits of the next id (version and variant set); call with _lock."""
+    global _last_ms, _counter  # noqa: PLW0603 - one process-wide monotonic counter
+    if now_ms > _last_ms:
+        _last_ms, _counter = now_ms, int.from_bytes(os.urandom(2)) & 0x1FF
+    else:
+        _counter += 1
+        if _counter > 0xFFF:  # counter spent: borrow the next millisecond
+            _last_ms, _counter = _last_ms + 1, 0
+    return (_last_ms & _MS_MASK) << 80 | _VERSION | _counter << 64 | _VARIANT
 
 
 def new_run_id() -> uuid.UUID:
@@ -20,16 +36,19 @@ def new_run_id() -> uuid.UUID:
     The counter keeps ids from one process increasing within a millisecond. The process clock
     only shapes the id; it is never compared with a stored time.
     """
-    global _last_ms, _counter  # noqa: PLW0603 - one process-wide monotonic counter
+    with _lock:
+        stamp = _next_stamp(time.time_ns() // 1_000_000)
+    return uuid.UUID(int=stamp | int.from_bytes(os.urandom(8)) & _RAND_MASK)
+
+
+def new_run_ids(count: int) -> list[uuid.UUID]:
+    """``count`` increasing UUIDv7s (see new_run_id), made under one lock and from one read
+    of the random source."""
     with _lock:
         now_ms = time.time_ns() // 1_000_000
-        if now_ms > _last_ms:
-            _last_ms, _counter = now_ms, int.from_bytes(os.urandom(2)) & 0x1FF
-        else:
-            _counter += 1
-            if _counter > 0xFFF:  # counter spent: borrow the next millisecond
-                _last_ms, _counter = _last_ms + 1, 0
-        ms, counter = _last_ms, _counter
-    rand = int.from_bytes(os.urandom(8)) & ((1 << 62) - 1)
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand
-    return uuid.UUID(int=value)
+        stamps = [_next_stamp(now_ms) for _ in range(count)]
+    noise = os.urandom(8 * count)
+    return [
+        uuid.UUID(int=stamp | int.from_bytes(noise[8 * i : 8 * i + 8]) & _RAND_MASK)
+        for i, stamp in enumerate(stamps)
+    ]

@@ -13,7 +13,7 @@ from typing import Any
 from runlane import _telemetry
 from runlane._backend import Backend
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
-from runlane._ids import new_run_id
+from runlane._ids import new_run_id, new_run_ids
 from runlane._inspect import list_query, retry_conflict, run_page
 from runlane._limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES, check_limit
 from runlane._reads import PointReads
@@ -323,7 +323,7 @@ class Runlane:
             environment=self.environment,
             task_id=resolved.id,
             queue=queue_name,
-            ids=[new_run_id() for _ in encoded],
+            ids=new_run_ids(len(encoded)),
             payloads=encoded,
             idempotency_keys=keys,
             priority=priority,

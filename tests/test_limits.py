@@ -4,7 +4,6 @@ write, and error text from user code cut to a bound instead of stored whole."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -18,6 +17,7 @@ from runlane import (
     RunContext,
     RunStatus,
     WaitTokenStatus,
+    _codec,
     create_runlane,
     schedule,
     task,
@@ -151,17 +151,18 @@ def test_a_schedule_payload_over_the_limit_is_refused_when_the_runtime_is_built(
 def test_the_payload_is_encoded_once_and_that_text_is_what_is_written(
     make_runlane: RunlaneFactory, db: Conn, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The size check reuses the encoding the write needs: trigger() calls json.dumps once."""
+    """The size check reuses the encoding the write needs: trigger() encodes the payload
+    once (with the codec's one JSON encoder)."""
     calls: list[object] = []
-    real = json.dumps
+    real = _codec._ENCODER.encode
 
-    def counting(value: object, **options: Any) -> str:
+    def counting(value: object) -> str:
         calls.append(value)
-        return real(value, **options)
+        return real(value)
 
     rl = make_runlane(tasks=[note])
     rl.start()
-    monkeypatch.setattr(json, "dumps", counting)
+    monkeypatch.setattr(_codec._ENCODER, "encode", counting)
     handle = rl.trigger(note, Note("ü"))
     monkeypatch.undo()
     assert calls == [{"text": "ü"}]

@@ -25,8 +25,10 @@ from runlane import (
     queue,
     task,
 )
+from runlane._ids import new_run_ids
+from runlane.storage import NewRuns
 from tests.conftest import RunlaneFactory
-from tests.helpers import Greet, count_runs, run_row
+from tests.helpers import Conn, Greet, count_runs, run_row, storage_of
 
 
 @attrs.frozen
@@ -717,3 +719,34 @@ def test_environments_are_isolated(
     assert staging.get_run(handle.id).environment == "staging"
     with pytest.raises(RunNotFound):
         staging.get_run(prod_handle.id)
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["trigger", "trigger_many"])
+@pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "keys"])
+def test_an_insert_repeated_after_its_answer_was_lost_finds_its_runs(
+    make_runlane: RunlaneFactory, db: Conn, schema: str, count: int, keyed: bool
+) -> None:
+    """The storage repeats a statement whose connection broke before the answer came; the
+    first may have committed. The repeat (the same client-made ids) creates nothing more and
+    reports the runs as created, with or without idempotency keys (without them the insert
+    has no conflict handling: the key violation itself tells the repeat)."""
+    rl = make_runlane(tasks=[greet])
+    storage = storage_of(rl)
+    runs = NewRuns(
+        environment="default",
+        task_id="greet",
+        queue="default",
+        ids=new_run_ids(count),
+        payloads=[f'{{"name": "n{i}"}}' for i in range(count)],
+        idempotency_keys=[f"k{i}" if keyed else None for i in range(count)],
+        priority=0,
+        max_attempts=1,
+        delay=timedelta(0),
+        run_at=None,
+    )
+    first = storage.run_insert_many(runs)
+    again = storage.run_insert_many(runs)
+    assert first == again
+    assert [row.id for row in again] == list(runs.ids)
+    assert all(row.created for row in again)
+    assert count_runs(db, schema) == count

@@ -21,10 +21,11 @@ insert into {schema}.runs as r (
     id, environment, task_id, queue, status, priority, payload, max_attempts,
     idempotency_key, parent_run_id, due_at, trace_context)
 select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
-       i.payload::jsonb, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
+       i.payload, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
        coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
        %(trace_context)s::jsonb
-from unnest(%(ids)s::uuid[], %(payloads)s::text[], %(idempotency_keys)s::text[])
+from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb),
+                unnest(%(idempotency_keys)s::text[]))
     as i(id, payload, idempotency_key)
 cross join claim
 order by i.idempotency_key, i.id
