@@ -144,6 +144,9 @@ class Worker:
         # overlapping acquirers halve the batch and double the claims for no gain
         self._max_acquirers = options.acquirers
         self._backlog = False
+        # refill the hand-off once it holds this few runs (see _refill_due)
+        self._refill_below = max(options.concurrency, options.prefetch // 2)
+        self._bounded = any(q.concurrency_limit is not None for q in queues)
         self._drained = False  # drain: a claim found nothing due
         # moving average of handler durations; pessimistic until handlers have been seen
         self._handler_seconds = 1.0
@@ -413,6 +416,9 @@ class Worker:
         prefetch buffer (with long handlers a prefetched run would wait while another
         worker idles)."""
         prefetch = self._options.prefetch if self._backlog and self._handlers_short() else 0
+        if prefetch:
+            # what a refill claim tops up too: a whole claim batch above the refill mark
+            prefetch += self._refill_below
         want = self._waiting + prefetch - len(self._handoff) - self._reserved
         return min(want, self._options.claim_batch)
 
@@ -427,14 +433,17 @@ class Worker:
                     while True:
                         if self._stopping.is_set() or self._drained:
                             return None
-                        if self._handoff:
+                        refill = self._refill_due()
+                        if self._handoff and not refill:
                             return self._handoff.popleft()
-                        if self._acquiring < self._max_acquirers and self._unserved() > 0:
+                        if self._acquiring < self._max_acquirers and (
+                            refill or self._unserved() > 0
+                        ):
                             self._acquiring += 1
                             break
                         self._cond.wait(timeout=1.0)
                 try:
-                    claimed = self._acquire_once(slot)
+                    claimed = self._acquire_once(slot, refill=refill)
                 finally:
                     with self._cond:
                         self._acquiring -= 1
@@ -444,6 +453,18 @@ class Worker:
         finally:
             with self._cond:
                 self._waiting -= 1
+
+    def _refill_due(self) -> bool:
+        """Claim ahead now, while the hand-off still holds runs: a backlog of quick handlers
+        would otherwise leave every slot idle for the claim's round trip each time the
+        hand-off runs dry. Only with the lock held; never for bounded queues."""
+        return (
+            self._backlog
+            and not self._bounded
+            and self._acquiring < self._max_acquirers
+            and 0 < len(self._handoff) + self._reserved <= self._refill_below
+            and self._handlers_short()
+        )
 
     def _handlers_short(self) -> bool:
         """Handlers have been quick on average, and none running now has been slow."""
@@ -464,15 +485,19 @@ class Worker:
             self._handoff = deque(run for run in self._handoff if _ref(run) not in refs)
         self._hand_back(returned, "waited too long for a slot")
 
-    def _acquire_once(self, slot: _Slot) -> ClaimedRun | None:
+    def _acquire_once(self, slot: _Slot, *, refill: bool = False) -> ClaimedRun | None:
         """Claim for the waiting slots not yet covered; keep one run, hand off the rest.
-        When nothing is due, wait for work (a drain stops instead) and return None."""
+        When nothing is due, wait for work (a drain stops instead) and return None.
+
+        A ``refill`` claim (see ``_refill_due``) tops the hand-off up: the claimed runs go
+        behind the ones already there and the slot takes the oldest, and finding nothing
+        due returns None without waiting (the hand-off still has work)."""
         with self._cond:
             want = self._wanted()
             if want <= 0:
                 return None
             # bounded queues never prefetch: a waiting lease would hold a scarce slot
-            for_bounded = max(1, min(want, self._unserved()))
+            for_bounded = max(0 if refill else 1, min(want, self._unserved()))
             self._reserved += want
         sent_at = time.monotonic()
         try:
@@ -496,12 +521,15 @@ class Worker:
             with self._cond:
                 late = self._stopping.is_set()
                 if not late:
-                    self._handoff.extend(claimed[1:])
+                    self._handoff.extend(claimed)
+                    mine = self._handoff.popleft()
                     self._cond.notify(len(claimed) - 1)
             if late:  # a claim that returned after close began: give every run back
                 self._hand_back(claimed, "claimed while the worker was closing")
                 return None
-            return claimed[0]
+            return mine
+        if refill:
+            return None
         self.idle_signal.set()
         if self._options.drain:
             with self._cond:
