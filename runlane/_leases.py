@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import attrs
@@ -90,13 +90,22 @@ class LeaseTracker:
     def hold(self, claimed: ClaimedRun, *, sent_at: float | None = None) -> None:
         """Keep the lease of a run claimed ahead of a free slot (its timeout starts later).
         ``sent_at`` is the monotonic time the claim was sent (default: now)."""
+        self.hold_all([claimed], sent_at=sent_at)
+
+    def hold_all(self, claimed: Sequence[ClaimedRun], *, sent_at: float | None = None) -> None:
+        """``hold`` for every run of one claim, telling the owner once."""
+        if not claimed:
+            return
         now = time.monotonic()
-        entry = Tracked(claimed, None, None, None, now, confirmed_at=sent_at or now)
+        confirmed_at = sent_at or now
         with self._lock:
             if not self._tracked:
                 # a lease granted now: the next extension is due a period from now
                 self._last_extension = now
-            self._tracked[_ref(claimed)] = entry
+            for run in claimed:
+                self._tracked[_ref(run)] = Tracked(
+                    run, None, None, None, now, confirmed_at=confirmed_at
+                )
         self._changed()
 
     def lapsed(self, claimed: ClaimedRun, now: float | None = None) -> bool:

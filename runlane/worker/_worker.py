@@ -515,8 +515,7 @@ class Worker:
                 self._reserved -= want
         self._backoff.reset()
         self._backlog = len(claimed) == want
-        for run in claimed:
-            self._tracker.hold(run, sent_at=sent_at)  # leases are kept from the claim on
+        self._tracker.hold_all(claimed, sent_at=sent_at)  # leases are kept from the claim on
         if claimed:
             with self._cond:
                 late = self._stopping.is_set()
