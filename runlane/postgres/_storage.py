@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -309,7 +309,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
             params["payload"] = runs.payloads[0]
             params["idempotency_key"] = runs.idempotency_keys[0]
         else:
-            params["ids"] = "{" + ",".join(map(str, runs.ids)) + "}"
+            params["ids"] = _array_literal(runs.ids)
             params["payloads"] = "[" + ",".join(runs.payloads) + "]"
             params["idempotency_keys"] = list(runs.idempotency_keys)
         return params
@@ -474,10 +474,10 @@ class PostgresStorage(OutboxMethods, InspectMethods):
         if not completions:
             return set()
         params = {
-            "ids": [c.run_id for c in completions],
-            "attempts": [c.attempt for c in completions],
-            "lease_tokens": [c.lease_token for c in completions],
-            "outputs": [c.output for c in completions],
+            "ids": _array_literal(c.run_id for c in completions),
+            "attempts": _array_literal(c.attempt for c in completions),
+            "lease_tokens": _array_literal(c.lease_token for c in completions),
+            "outputs": "[" + ",".join(c.output for c in completions) + "]",
         }
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
@@ -893,11 +893,17 @@ def _one_lease(lease: LeaseRef) -> dict[str, Any]:
     return {"id": lease.run_id, "attempt": lease.attempt, "lease_token": lease.lease_token}
 
 
+def _array_literal(values: Iterable[uuid.UUID | int]) -> str:
+    """A Postgres array literal of uuids or integers (their text needs no quoting): much
+    cheaper to make than psycopg's element-by-element array dumping, on the hot paths."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 def _lease_params(leases: Sequence[LeaseRef]) -> dict[str, Any]:
     return {
-        "ids": [ref.run_id for ref in leases],
-        "attempts": [ref.attempt for ref in leases],
-        "lease_tokens": [ref.lease_token for ref in leases],
+        "ids": _array_literal(ref.run_id for ref in leases),
+        "attempts": _array_literal(ref.attempt for ref in leases),
+        "lease_tokens": _array_literal(ref.lease_token for ref in leases),
     }
 
 

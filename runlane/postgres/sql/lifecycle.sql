@@ -9,10 +9,11 @@
 -- name: run_complete_many
 -- Announcing freed capacity and resuming runs that wait on these ones happen in the runs
 -- update trigger (migration 0002), as for every statement below.
+-- Outputs come as one JSON array (parsed once), zipped by position with the fences.
 with input as (
     select *
-    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
-                %(outputs)s::text[])
+    from rows from (unnest(%(ids)s::uuid[]), unnest(%(attempts)s::int[]),
+                    unnest(%(lease_tokens)s::uuid[]), jsonb_array_elements(%(outputs)s::jsonb))
         as i(id, attempt, lease_token, output)
 ), done as (
     update {schema}.runs as r
@@ -20,7 +21,7 @@ with input as (
                       else 'completed' end,
         -- a run cancelled while its handler ran keeps no output
         output = case when r.status = 'cancellation_requested' then null
-                      else i.output::jsonb end,
+                      else i.output end,
         error = null,
         lease_token = null,
         lease_expires_at = null,
