@@ -132,7 +132,7 @@ def _interrupted(claimed: ClaimedRun, exc: RunInterrupted) -> Write | None:
     a timeout was already recorded as a failed attempt, and a lost lease allows no write."""
     reason = getattr(exc, "reason", None)
     if reason in (StopReason.SHUTDOWN, StopReason.CANCEL_REQUESTED):
-        return LeaseRef(claimed.id, claimed.attempt, claimed.lease_token)
+        return claimed.ref
     return None
 
 
@@ -178,7 +178,7 @@ def execute_attempt(
                 claimed.attempt,
                 task.id,
             )
-            return Outcome(LeaseRef(claimed.id, claimed.attempt, claimed.lease_token), True)
+            return Outcome(claimed.ref, True)
         log.info("run %s attempt %d of %s raised %r", claimed.id, claimed.attempt, task.id, exc)
         return Outcome(_failure(claimed, exc, retry=task), handler_ran=True)
     try:

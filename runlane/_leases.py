@@ -62,7 +62,7 @@ class Tracked:
 
     @property
     def ref(self) -> LeaseRef:
-        return LeaseRef(self.claimed.id, self.claimed.attempt, self.claimed.lease_token)
+        return self.claimed.ref
 
 
 class LeaseTracker:
@@ -103,7 +103,7 @@ class LeaseTracker:
                 # a lease granted now: the next extension is due a period from now
                 self._last_extension = now
             for run in claimed:
-                self._tracked[_ref(run)] = Tracked(
+                self._tracked[run.ref] = Tracked(
                     run, None, None, None, now, confirmed_at=confirmed_at
                 )
         self._changed()
@@ -113,7 +113,7 @@ class LeaseTracker:
         confirmed for longer than the lease less one extension interval (the process was
         paused, or its extensions failed). Such a run must not start."""
         with self._lock:
-            item = self._tracked.get(_ref(claimed))
+            item = self._tracked.get(claimed.ref)
             if item is None:
                 return False
             since = item.confirmed_at
@@ -127,7 +127,7 @@ class LeaseTracker:
         timeout = task.timeout if task is not None else None
         deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         with self._lock:
-            item = self._tracked.get(_ref(claimed))
+            item = self._tracked.get(claimed.ref)
             if item is None:
                 return False
             item.context, item.task, item.deadline = context, task, deadline
@@ -139,7 +139,7 @@ class LeaseTracker:
 
     def untrack(self, claimed: ClaimedRun | LeaseRef) -> Tracked | None:
         """Stop tracking; returns the entry, or None when it was already taken (timed out)."""
-        key = claimed if isinstance(claimed, LeaseRef) else _ref(claimed)
+        key = claimed if isinstance(claimed, LeaseRef) else claimed.ref
         with self._lock:
             return self._tracked.pop(key, None)
 
@@ -207,7 +207,3 @@ class LeaseTracker:
                 item.cancel(StopReason.LEASE_LOST)
             elif status is RunStatus.CANCELLATION_REQUESTED:
                 item.cancel(StopReason.CANCEL_REQUESTED)
-
-
-def _ref(claimed: ClaimedRun) -> LeaseRef:
-    return LeaseRef(claimed.id, claimed.attempt, claimed.lease_token)

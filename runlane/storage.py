@@ -84,9 +84,16 @@ class ClaimedRun:
     lease_expires_at: datetime
     trace_context: Any = None  # the trigger's W3C trace headers (a dict), if stored
     due_at: datetime | None = None  # when the run became due (database time)
+    # the attempt's fence, made once: the worker keys its bookkeeping by it several times
+    # for every run
+    ref: LeaseRef = attrs.field(init=False, eq=False, repr=False)
+
+    @ref.default
+    def _ref(self) -> LeaseRef:
+        return LeaseRef(self.id, self.attempt, self.lease_token)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class LeaseRef:
     """The fence an attempt presents: run, attempt number and lease token."""
 

@@ -360,7 +360,7 @@ class Worker:
         for claimed in runs:
             if self._tracker.untrack(claimed) is not None:
                 log.info("runlane: handing run %s back (%s)", claimed.id, why)
-                self._writer.release(_ref(claimed))
+                self._writer.release(claimed.ref)
                 _telemetry.handed_back([claimed])
 
     def _fail(self, exc: BaseException) -> None:
@@ -481,8 +481,8 @@ class Worker:
             return
         refs = {item.ref for item in stale}
         with self._cond:
-            returned = [run for run in self._handoff if _ref(run) in refs]
-            self._handoff = deque(run for run in self._handoff if _ref(run) not in refs)
+            returned = [run for run in self._handoff if run.ref in refs]
+            self._handoff = deque(run for run in self._handoff if run.ref not in refs)
         self._hand_back(returned, "waited too long for a slot")
 
     def _acquire_once(self, slot: _Slot, *, refill: bool = False) -> ClaimedRun | None:
@@ -573,7 +573,7 @@ class Worker:
         attempt = _telemetry.begin_attempt(claimed, self._options.lease)
         started = time.perf_counter()
         with self._cond:
-            self._running[_ref(claimed)] = (claimed, slot, started)
+            self._running[claimed.ref] = (claimed, slot, started)
         try:
             outcome = execute_attempt(claimed, self._tasks, context)
         except BaseException as exc:
@@ -584,7 +584,7 @@ class Worker:
             elapsed = time.perf_counter() - started
             self._handler_seconds += (elapsed - self._handler_seconds) * 0.1
             with self._cond:
-                self._running.pop(_ref(claimed), None)
+                self._running.pop(claimed.ref, None)
             still_ours = self._tracker.untrack(claimed) is not None
         self.runs_executed += outcome.handler_ran
         if attempt is not None or self._options.drain:
@@ -630,10 +630,6 @@ class Worker:
             self._slots.remove(slot)
             self._abandoned.append(slot)
             self._start_slot()
-
-
-def _ref(claimed: ClaimedRun) -> LeaseRef:
-    return LeaseRef(claimed.id, claimed.attempt, claimed.lease_token)
 
 
 def check_worker_arguments(
