@@ -583,6 +583,43 @@ def test_claimed_ahead_runs_are_not_stranded_behind_long_handlers(
     assert sum(o.startswith(f"{second.name}-") for o in outputs) == 4, outputs
 
 
+def test_a_backlog_of_quick_runs_is_claimed_ahead_before_the_hand_off_runs_dry(
+    make_runlane: RunlaneFactory,
+    db: psycopg.Connection[Any],
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Claiming only once the hand-off is empty idles every slot for each claim's round
+    trip; with a backlog of quick handlers the worker tops the hand-off up while it still
+    holds runs, and each run still runs once."""
+    claims: list[tuple[bool, int]] = []
+    real = Worker._acquire_once
+
+    def recorded(self: Worker, slot: Any, *, refill: bool = False) -> Any:
+        with self._cond:
+            claims.append((refill, len(self._handoff)))
+        return real(self, slot, refill=refill)
+
+    monkeypatch.setattr(Worker, "_acquire_once", recorded)
+
+    @task(id="quick", schema=Item)
+    def quick(payload: Item, context: RunContext) -> int:
+        return context.attempt
+
+    runlane = make_runlane(tasks=[quick])
+    handles = runlane.trigger_many(quick, [Item(n=n) for n in range(600)])
+    worker = runlane.create_delivery_worker(concurrency=2, claim_batch=24)
+    try:
+        wait_until(lambda: statuses(db, schema) == {"completed": 600}, timeout=30, what="all")
+    finally:
+        worker.close(timeout=5)
+    refills = [held for refill, held in claims if refill]
+    assert refills, claims
+    assert all(0 < held <= 24 for held in refills), refills
+    assert {runlane.get_run(h.id).output for h in handles} == {1}
+    assert worker.runs_executed == 600
+
+
 # -- 5. a handler's exception is a run failure, not a worker failure ------------------------
 
 

@@ -144,8 +144,11 @@ class Worker:
         # overlapping acquirers halve the batch and double the claims for no gain
         self._max_acquirers = options.acquirers
         self._backlog = False
-        # refill the hand-off once it holds this few runs (see _refill_due)
-        self._refill_below = max(options.concurrency, options.prefetch // 2)
+        # refill the hand-off once it holds this few runs (see _refill_due): a whole
+        # prefetch, as one claim's round trip under load takes about as long as the slots
+        # need to run that many quick handlers (half a prefetch ran dry: 12.3k vs 15.5k
+        # runs/s, 50 vs 41 us of CPU a run)
+        self._refill_below = max(options.concurrency, options.prefetch)
         self._bounded = any(q.concurrency_limit is not None for q in queues)
         self._drained = False  # drain: a claim found nothing due
         # moving average of handler durations; pessimistic until handlers have been seen
