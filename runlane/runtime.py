@@ -701,9 +701,10 @@ class Runlane:
 
         ``claim_batch`` (default twelve times ``concurrency``, at most 500) caps one claim.
         While a backlog lasts and handlers are short (under 20 ms on average), the worker
-        claims up to ``claim_batch - concurrency`` runs ahead of free slots (about 240 ms of
-        work at most), which saves claims; their leases are kept alive, a run that waited a
-        second for a slot is handed back, and bounded queues never claim ahead."""
+        keeps runs claimed ahead of free slots, claiming the next batch once fewer than
+        ``claim_batch - concurrency`` wait (at most about two batches, under half a second
+        of work), so slots do not wait on claims; their leases are kept alive, a run that
+        waited a second for a slot is handed back, and bounded queues never claim ahead."""
         self._check_open()
         polled = check_worker_arguments(concurrency, queues, self._queues)
         batch = _default_claim_batch(concurrency) if claim_batch is None else claim_batch

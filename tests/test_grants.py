@@ -314,7 +314,7 @@ def test_a_producer_cannot_claim_complete_or_delete_runs(
             "ids": [claimed.id],
             "attempts": [claimed.attempt],
             "lease_tokens": [claimed.lease_token],
-            "outputs": ['"forged"'],
+            "outputs": '["forged"]',  # one JSON array, as the storage sends them
         },
     )
     denied(
