@@ -444,10 +444,12 @@ class Soak:
         return None if row is None else row[0]
 
 
-def wait_side_registered(soak: Soak, procs: list[str], timeout: float = 60.0) -> None:
-    """Block until every child in ``procs`` recorded itself (it is up)."""
+def wait_side_registered(soak: Soak, children: list[Child], timeout: float = 60.0) -> None:
+    """Block until every child recorded itself (it is up). A child that exits before it
+    does is restarted under a new generation's name, and that one is waited for."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        procs = [c.proc for c in children]
         row = soak.query(
             "select count(*) from {side}.procs where proc = any(%s)", procs, patience=10
         )

@@ -144,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         params = psycopg.conninfo.conninfo_to_dict(url)
         proxy = TcpProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
         proxy.up()
-        code = run(settings, server, proxy, args)
+        try:
+            code = run(settings, server, proxy, args)
+        except BaseException:
+            args.keep = True  # what went wrong is in the children's logs: keep them
+            raise
     finally:
         if proxy is not None:
             proxy.close()
@@ -196,7 +200,7 @@ def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespa
     try:
         for child in children:
             soak.add(child)
-        wait_side_registered(soak, [c.proc for c in children])
+        wait_side_registered(soak, children)
         soak.add(Child("producer", "p"))
         begin = time.monotonic()
         threads = [
