@@ -286,8 +286,11 @@ class PostgresStorage(OutboxMethods, InspectMethods):
 
     # -- runs ----------------------------------------------------------------------------
 
-    def _insert_params(self, runs: NewRuns, *, one: bool = False) -> dict[str, Any]:
-        """Parameters of the run_insert statements: one row's when ``one``, else arrays.
+    def _insert_params(
+        self, runs: NewRuns, *, one: bool = False, keyed: bool = True
+    ) -> dict[str, Any]:
+        """Parameters of the run_insert statements: one row's when ``one``, else arrays;
+        idempotency keys only when ``keyed`` (the "fresh" statements take none).
 
         A batch's payloads go as one JSON array (each is JSON text already, so joining them
         is the whole encoding) and its ids as one array literal (uuid text needs no
@@ -307,11 +310,13 @@ class PostgresStorage(OutboxMethods, InspectMethods):
         if one:
             params["id"] = runs.ids[0]
             params["payload"] = runs.payloads[0]
-            params["idempotency_key"] = runs.idempotency_keys[0]
+            if keyed:
+                params["idempotency_key"] = runs.idempotency_keys[0]
         else:
             params["ids"] = _array_literal(runs.ids)
             params["payloads"] = "[" + ",".join(runs.payloads) + "]"
-            params["idempotency_keys"] = list(runs.idempotency_keys)
+            if keyed:
+                params["idempotency_keys"] = list(runs.idempotency_keys)
         return params
 
     def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
@@ -328,13 +333,12 @@ class PostgresStorage(OutboxMethods, InspectMethods):
             return self._insert_eager(runs, self._eager)
         one = len(runs.ids) == 1
         keyed = any(key is not None for key in runs.idempotency_keys)
-        params = self._insert_params(runs, one=one)
+        params = self._insert_params(runs, one=one, keyed=keyed)
         if keyed:
             statement = self._sql["run_insert_one" if one else "run_insert_many"]
         else:
             # without keys nothing can conflict: no conflict handling, no ids sent back
             statement = self._sql["run_insert_one_fresh" if one else "run_insert_many_fresh"]
-            params.pop("idempotency_key" if one else "idempotency_keys")
         created = [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
 
         def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:

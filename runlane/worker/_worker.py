@@ -149,7 +149,7 @@ class Worker:
         # need to run that many quick handlers (half a prefetch ran dry: 12.3k vs 15.5k
         # runs/s, 50 vs 41 us of CPU a run)
         self._refill_below = max(options.concurrency, options.prefetch)
-        self._bounded = any(q.concurrency_limit is not None for q in queues)
+        self._bounded = any(q.concurrency_limit is not None for q in queues)  # never refill
         self._drained = False  # drain: a claim found nothing due
         # moving average of handler durations; pessimistic until handlers have been seen
         self._handler_seconds = 1.0
@@ -172,7 +172,6 @@ class Worker:
         self._writer_storage = (
             storage if options.drain else storage.dedicated(f"{self.name}-writer")
         )
-        bounded = [q for q in queues if q.concurrency_limit is not None]
         self._acquirer = lane.create_acquirer(
             storage,
             AcquirerOptions(
@@ -194,7 +193,7 @@ class Worker:
             on_timeout=self._on_timeout,
             on_fatal=self._fail,
             # freed capacity of a bounded queue: let the acquirer look again at once
-            on_written=self._acquirer.interrupt if bounded else None,
+            on_written=self._acquirer.interrupt if self._bounded else None,
             on_tick=self._on_tick,
             late_storage=storage,
         )
@@ -420,7 +419,7 @@ class Worker:
         worker idles)."""
         prefetch = self._options.prefetch if self._backlog and self._handlers_short() else 0
         if prefetch:
-            # what a refill claim tops up too: a whole claim batch above the refill mark
+            # what a refill claim tops up to: a whole claim batch above the refill mark
             prefetch += self._refill_below
         want = self._waiting + prefetch - len(self._handoff) - self._reserved
         return min(want, self._options.claim_batch)
