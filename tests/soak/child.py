@@ -27,7 +27,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runlane import Runlane, RunlaneError
-from runlane.errors import WorkerFailed
 from runlane.worker import Worker
 from tests.soak.app import (
     Job,
@@ -53,6 +52,20 @@ def _register(recorder: Recorder, owner: Any = None) -> None:
     log.info(
         "%s: pid %d, clock skew against the database %+.1f s", recorder.proc, os.getpid(), skew
     )
+
+
+def _supervise(proc: str, what: str, closable: Any, stop: threading.Event) -> int:
+    """Watch a worker or the services until SIGTERM: 0, or 4 when it closed on its own,
+    3 when it failed (``wait_until_closed`` raises its failure)."""
+    while not stop.wait(0.5):
+        try:
+            if closable.wait_until_closed(timeout=0):
+                log.error("%s: %s closed on its own", proc, what)
+                return 4
+        except RunlaneError:  # WorkerFailed, or the services' failure
+            log.exception("%s: %s failed", proc, what)
+            return 3
+    return 0
 
 
 def _stop_event() -> threading.Event:
@@ -86,17 +99,7 @@ def run_worker(settings: Settings, proc: str, url: str | None) -> int:
         lambda: runtime.create_delivery_worker(concurrency=settings.concurrency),
         stop,
     )
-    code = 0
-    while not stop.wait(0.5):
-        try:
-            if worker.wait_until_closed(timeout=0):
-                log.error("%s: the worker closed on its own", proc)
-                code = 4
-                break
-        except WorkerFailed:
-            log.exception("%s: the worker failed", proc)
-            code = 3
-            break
+    code = _supervise(proc, "the worker", worker, stop)
     log.info("%s: closing", proc)
     worker.close(timeout=20)
     runtime.close(timeout=20)
@@ -122,17 +125,7 @@ def run_maintenance(settings: Settings, proc: str) -> int:
         stop,
     )
     _register(recorder, services.owner)
-    code = 0
-    while not stop.wait(0.5):
-        try:
-            if services.wait_until_closed(timeout=0):
-                log.error("%s: the services closed on their own", proc)
-                code = 4
-                break
-        except RunlaneError:
-            log.exception("%s: the services failed", proc)
-            code = 3
-            break
+    code = _supervise(proc, "the services", services, stop)
     services.close(timeout=20)
     runtime.close(timeout=20)
     recorder.close()
