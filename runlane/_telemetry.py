@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -54,9 +55,19 @@ except ImportError:  # pragma: no cover - the otel extra is not installed
     otel_trace = None  # type: ignore[assignment]
 
 try:  # the unset global meter provider (a proxy); private, so guarded
+    from opentelemetry.metrics import _internal as _otel_metrics_internal
     from opentelemetry.metrics._internal import _ProxyMeterProvider as _UNSET_METERS
 except ImportError:  # pragma: no cover
     _UNSET_METERS = ()  # type: ignore[assignment,misc]
+    _otel_metrics_internal = None  # type: ignore[assignment]
+
+# Until a global provider is set, OpenTelemetry's getters look the environment up on every
+# call (for a provider named there), which cost more than the rest of the check on each
+# trigger and attempt. Their module globals (private, so read guarded) say at once that no
+# provider is set; the getters then run only when one is, or when the environment names one.
+_UNREAD = object()
+_ENV_TRACER = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+_ENV_METERS = "OTEL_PYTHON_METER_PROVIDER" in os.environ
 
 __all__ = [
     "Attempt",
@@ -108,6 +119,8 @@ def tracing_enabled() -> bool:
     """A tracer provider other than the API's default proxy (or a no-op) is set."""
     if otel_trace is None:
         return False
+    if getattr(otel_trace, "_TRACER_PROVIDER", _UNREAD) is None and not _ENV_TRACER:
+        return False
     provider = otel_trace.get_tracer_provider()
     return not isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider)
 
@@ -151,6 +164,8 @@ _meters: list[tuple[Any, _Instruments]] = []  # the provider last seen, and its 
 def instruments() -> _Instruments | None:
     """The instruments of the global meter provider, or None when none is set."""
     if otel_trace is None:
+        return None
+    if getattr(_otel_metrics_internal, "_METER_PROVIDER", _UNREAD) is None and not _ENV_METERS:
         return None
     provider = otel_metrics.get_meter_provider()
     cached = _meters[-1] if _meters else None

@@ -201,3 +201,36 @@ def test_without_a_provider_nothing_is_traced_or_stored(
     ).fetchone()
     assert stored == (None,)
     assert rl.drain().completed == 1
+
+
+def test_a_provider_set_after_the_runtime_started_is_used(make_runlane: RunlaneFactory) -> None:
+    """The unset check reads the API's module globals (its getters look the environment up
+    on every call); a provider set later is seen at the next trigger and attempt. If a
+    later OpenTelemetry renames those globals, the check falls back to the getters."""
+    assert hasattr(trace, "_TRACER_PROVIDER")
+    assert hasattr(metrics_internal, "_METER_PROVIDER")
+    _reset_globals()
+    rl = make_runlane(tasks=[job_task()])
+    rl.trigger("job", {"n": 1})
+    assert rl.drain().completed == 1
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(meters)
+    try:
+        assert tracing_enabled()
+        assert instruments() is not None
+        rl.trigger("job", {"n": 2})
+        assert rl.drain().completed == 1
+        names = sorted(s.name for s in exporter.get_finished_spans())
+        assert names == ["runlane.run", "runlane.trigger"]
+        otel = Otel(exporter, reader)
+        assert otel.total("runlane.runs.triggered") == 1
+        assert otel.total("runlane.runs.completed") == 1
+    finally:
+        meters.shutdown()
+        provider.shutdown()
+        _reset_globals()

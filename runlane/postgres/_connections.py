@@ -220,17 +220,24 @@ class PoolSource:
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
+        """A pooled connection for the block. getconn/putconn rather than the pool's
+        ``connection()``: its ``with conn`` commits or rolls back at the end, which on these
+        autocommit connections does nothing but costs a lock and a wait per use; a
+        connection handed back mid-transaction is rolled back by ``putconn``."""
         pool = self._current()
         try:
-            with pool.connection() as conn:
-                yield conn
+            conn = pool.getconn()
         except psycopg_pool.PoolTimeout:  # only acquiring raises it
             self._discard(pool)
             raise
+        try:
+            yield conn
         except psycopg.OperationalError as exc:
             if connection_lost(exc):
                 self._sweep(pool)
             raise
+        finally:
+            pool.putconn(conn)
 
     def _sweep(self, pool: ConnectionPool[Conn]) -> None:
         """A pooled connection broke (server restart, ``pg_terminate_backend``): the idle

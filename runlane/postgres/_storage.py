@@ -207,27 +207,37 @@ class PostgresStorage(OutboxMethods, InspectMethods):
 
     # -- plumbing ------------------------------------------------------------------------
 
+    def _translation(self, exc: psycopg.Error) -> RunlaneError | None:
+        """The error naming the migrate step (or the grant) that "relation does not exist"
+        and friends become; None for any other driver error."""
+        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+            return SchemaNotMigrated(
+                f"runlane's tables are missing from schema {self.schema!r} "
+                f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
+            )
+        if isinstance(exc, psycopg.errors.UndefinedColumn | psycopg.errors.UndefinedFunction):
+            return IncompatibleSchema(
+                f"schema {self.schema!r} does not match this runlane "
+                f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
+            )
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return ConfigurationError(
+                f"the database role runlane connects as lacks a privilege this needs in schema "
+                f"{self.schema!r} ({exc.diag.message_primary}): connect as a role granted this "
+                f"job (`runlane grant JOB ROLE --schema {self.schema}`; see docs/security.md)"
+            )
+        return None
+
     @contextmanager
     def _translated(self) -> Iterator[None]:
         """Turn "relation does not exist" and friends into errors naming the migrate step."""
         try:
             yield
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
-            raise SchemaNotMigrated(
-                f"runlane's tables are missing from schema {self.schema!r} "
-                f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
-            ) from exc
-        except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction) as exc:
-            raise IncompatibleSchema(
-                f"schema {self.schema!r} does not match this runlane "
-                f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
-            ) from exc
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise ConfigurationError(
-                f"the database role runlane connects as lacks a privilege this needs in schema "
-                f"{self.schema!r} ({exc.diag.message_primary}): connect as a role granted this "
-                f"job (`runlane grant JOB ROLE --schema {self.schema}`; see docs/security.md)"
-            ) from exc
+        except psycopg.Error as exc:
+            translated = self._translation(exc)
+            if translated is None:
+                raise
+            raise translated from exc
 
     def _check_schema(self, conn: Conn) -> None:
         if self._gate.checked:
@@ -256,6 +266,9 @@ class PostgresStorage(OutboxMethods, InspectMethods):
 
     def _error(self, exc: psycopg.Error) -> RunlaneError:
         """The runlane error a driver error becomes (the one boundary where that happens)."""
+        translated = self._translation(exc)
+        if translated is not None:
+            return translated
         if self._closed and connection_failed(exc):
             return self._closed_error()
         return storage_error(exc, self._conninfo, f"use schema {self.schema!r}")
@@ -268,13 +281,13 @@ class PostgresStorage(OutboxMethods, InspectMethods):
         whose answer was lost only leaves leases that expire and are recovered. Driver
         errors leave as runlane errors (see the class docstring).
         """
-        self.open()
+        if not self._opened or self._closed:
+            self.open()
         for delay in (*_RECONNECT_DELAYS, None):
             try:
                 with self._source.connection() as conn:
                     self._check_schema(conn)
-                    with self._translated():
-                        return fn(conn)
+                    return fn(conn)
             except psycopg.OperationalError as exc:
                 if delay is None or not connection_lost(exc) or self._closed:
                     raise self._error(exc) from exc
