@@ -29,6 +29,7 @@ __all__ = [
     "log",
     "noop",
     "pct",
+    "postgres_cpu_seconds",
     "print_table",
     "ratio_row",
     "remaining",
@@ -159,15 +160,52 @@ def ratio_row(
     )
 
 
-def limit_row(measure: str, value: float, maximum: float, unit: str) -> Row:
-    """A row whose value (e.g. a latency) must stay at or under ``maximum``."""
+def limit_row(
+    measure: str,
+    value: float,
+    maximum: float,
+    unit: str,
+    *,
+    floor_label: str = "",
+    floor: float | None = None,
+) -> Row:
+    """A row whose value (e.g. a latency) must stay at or under ``maximum``; a floor, when
+    given, is shown beside it with the ratio value/floor."""
     return Row(
         measure=measure,
         value=value,
         fmt=",.2f",
+        floor_label=floor_label,
+        floor=floor,
+        ratio=value / floor if floor else None,
         target=f"<= {maximum:g} {unit}",
         met=value <= maximum,
     )
+
+
+def postgres_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) used so far by the processes of this machine named
+    ``postgres`` (the server and its backends), from /proc; None where /proc is not readable.
+    A backend that exits between two readings takes its share with it, so read around a
+    measure whose connections stay open."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+                text = stat.read()
+        except OSError:  # exited meanwhile
+            continue
+        name, _, rest = text.partition(" (")[2].rpartition(") ")
+        if name != "postgres":
+            continue
+        fields = rest.split()
+        total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 def _cell(value: float | None, fmt: str) -> str:

@@ -11,7 +11,11 @@ triggers, no validation; each statement commits durably, as runlane's writes do)
 - ``claim_loop``: claim a batch with ``FOR UPDATE SKIP LOCKED`` (attempt + 1, a fresh lease
   token and expiry) and complete it with one ``UPDATE`` fenced by id, attempt and token, as
   ``../shared/peers/baseline_sql.py`` does; ``simple_claim_loop``: the older bare loop
-  (claim ids, mark them done, no fencing) in one or more threads.
+  (claim ids, mark them done, no fencing) in one or more threads;
+- ``wakeup``: trigger-to-claim with nothing else running: an autocommit ``INSERT`` that
+  notifies in the same statement, a thread blocked in ``LISTEN`` that claims the row at once
+  (``FOR UPDATE SKIP LOCKED``, asynchronous commit, as runlane's claims); the time from the
+  insert's start to the claim's answer, per sample, after an idle pause.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "insert_loop",
     "insert_unnest",
     "simple_claim_loop",
+    "wakeup",
 ]
 
 
@@ -193,3 +198,59 @@ def simple_claim_loop(url: str, count: int, batch: int, threads: int) -> float:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"drop table {table}")
     return count / elapsed
+
+
+def wakeup(url: str, samples: int, pause: float) -> list[float]:
+    """Milliseconds from an INSERT's start to the claim of its row by a listening thread,
+    ``samples`` times, each after ``pause`` seconds of idleness (as runlane's latency)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        table = _table(conn)
+    insert = (
+        f"with i as (insert into {table} (id, task_id, queue, payload) "
+        "values (%s, 'bench.ping', 'default', 'null') returning queue) "
+        f"select pg_notify('{table}', queue) from i"
+    )
+    claim = (
+        f"update {table} set status = 'running', updated_at = now() where id in ("
+        f"select id from {table} where status = 'queued' and due_at <= now() "
+        "order by priority desc, due_at, id limit 8 for update skip locked) returning id"
+    )
+    claimed: dict[uuid.UUID, float] = {}
+    arrived = threading.Event()
+    stop = threading.Event()
+    listening = threading.Event()
+
+    def claimer() -> None:
+        with (
+            psycopg.connect(url, autocommit=True) as listen,
+            psycopg.connect(url, autocommit=True, options="-c synchronous_commit=off") as conn,
+        ):
+            listen.execute(f'listen "{table}"')
+            listening.set()
+            while not stop.is_set():
+                for _ in listen.notifies(timeout=0.2, stop_after=1):
+                    for (run_id,) in conn.execute(claim, prepare=True).fetchall():
+                        claimed[run_id] = time.perf_counter()
+                    arrived.set()
+
+    thread = threading.Thread(target=claimer, name="floor-claimer")
+    thread.start()
+    latencies: list[float] = []
+    try:
+        listening.wait(10)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for i in range(samples + 1):
+                time.sleep(pause)
+                arrived.clear()
+                run_id = new_run_id()
+                sent = time.perf_counter()
+                conn.execute(insert, (run_id,), prepare=True)
+                if not arrived.wait(10):
+                    raise TimeoutError("the floor's wake-up never arrived")
+                if i:  # the first sample warms up the connections
+                    latencies.append((claimed[run_id] - sent) * 1000)
+            conn.execute(f"drop table {table}")
+    finally:
+        stop.set()
+        thread.join(5)
+    return latencies

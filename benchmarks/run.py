@@ -13,7 +13,8 @@ Measures (``--only`` takes a comma-separated subset): ``floors`` (the older bare
 batch 32 and 8 loops of 8), ``process`` (one worker process, concurrency 8, vs the fenced
 claim/complete loop at batch 100), ``two`` (two worker processes vs one), ``trigger``
 (``trigger`` one by one vs an autocommit INSERT loop), ``trigger_many`` (1,000 per call vs
-an unnest INSERT and COPY), ``latency`` (trigger-to-start with an idle worker) and
+an unnest INSERT and COPY), ``latency`` (trigger-to-start with an idle worker, vs an INSERT
+that notifies a listening thread which claims the row) and
 ``rabbitmq`` (the RabbitMQ lane's rows, benchmarks/rabbitmq.py: the broker at --amqp-url,
 else a private node started here; without one they are skipped with a note).
 """
@@ -31,6 +32,8 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
+import attrs
+
 from benchmarks import floors
 from benchmarks._common import (
     CONCURRENCY,
@@ -41,6 +44,7 @@ from benchmarks._common import (
     log,
     noop,
     pct,
+    postgres_cpu_seconds,
     print_table,
     ratio_row,
     runtime,
@@ -84,15 +88,43 @@ def bench_trigger_many(url: str, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
-def bench_one_process(url: str, runs: int) -> float:
+@attrs.frozen
+class Processed:
+    """One worker process's measure: runs/s and the cores it kept busy, in Python (this
+    process) and in Postgres (every server process; None where /proc is not readable)."""
+
+    rate: float
+    python_cores: float
+    postgres_cores: float | None
+
+
+def bench_one_process(url: str, runs: int) -> Processed:
     schema = fresh_schema(url)
     with runtime(url, schema) as runlane:
         _enqueue(runlane, runs)
+        server_before = postgres_cpu_seconds()
+        python_before = time.process_time()
         started = time.perf_counter()
         with runlane.create_delivery_worker(concurrency=CONCURRENCY):
             wait_drained(url, schema)
             elapsed = time.perf_counter() - started
-    return runs / elapsed
+            python = time.process_time() - python_before
+            server_after = postgres_cpu_seconds()
+    server = (
+        None
+        if server_before is None or server_after is None or server_after <= server_before
+        else (server_after - server_before) / elapsed
+    )
+    return Processed(runs / elapsed, python / elapsed, server)
+
+
+def two_process_bound(one: Processed) -> float | None:
+    """The most two processes can reach over one on this machine's cores, if each run costs
+    the CPU it cost one process: cores / cores one process kept busy. None without the
+    server's share (a server on another machine)."""
+    if one.postgres_cores is None:
+        return None
+    return (os.cpu_count() or 1) / (one.python_cores + one.postgres_cores)
 
 
 def _worker_process(url: str, schema: str, ready: Any, go: Any, stop: Any) -> None:
@@ -221,8 +253,14 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
             "floor: fenced claim/complete loop, batch 100 (jobs/s)",
             lambda: floors.claim_loop(url, runs, 100),
         )
-        one = _measure(
-            "runlane: one process, concurrency 8 (runs/s)", lambda: bench_one_process(url, runs)
+        processed = bench_one_process(url, runs)
+        one = _measure("runlane: one process, concurrency 8 (runs/s)", lambda: processed.rate)
+        server_share = (
+            "?" if processed.postgres_cores is None else f"{processed.postgres_cores:.2f}"
+        )
+        log(
+            f"  it kept {processed.python_cores:.2f} cores busy in Python and {server_share} in "
+            f"Postgres ({os.cpu_count()} cores here)"
         )
         rows.append(
             ratio_row(
@@ -236,6 +274,17 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
     if "two" in only:
         two = _measure("runlane: two processes (runs/s)", lambda: bench_processes(url, runs, 2))
         rows.append(ratio_row("processing, two processes (runs/s)", two, "one process", one, 1.6))
+        bound = two_process_bound(processed)
+        if bound is not None:
+            rows.append(
+                Row(
+                    f"  most {os.cpu_count()} cores allow at one process's CPU a run (x one)",
+                    bound,
+                    ",.2f",
+                    target=">= 1.6 needed",
+                    met=bound >= 1.6,
+                )
+            )
     if "trigger" in only:
         count = args.triggers
         floor = _measure(
@@ -262,15 +311,21 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
             ratio_row("trigger_many, 1,000 per call (runs/s)", value, "COPY x1000", copy, None)
         )
     if "latency" in only:
+        wakeups = floors.wakeup(url, args.samples, IDLE_PAUSE)
+        log(f"floor: INSERT+NOTIFY to claim p50 {pct(wakeups, 0.5):.2f} ms")
         latencies = bench_wakeup(url, args.samples)
         log(f"trigger-to-start p50 {pct(latencies, 0.5):.2f} ms over {len(latencies)} samples")
-        rows.append(
-            limit_row("trigger-to-start p50, idle worker (ms)", pct(latencies, 0.50), 1.5, "ms")
-        )
-        rows.append(Row("trigger-to-start p95, idle worker (ms)", pct(latencies, 0.95), ",.2f"))
-        rows.append(
-            limit_row("trigger-to-start p99, idle worker (ms)", pct(latencies, 0.99), 5, "ms")
-        )
+        for q, name, maximum in ((0.50, "p50", 1.5), (0.95, "p95", None), (0.99, "p99", 5)):
+            measure = f"trigger-to-start {name}, idle worker (ms)"
+            value, floor_q = pct(latencies, q), pct(wakeups, q)
+            label = f"INSERT+NOTIFY to claim {name}"
+            if maximum is None:
+                ratio = value / floor_q if floor_q else None
+                rows.append(Row(measure, value, ",.2f", label, floor_q, ratio))
+            else:
+                rows.append(
+                    limit_row(measure, value, maximum, "ms", floor_label=label, floor=floor_q)
+                )
         rows.append(
             Row("trigger-to-start mean, idle worker (ms)", statistics.mean(latencies), ",.2f")
         )
