@@ -78,19 +78,20 @@ def _runtime(
     return create_runlane(lane=lane, tasks=tasks)
 
 
-def _outbox_pending(url: str, schema: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(f"select count(*) from {schema}.outbox").fetchone()
+def _outbox_pending(conn: psycopg.Connection[Any], schema: str) -> int:
+    row = conn.execute(f"select count(*) from {schema}.outbox", prepare=True).fetchone()
     assert row is not None
     return int(row[0])
 
 
 def _wait_published(url: str, schema: str, timeout: float = 600) -> None:
+    """Poll every 20 ms until the outbox is empty, over one connection (see wait_drained)."""
     deadline = time.monotonic() + timeout
-    while _outbox_pending(url, schema) > 0:
-        if time.monotonic() > deadline:
-            raise TimeoutError("outbox items were not published")
-        time.sleep(0.02)
+    with psycopg.connect(url, autocommit=True) as conn:
+        while _outbox_pending(conn, schema) > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("outbox items were not published")
+            time.sleep(0.02)
 
 
 def bench_rabbit_one_process(bench: RabbitBench) -> float:
