@@ -33,7 +33,9 @@ from runlane import (
     queue,
     task,
 )
+from runlane.lanes import AcquirerOptions
 from runlane.rabbitmq import rabbitmq_lane
+from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.testing import RabbitNode
 from tests.conftest import RabbitRuntimes
 from tests.helpers import (
@@ -331,6 +333,87 @@ def test_a_bounded_queue_never_runs_two_handlers_at_once_across_two_workers(
     assert outbox_count(db, schema) == 0
 
 
+def test_deliveries_taken_around_ones_still_buffered_are_each_acknowledged_once(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str
+) -> None:
+    """A claim's deliveries are acknowledged with one frame up to the lowest delivery still
+    unsettled, the rest one by one. Deliveries of a bounded queue beyond the free slots stay
+    in the buffer while later ones of another queue are claimed and acknowledged:
+    acknowledging those "up to" past a buffered one would settle it early, and acknowledging
+    it again later is a channel error (unknown delivery tag) that closes the consumer's
+    channel. The acquirer is driven directly, as a worker's acquiring slot drives it."""
+    single = queue("single", concurrency_limit=1)
+    fast = queue("fast")
+
+    @task(id="lane.slow", queue="single")
+    def slow(payload: Any, context: RunContext) -> Any:
+        return payload
+
+    @task(id="lane.fast", queue="fast")
+    def quick(payload: Any, context: RunContext) -> Any:
+        return payload
+
+    runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[slow, quick], queues=[single, fast])
+    runlane.start()
+    acquirer = runlane.lane.create_acquirer(
+        runlane._storage,
+        AcquirerOptions(
+            environment=runlane.environment,
+            queues=[single, fast],
+            name="test-acquirer",
+            lease=timedelta(seconds=60),
+            drain=False,
+            concurrency=4,
+            claim_batch=16,
+        ),
+        lambda run_id: None,
+    )
+    assert isinstance(acquirer, RabbitAcquirer)
+    acquirer.start()
+    try:
+        wait_until(acquirer.consuming.is_set, timeout=15, what="the consumer consuming")
+        slow_ids = {h.id for h in runlane.trigger_many(slow, list(range(6)))}
+        wait_until(lambda: len(acquirer._buffer) == 6, timeout=15, what="6 buffered")
+        fast_ids = {h.id for h in runlane.trigger_many(quick, list(range(10)))}
+        wait_until(lambda: len(acquirer._buffer) == 16, timeout=15, what="16 buffered")
+        # one bounded run and every other queue's: five bounded deliveries stay buffered,
+        # below the tags acknowledged now
+        first = acquirer.acquire(11, 1)
+        assert {c.id for c in first} == fast_ids | ({c.id for c in first} & slow_ids)
+        assert len({c.id for c in first} & slow_ids) == 1
+        assert _channel_round_trip(acquirer) == []
+        # the rest: the bounded queue is at capacity, so they are deferred and acknowledged
+        assert acquirer.acquire(16, 5) == []
+        assert _channel_round_trip(acquirer) == []
+        assert acquirer.stats.deferred == 5, acquirer.stats
+        assert acquirer.stats.connections == 1, acquirer.stats
+        assert not acquirer._unsettled
+    finally:
+        acquirer.close(10)
+
+
+def _channel_round_trip(acquirer: RabbitAcquirer) -> list[BaseException]:
+    """A synchronous call on the consumer's channel, on its thread, after every settlement
+    already scheduled: it fails if the broker closed the channel over one of them."""
+    conn, channel = acquirer._conn, acquirer._channel
+    assert conn is not None
+    assert channel is not None
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            channel.basic_qos(prefetch_count=acquirer._prefetch)
+        except Exception as exc:  # the test reports it
+            errors.append(exc)
+        finally:
+            done.set()
+
+    conn.add_callback_threadsafe(call)
+    assert done.wait(10), "the consumer thread did not run the call"
+    return errors
+
+
 # -- status ----------------------------------------------------------------------------------
 
 APP = textwrap.dedent(
@@ -338,7 +421,9 @@ APP = textwrap.dedent(
     import os
     from datetime import timedelta
     from runlane import create_runlane, task
-    from runlane.rabbitmq import rabbitmq_lane
+    from runlane.lanes import AcquirerOptions
+from runlane.rabbitmq import rabbitmq_lane
+from runlane.rabbitmq._consumer import RabbitAcquirer
 
     @task(id="lane.status")
     def noop(payload, context):
