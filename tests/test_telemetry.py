@@ -4,6 +4,7 @@ counters, histograms and the queue-depth gauge; nothing breaks without a provide
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -68,9 +69,9 @@ class Otel:
         )
 
 
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    _reset_globals()
+@contextmanager
+def _providers_set() -> Iterator[Otel]:
+    """SDK tracer and meter providers set globally (in-memory exporters) for the block."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -84,6 +85,13 @@ def otel() -> Iterator[Otel]:
         meters.shutdown()
         provider.shutdown()
         _reset_globals()
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    _reset_globals()
+    with _providers_set() as otel:
+        yield otel
 
 
 def job_task(*, fail: type[Exception] | None = None, **options: Any) -> Task[Job, int]:
@@ -213,24 +221,12 @@ def test_a_provider_set_after_the_runtime_started_is_used(make_runlane: RunlaneF
     rl = make_runlane(tasks=[job_task()])
     rl.trigger("job", {"n": 1})
     assert rl.drain().completed == 1
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meters = MeterProvider(metric_readers=[reader])
-    trace.set_tracer_provider(provider)
-    metrics.set_meter_provider(meters)
-    try:
+    with _providers_set() as otel:
         assert tracing_enabled()
         assert instruments() is not None
         rl.trigger("job", {"n": 2})
         assert rl.drain().completed == 1
-        names = sorted(s.name for s in exporter.get_finished_spans())
+        names = sorted(s.name for s in otel.spans.get_finished_spans())
         assert names == ["runlane.run", "runlane.trigger"]
-        otel = Otel(exporter, reader)
         assert otel.total("runlane.runs.triggered") == 1
         assert otel.total("runlane.runs.completed") == 1
-    finally:
-        meters.shutdown()
-        provider.shutdown()
-        _reset_globals()
