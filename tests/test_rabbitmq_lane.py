@@ -421,9 +421,7 @@ APP = textwrap.dedent(
     import os
     from datetime import timedelta
     from runlane import create_runlane, task
-    from runlane.lanes import AcquirerOptions
-from runlane.rabbitmq import rabbitmq_lane
-from runlane.rabbitmq._consumer import RabbitAcquirer
+    from runlane.rabbitmq import rabbitmq_lane
 
     @task(id="lane.status")
     def noop(payload, context):
@@ -495,7 +493,7 @@ def test_status_shows_the_pending_outbox_while_the_broker_is_down(
     lines = [line.strip() for line in done.stdout.splitlines()]
     assert any(
         line.startswith("pending outbox items") and line.split()[-1] == "3" for line in lines
-    ), done.stdout
+    ), (done.stdout, done.stderr)
     assert any(
         line.startswith("oldest pending outbox item") and line.endswith("s old") for line in lines
     ), done.stdout

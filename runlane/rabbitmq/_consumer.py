@@ -281,6 +281,8 @@ class RabbitAcquirer:
             return
 
         def settle() -> None:
+            if self._channel is not channel:  # that connection is gone (tags start over)
+                return
             tags = sorted(d.tag for d in live)
             self._unsettled.difference_update(tags)
             if not ack:
