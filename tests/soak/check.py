@@ -235,6 +235,7 @@ def check(
         freezes,
         frozen_mono,
         ended,
+        outages=_lease_ending_outages(events, timedelta(seconds=settings.lease)),
     )
     f["bounded queue limit"] = settings.bounded_limit
     f["bounded queue max handlers at once"] = strict
@@ -266,15 +267,39 @@ def check(
     return report
 
 
+Lapse = tuple[datetime, str | None]  # (when every lease had lapsed, the process or None: all)
+
+
+def _lease_ending_outages(events: list[Event], lease: timedelta) -> list[Lapse]:
+    """Outages at least as long as a lease, as (their start plus one lease, the process or
+    None for every process). No lease can be extended through one, so every lease held
+    when it began has lapsed by its start plus one lease: a handler still running after that
+    (blocked in a retried statement, say) is a zombie that holds no slot of its bounded
+    queue. A Postgres restart stops every process's extensions; a proxy stall only the
+    stalled worker's."""
+    outages: list[Lapse] = []
+    for event in events:
+        if event.until is None or event.until - event.at < lease:
+            continue
+        if event.kind == "postgres-restart":
+            outages.append((event.at + lease, None))
+        elif event.kind == "proxy-stall":
+            outages.append((event.at + lease, event.detail.get("proc")))
+    return outages
+
+
 def _overlap(
     rows: list[tuple[Any, ...]],
     deaths: dict[str, datetime],
     freezes: dict[str, list[tuple[datetime, datetime]]],
     frozen_mono: dict[str, list[tuple[float, float]]],
     ended: datetime,
+    *,
+    outages: list[Lapse],
 ) -> tuple[int, int]:
     """The most handlers executing at once: strictly (a handler frozen with its process stops
-    counting at the freeze) and counting handlers that resumed after a freeze."""
+    counting at the freeze, one blocked through an outage longer than a lease at the lease's
+    end: see _lease_ending_outages) and counting handlers that resumed after a freeze."""
     strict: list[tuple[datetime, int]] = []
     through: list[tuple[datetime, int]] = []
     for proc, start, end, entered in rows:
@@ -288,6 +313,9 @@ def _overlap(
         for frozen, _resumed in freezes.get(proc, []):
             if start <= frozen < cut:
                 cut = frozen
+        for lapsed, only in outages:
+            if only in (None, proc) and start < lapsed < cut:
+                cut = lapsed
         strict += [(start, 1), (cut, -1)]
     return _peak(strict), _peak(through)
 
