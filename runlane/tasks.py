@@ -44,14 +44,16 @@ class Queue:
 def queue(name: str, *, default: bool = False, concurrency_limit: int | None = None) -> Queue:
     """Define a logical queue; register it with ``create_runlane(queues=[...])``."""
     _check_name("queue name", name)
+    from runlane._validation import INT32_MAX  # noqa: PLC0415 - it imports this module
+
     if concurrency_limit is not None and (
         isinstance(concurrency_limit, bool)
         or not isinstance(concurrency_limit, int)
-        or concurrency_limit < 1
+        or not 1 <= concurrency_limit <= INT32_MAX
     ):
         raise ConfigurationError(
-            f"queue {name!r}: concurrency_limit must be a positive integer or None, "
-            f"got {concurrency_limit!r}"
+            f"queue {name!r}: concurrency_limit must be a positive integer (at most "
+            f"{INT32_MAX}, what the database counts it in) or None, got {concurrency_limit!r}"
         )
     return Queue(name=name, default=default, concurrency_limit=concurrency_limit)
 

@@ -798,7 +798,13 @@ CASES: list[Case] = [
         "queue-limit-zero",
         lambda e: queue("mail", concurrency_limit=0),
         ConfigurationError,
-        "concurrency_limit must be a positive integer or None",
+        "concurrency_limit must be a positive integer (at most 2147483647",
+    ),
+    api(
+        "queue-limit-over-int32",
+        lambda e: queue("mail", concurrency_limit=2**31),
+        ConfigurationError,
+        "concurrency_limit must be a positive integer (at most 2147483647",
     ),
     api(
         "retry-max-attempts-zero",
