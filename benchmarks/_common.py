@@ -32,12 +32,12 @@ __all__ = [
     "postgres_cpu_seconds",
     "print_table",
     "ratio_row",
-    "remaining",
     "rss_kib",
     "runtime",
     "server_url",
     "timed",
     "wait_drained",
+    "wait_until_zero",
 ]
 
 CONCURRENCY = 8
@@ -59,30 +59,38 @@ def fresh_schema(url: str) -> str:
     return schema
 
 
-def remaining(conn: psycopg.Connection[Any], schema: str) -> int:
-    """Runs not finished yet, counted through the small partial indexes (queued, running),
-    so polling it does not scan the whole table while the measurement runs."""
-    row = conn.execute(
+def wait_until_zero(
+    url: str, count_sql: str, *, interval: float, timeout: float, what: str
+) -> None:
+    """Poll ``count_sql`` (one count) every ``interval`` seconds until it is 0, over one
+    connection opened first (a connection per poll cost a backend start and a handshake each
+    time, partly on the measured process's GIL: 7% of its samples in a profile of the
+    RabbitMQ lane's processing); TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(count_sql, prepare=True).fetchone()
+            if row is not None and int(row[0]) == 0:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not finish")
+            time.sleep(interval)
+
+
+def wait_drained(url: str, schema: str, timeout: float = 600) -> None:
+    """Wait until no run is left: runs not finished yet are counted through the small
+    partial indexes (queued, running), so polling does not scan the whole table while the
+    measurement runs."""
+    wait_until_zero(
+        url,
         f"select (select count(*) from {schema}.runs where environment = 'default' "
         "and status = 'queued' and due_at > '-infinity') "
         f"+ (select count(*) from {schema}.runs where environment = 'default' "
         "and status in ('running', 'cancellation_requested'))",
-        prepare=True,
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def wait_drained(url: str, schema: str, timeout: float = 600) -> None:
-    """Poll every 50 ms until no run is left, over one connection opened first (a connection
-    per poll cost a backend start and a handshake each time, partly on the measured
-    process's GIL: 7% of its samples in a profile of the RabbitMQ lane's processing)."""
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as conn:
-        while remaining(conn, schema) > 0:
-            if time.monotonic() > deadline:
-                raise TimeoutError("runs did not finish")
-            time.sleep(0.05)
+        interval=0.05,
+        timeout=timeout,
+        what="runs",
+    )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -167,14 +175,14 @@ def ratio_row(
 def limit_row(
     measure: str,
     value: float,
-    maximum: float,
+    maximum: float | None,
     unit: str,
     *,
     floor_label: str = "",
     floor: float | None = None,
 ) -> Row:
-    """A row whose value (e.g. a latency) must stay at or under ``maximum``; a floor, when
-    given, is shown beside it with the ratio value/floor."""
+    """A row whose value (e.g. a latency) must stay at or under ``maximum`` (None: no
+    target); a floor, when given, is shown beside it with the ratio value/floor."""
     return Row(
         measure=measure,
         value=value,
@@ -182,8 +190,8 @@ def limit_row(
         floor_label=floor_label,
         floor=floor,
         ratio=value / floor if floor else None,
-        target=f"<= {maximum:g} {unit}",
-        met=value <= maximum,
+        target="" if maximum is None else f"<= {maximum:g} {unit}",
+        met=None if maximum is None else value <= maximum,
     )
 
 

@@ -18,9 +18,8 @@ from datetime import timedelta
 from typing import Any
 
 import attrs
-import psycopg
 
-from benchmarks._common import Row, log, pct, ratio_row
+from benchmarks._common import Row, log, pct, ratio_row, wait_until_zero
 from runlane import RunContext, Runlane, create_runlane, task
 from runlane.testing import rabbitmq_available, start_rabbitmq_node
 
@@ -78,20 +77,14 @@ def _runtime(
     return create_runlane(lane=lane, tasks=tasks)
 
 
-def _outbox_pending(conn: psycopg.Connection[Any], schema: str) -> int:
-    row = conn.execute(f"select count(*) from {schema}.outbox", prepare=True).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def _wait_published(url: str, schema: str, timeout: float = 600) -> None:
-    """Poll every 20 ms until the outbox is empty, over one connection (see wait_drained)."""
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as conn:
-        while _outbox_pending(conn, schema) > 0:
-            if time.monotonic() > deadline:
-                raise TimeoutError("outbox items were not published")
-            time.sleep(0.02)
+    wait_until_zero(
+        url,
+        f"select count(*) from {schema}.outbox",
+        interval=0.02,
+        timeout=timeout,
+        what="publishing the outbox items",
+    )
 
 
 def bench_rabbit_one_process(bench: RabbitBench) -> float:

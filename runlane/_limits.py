@@ -18,6 +18,7 @@ from runlane.errors import ConfigurationError
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "INT32_MAX",
     "MAX_ERROR_MESSAGE_CHARS",
     "MAX_LIMIT_BYTES",
     "MAX_TEXT_CHARS",
@@ -28,6 +29,10 @@ __all__ = [
     "truncate_message",
     "truncate_traceback",
 ]
+
+# the largest number stored in a Postgres integer column or cast (priorities, attempts,
+# queue concurrency limits)
+INT32_MAX = 2**31 - 1
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 DEFAULT_MAX_OUTPUT_BYTES = 1_048_576

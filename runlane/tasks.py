@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import attrs
 
+from runlane._limits import INT32_MAX
 from runlane.errors import ConfigurationError
 from runlane.retry import RetryPolicy
 
@@ -44,8 +45,6 @@ class Queue:
 def queue(name: str, *, default: bool = False, concurrency_limit: int | None = None) -> Queue:
     """Define a logical queue; register it with ``create_runlane(queues=[...])``."""
     _check_name("queue name", name)
-    from runlane._validation import INT32_MAX  # noqa: PLC0415 - it imports this module
-
     if concurrency_limit is not None and (
         isinstance(concurrency_limit, bool)
         or not isinstance(concurrency_limit, int)

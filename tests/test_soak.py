@@ -14,14 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from runlane.testing import rabbitmq_available, rabbitmq_test_verdict
-from tests.soak.check import FAULTS, _lease_ending_outages, _overlap
-from tests.soak.faults import Event
+from tests.soak.check import FAULTS
 
 pytestmark = pytest.mark.slow
 
@@ -106,31 +104,3 @@ def test_rabbitmq_lane_soak(tmp_path: Path) -> None:
     _require(_faketime_missing())
     data = _soak(tmp_path, "--lane", "rabbitmq", "--runs", "2000", "--duration", "40", timeout=180)
     _check_figures(data, 2000)
-
-
-def test_the_bounded_queue_check_stops_counting_a_handler_once_an_outage_lapsed_its_lease() -> None:
-    """The soak's bounded-queue check counts a handler only while it can hold its slot: one
-    blocked through an outage at least as long as a lease (no lease can be extended through
-    it) stops counting at the outage's start plus one lease, when the next claim may take
-    the slot; a shorter outage, or another worker's stall, does not end its lease."""
-    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-    lease = timedelta(seconds=4)
-
-    def second(s: float) -> datetime:
-        return at + timedelta(seconds=s)
-
-    def peak(events: list[Event]) -> tuple[int, int]:
-        rows = [
-            ("w1.0", second(-1), second(12), 0.0),  # blocked through the outage, ends late
-            ("w2.0", second(9), second(11), 0.0),  # claimed after the outage ended
-        ]
-        return _overlap(rows, {}, {}, {}, second(20), outages=_lease_ending_outages(events, lease))
-
-    restart = Event("postgres-restart", at, second(8))
-    assert peak([restart]) == (1, 2)
-    assert peak([Event("postgres-restart", at, second(3))]) == (2, 2)  # shorter than a lease
-    stall = Event("proxy-stall", at, second(8), {"proc": "w1.0"})
-    assert peak([stall]) == (1, 2)
-    other = Event("proxy-stall", at, second(8), {"proc": "w3.0"})
-    assert peak([other]) == (2, 2)
-    assert peak([]) == (2, 2)

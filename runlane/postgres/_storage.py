@@ -6,8 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -228,22 +227,11 @@ class PostgresStorage(OutboxMethods, InspectMethods):
             )
         return None
 
-    @contextmanager
-    def _translated(self) -> Iterator[None]:
-        """Turn "relation does not exist" and friends into errors naming the migrate step."""
-        try:
-            yield
-        except psycopg.Error as exc:
-            translated = self._translation(exc)
-            if translated is None:
-                raise
-            raise translated from exc
-
     def _check_schema(self, conn: Conn) -> None:
         if self._gate.checked:
             return
-        with self._translated():
-            rows = conn.execute(self._sql["schema_version"]).fetchall()
+        # a missing table is turned into SchemaNotMigrated by _error, like any statement's
+        rows = conn.execute(self._sql["schema_version"]).fetchall()
         known = known_checksums()
         version = max((int(row[0]) for row in rows), default=0)
         latest = latest_version()
@@ -381,10 +369,9 @@ class PostgresStorage(OutboxMethods, InspectMethods):
         if not self._gate.checked:
             self._with_conn(lambda conn: None)  # checks the schema on a pool connection
         try:
-            with self._translated():
-                return insert(connection)
+            return insert(connection)
         except psycopg.Error as exc:
-            raise storage_error(
+            raise self._translation(exc) or storage_error(
                 exc, self._conninfo, "insert runs on the caller's connection (connection=)"
             ) from exc
 

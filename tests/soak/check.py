@@ -309,13 +309,11 @@ def _overlap(
             start >= frozen for frozen, _ in freezes.get(proc, [])
         ):
             continue  # entered before the freeze, recorded after: it ran through it
-        cut = stop
-        for frozen, _resumed in freezes.get(proc, []):
-            if start <= frozen < cut:
-                cut = frozen
-        for lapsed, only in outages:
-            if only in (None, proc) and start < lapsed < cut:
-                cut = lapsed
+        # it stops holding its slot at the first freeze of its process, or lease-ending
+        # outage, after it started
+        ends = [frozen for frozen, _resumed in freezes.get(proc, [])]
+        ends += [lapsed for lapsed, only in outages if only in (None, proc)]
+        cut = min((t for t in ends if start <= t < stop), default=stop)
         strict += [(start, 1), (cut, -1)]
     return _peak(strict), _peak(through)
 
