@@ -111,7 +111,7 @@ _epmd: subprocess.Popen[bytes] | None = None
 _epmd_port: int | None = None
 
 
-_LISTENER_RETRIES = 4  # starts of a node whose AMQP port was briefly unavailable
+_LISTENER_RETRIES = 4  # starts of a node whose AMQP or distribution port was unavailable
 
 
 def rabbitmq_available() -> str | None:
@@ -312,6 +312,7 @@ class RabbitNode:
         for attempt in range(_LISTENER_RETRIES):
             (self.base / "rabbitmq.pid").unlink(missing_ok=True)
             with self.console_log.open("ab") as console:
+                written = console.tell()
                 self._process = subprocess.Popen(
                     [str(RABBITMQ_SERVER)],
                     stdin=subprocess.DEVNULL,
@@ -324,9 +325,18 @@ class RabbitNode:
             try:
                 self.wait_ready(timeout - (time.monotonic() - began))
             except RuntimeError:
+                if attempt + 1 == _LISTENER_RETRIES:
+                    raise
+                if "dist_port_already_used" in self._console_since(written):
+                    # the distribution port, free when the node was made, was taken since
+                    # (any process's outgoing connection may get it): take another; peers
+                    # find a node's distribution port through epmd
+                    self.dist_port = _free_port()
+                    self.env["RABBITMQ_DIST_PORT"] = str(self.dist_port)
+                    continue
                 # the port of a node just killed can still be held for a moment (or taken
                 # by another test's probe): its listener fails and the node exits; retry
-                if attempt + 1 == _LISTENER_RETRIES or "TCP listener" not in self.log_tail():
+                if "TCP listener" not in self.log_tail():
                     raise
                 time.sleep(0.5 * (attempt + 1))
             else:
@@ -458,6 +468,15 @@ class RabbitNode:
                 f"{result.stdout.decode(errors='replace').strip()}"
             )
         return result.stdout.decode(errors="replace")
+
+    def _console_since(self, offset: int) -> str:
+        """The node's console output written after ``offset`` bytes."""
+        try:
+            with self.console_log.open("rb") as console:
+                console.seek(offset)
+                return console.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the node's log and console output, for error messages."""

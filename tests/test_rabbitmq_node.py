@@ -160,6 +160,27 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     assert not _port_open(port)
 
 
+def test_a_node_whose_distribution_port_was_taken_starts_on_another(
+    rabbitmq_node: RabbitNode,
+) -> None:
+    """The distribution port is picked free when the node is made; any process (another
+    test's outgoing connection, say) may hold it by the next start. The node then starts on
+    a fresh one, with the same AMQP port and URL (peers find the other through epmd)."""
+    node = rabbitmq_node
+    url, taken = node.amqp_url, node.dist_port
+    node.stop()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("", taken))
+        holder.listen()
+        node.start()
+        assert node.running
+        assert node.dist_port != taken
+        assert node.amqp_url == url
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        conn.close()
+
+
 def _proc_state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
