@@ -154,7 +154,32 @@ def _erlang_path() -> str:
     return os.environ.get("PATH") or os.defpath
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux; else the usual)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
+    """A free port on 127.0.0.1 outside the kernel's ephemeral range. A port picked by
+    binding port 0 lies inside it, where any outgoing connection may take it before the node
+    (re)starts: a client reconnecting to a stopped node on 127.0.0.1 can even be given the
+    node's own port and connect to itself, holding it."""
+    low, high = _ephemeral_ports()
+    ranges = [r for r in (range(10_000, low), range(high + 1, 65_536)) if len(r) > 1_000]
+    for _ in range(100):
+        if not ranges:
+            break
+        port = secrets.choice(secrets.choice(ranges))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: try another
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

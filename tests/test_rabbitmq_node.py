@@ -160,6 +160,18 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     assert not _port_open(port)
 
 
+def test_node_ports_are_picked_outside_the_ephemeral_range() -> None:
+    """Outgoing connections take local ports from the kernel's ephemeral range, so a node's
+    port there could be taken while it is down (even by a client reconnecting to it, which
+    may connect to itself); the helpers pick ports outside it."""
+    low, high = runlane.testing._ephemeral_ports()
+    for _ in range(50):
+        port = runlane.testing._free_port()
+        assert not low <= port <= high, (port, low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))  # it was free
+
+
 def test_a_node_whose_distribution_port_was_taken_starts_on_another(
     rabbitmq_node: RabbitNode,
 ) -> None:
