@@ -13,7 +13,13 @@ from typing import Any
 
 import attrs
 
-from runlane._codec import OutputNotSerializable, decode_payload, dump_json, encode_output
+from runlane._codec import (
+    OutputNotSerializable,
+    OutputTooLarge,
+    decode_payload,
+    dump_json,
+    encode_output,
+)
 from runlane._limits import output_limit, truncate_message, truncate_traceback
 from runlane.context import ContextBackend, RunContext, Suspended
 from runlane.errors import (
@@ -29,7 +35,14 @@ from runlane.retry import next_retry_delay
 from runlane.storage import ClaimedRun, Completion, Failure, LeaseRef
 from runlane.tasks import Task
 
-__all__ = ["Outcome", "Write", "execute_attempt", "make_context", "timeout_failure"]
+__all__ = [
+    "Outcome",
+    "Write",
+    "execute_attempt",
+    "make_context",
+    "refused_output_failure",
+    "timeout_failure",
+]
 
 log = logging.getLogger("runlane.execution")
 
@@ -97,6 +110,28 @@ def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Failure
         "should it still return, is discarded"
     )
     return _failure(claimed, exc, retry=task, with_tb=False)
+
+
+def refused_output_failure(completion: Completion, reason: str) -> Failure:
+    """The failure recorded for an attempt whose return value the database refused to store
+    (within ``max_output_bytes`` as JSON text, too large as jsonb): not retried, as an
+    output over ``max_output_bytes`` is not, since the handler would return it again."""
+    error = RunError(
+        type=f"{OutputTooLarge.__module__}.{OutputTooLarge.__qualname__}",
+        message=truncate_message(
+            f"the handler's return value is too large to store: {reason}; return less (store "
+            "large results elsewhere and return a reference)"
+        ),
+        traceback=None,
+        retryable=False,
+    )
+    return Failure(
+        run_id=completion.run_id,
+        attempt=completion.attempt,
+        lease_token=completion.lease_token,
+        error=_error_json(error),
+        retry_delay=None,
+    )
 
 
 def _failure(

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from runlane.errors import RunlaneError
 from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "MaintenanceLeaseRow",
     "NewRuns",
     "OutboxItem",
+    "OutputRefused",
     "PruneResult",
     "RetryOutcome",
     "RunListQuery",
@@ -40,6 +42,11 @@ __all__ = [
     "Storage",
     "SuspendResult",
 ]
+
+
+class OutputRefused(RunlaneError):
+    """The database refused an output as too large to store (JSON text within
+    ``max_output_bytes`` can take several times that as jsonb); nothing was written."""
 
 
 @attrs.frozen
@@ -301,7 +308,8 @@ class Storage(Protocol):
     def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Complete the attempts that still hold their lease; returns the run ids applied.
         (Storage announces the capacity freed in their queues, and resumes runs waiting on
-        them.)"""
+        them.) Raises OutputRefused, writing none of them, when the database cannot hold
+        one of their outputs."""
 
     def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
         """Fail the attempts that still hold their lease: ``retrying`` after ``retry_delay``,

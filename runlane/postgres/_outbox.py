@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from psycopg.rows import dict_row
 
 from runlane.models import RunStatus
+from runlane.postgres._batches import pipelined, refusing_too_large, split_runs
 from runlane.postgres._connections import Conn
 from runlane.storage import ClaimedRun, DeliveryState, InsertedRun, NewRuns, OutboxItem
 
@@ -69,10 +70,14 @@ class OutboxMethods:
         once committed (a producer that dies now leaves them to be published after their
         claim expires)."""
         claim = uuid.uuid4()
-        params = {**self._insert_params(runs), "claim": str(claim)}
+        pieces = split_runs(runs)
 
         def insert(conn: Conn) -> tuple[list[InsertedRun], list[uuid.UUID]]:
-            rows = conn.execute(self._sql["run_insert_many_claimed"], params).fetchall()
+            params = [{**self._insert_params(piece), "claim": str(claim)} for piece in pieces]
+            if len(params) == 1:
+                rows = conn.execute(self._sql["run_insert_many_claimed"], params[0]).fetchall()
+            else:
+                rows = pipelined(conn, self._sql["run_insert_many_claimed"], params)
             inserted = {row[0] for row in rows}
             due_now = [row[0] for row in rows if row[1]]
             if len(inserted) == len(runs.ids):
@@ -81,7 +86,7 @@ class OutboxMethods:
                 made = self._resolve_inserted(conn, runs, inserted)
             return made, due_now
 
-        made, due_now = self._with_conn(insert)
+        made, due_now = self._with_conn(lambda conn: refusing_too_large(insert, conn, runs.task_id))
         if due_now:
             publisher.submit(
                 [

@@ -23,6 +23,7 @@ from runlane.errors import (
     StaleLease,
 )
 from runlane.models import RunError, RunSnapshot, RunStatus, WaitToken, WaitTokenStatus
+from runlane.postgres._batches import pipelined, refusing_too_large, split_runs, too_large
 from runlane.postgres._connections import (
     Conn,
     ConnectionSource,
@@ -49,6 +50,7 @@ from runlane.storage import (
     MaintenanceFence,
     MaintenanceLeaseRow,
     NewRuns,
+    OutputRefused,
     PruneResult,
     ScheduledRun,
     ScheduleState,
@@ -208,7 +210,8 @@ class PostgresStorage(OutboxMethods, InspectMethods):
 
     def _translation(self, exc: psycopg.Error) -> RunlaneError | None:
         """The error naming the migrate step (or the grant) that "relation does not exist"
-        and friends become; None for any other driver error."""
+        and friends become, or the value too large to store; None for any other driver
+        error."""
         if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
             return SchemaNotMigrated(
                 f"runlane's tables are missing from schema {self.schema!r} "
@@ -218,6 +221,11 @@ class PostgresStorage(OutboxMethods, InspectMethods):
             return IncompatibleSchema(
                 f"schema {self.schema!r} does not match this runlane "
                 f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
+            )
+        if too_large(exc):  # a step's or a wait token's output (triggers say which payload)
+            return ConfigurationError(
+                f"a value is too large for Postgres to store ({exc.diag.message_primary}); "
+                "nothing was written: store large data elsewhere and pass a reference"
             )
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return ConfigurationError(
@@ -332,6 +340,9 @@ class PostgresStorage(OutboxMethods, InspectMethods):
     def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
         if connection is None and self._eager is not None:
             return self._insert_eager(runs, self._eager)
+        pieces = split_runs(runs)
+        if len(pieces) > 1:
+            return self._insert_split(runs, pieces, connection)
         one = len(runs.ids) == 1
         keyed = any(key is not None for key in runs.idempotency_keys)
         params = self._insert_params(runs, one=one, keyed=keyed)
@@ -360,8 +371,30 @@ class PostgresStorage(OutboxMethods, InspectMethods):
                     return created
                 return self._resolve_conflicts(cur, runs, inserted)
 
+        return self._run_insert(insert, runs, connection)
+
+    def _insert_split(
+        self, runs: NewRuns, pieces: Sequence[NewRuns], connection: Any
+    ) -> list[InsertedRun]:
+        """A batch too large for one statement: one statement per piece, in one transaction
+        and one round trip (see _batches); the statement for keys, whose conflict handling
+        also covers a retry after a lost answer."""
+
+        def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:
+            rows = pipelined(conn, self._sql["run_insert_many"], map(self._insert_params, pieces))
+            inserted = {row[0] for row in rows}
+            if len(inserted) == len(runs.ids):
+                return [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
+            return self._resolve_inserted(conn, runs, inserted)
+
+        return self._run_insert(insert, runs, connection)
+
+    def _run_insert(
+        self, insert: Callable[[Conn], list[InsertedRun]], runs: NewRuns, connection: Any
+    ) -> list[InsertedRun]:
+        """``insert`` on a pool connection, or on the caller's (``connection=``)."""
         if connection is None:
-            return self._with_conn(insert)
+            return self._with_conn(lambda conn: refusing_too_large(insert, conn, runs.task_id))
         if not isinstance(connection, psycopg.Connection):
             raise ConfigurationError(
                 f"connection= takes a psycopg.Connection, got {type(connection).__name__}"
@@ -369,7 +402,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
         if not self._gate.checked:
             self._with_conn(lambda conn: None)  # checks the schema on a pool connection
         try:
-            return insert(connection)
+            return refusing_too_large(insert, connection, runs.task_id)
         except psycopg.Error as exc:
             raise self._translation(exc) or storage_error(
                 exc, self._conninfo, "insert runs on the caller's connection (connection=)"
@@ -483,9 +516,18 @@ class PostgresStorage(OutboxMethods, InspectMethods):
             "lease_tokens": _array_literal(c.lease_token for c in completions),
             "outputs": "[" + ",".join(c.output for c in completions) + "]",
         }
-        return self._with_conn(
-            lambda conn: {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
-        )
+
+        def complete(conn: Conn) -> set[uuid.UUID]:
+            try:
+                return {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
+            except psycopg.Error as exc:
+                if too_large(exc):
+                    raise OutputRefused(
+                        f"the database cannot store it ({exc.diag.message_primary})"
+                    ) from exc
+                raise
+
+        return self._with_conn(complete)
 
     def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
         if not failures:

@@ -24,10 +24,10 @@ from collections.abc import Callable
 import attrs
 
 from runlane._backoff import Backoff
-from runlane._execution import timeout_failure
+from runlane._execution import refused_output_failure, timeout_failure
 from runlane._leases import LeaseTracker, Tracked
 from runlane.errors import RunlaneError, StorageUnavailable
-from runlane.storage import Completion, Failure, LeaseRef, Storage
+from runlane.storage import Completion, Failure, LeaseRef, OutputRefused, Storage
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
 
@@ -260,8 +260,10 @@ class LifecycleWriter:
         lost connection repeats only what may not have been applied (and fencing makes a
         repeat of an applied write a harmless no-op)."""
         if batch.completions:
-            applied = storage.run_complete_many(batch.completions)
-            self._count_stale("completion", [c.run_id for c in batch.completions], applied)
+            applied, refused = _complete(storage, batch.completions)
+            batch.failures += [refused_output_failure(c, reason) for c, reason in refused]
+            stored = [c.run_id for c in batch.completions if all(c is not r for r, _ in refused)]
+            self._count_stale("completion", stored, applied)
             self.stats.completed += len(applied)
             batch.applied_any = batch.applied_any or bool(applied)
             batch.completions = []
@@ -288,3 +290,28 @@ class LifecycleWriter:
                 kind,
                 ", ".join(str(run_id) for run_id in stale[:10]),
             )
+
+
+def _complete(
+    storage: Storage, completions: list[Completion]
+) -> tuple[set[uuid.UUID], list[tuple[Completion, str]]]:
+    """Write ``completions``; when the database refuses an output, write the others one by
+    one and return the refused ones (each with the reason) to be recorded as failures."""
+    try:
+        return storage.run_complete_many(completions), []
+    except OutputRefused as exc:
+        if len(completions) == 1:
+            log.warning(
+                "runlane: run %s attempt %d: %s; failing the attempt",
+                completions[0].run_id,
+                completions[0].attempt,
+                exc,
+            )
+            return set(), [(completions[0], str(exc))]
+    applied: set[uuid.UUID] = set()
+    refused: list[tuple[Completion, str]] = []
+    for completion in completions:
+        one_applied, one_refused = _complete(storage, [completion])
+        applied |= one_applied
+        refused += one_refused
+    return applied, refused

@@ -28,7 +28,7 @@ from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::json
                 unnest(%(idempotency_keys)s::text[]))
     as i(id, payload, idempotency_key)
 cross join claim
-order by i.idempotency_key, i.id
+order by i.idempotency_key collate "C", i.id
 on conflict do nothing
 returning r.id, r.due_at <= now() as due_now;
 

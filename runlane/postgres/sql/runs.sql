@@ -27,9 +27,10 @@ select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
 from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb),
                 unnest(%(idempotency_keys)s::text[]))
     as i(id, payload, idempotency_key)
--- one lock order for every caller, so batches sharing keys cannot deadlock; ids grow
--- in payload order, so a key repeated in a batch still goes to its first payload
-order by i.idempotency_key, i.id
+-- one lock order for every caller, so batches sharing keys cannot deadlock (a batch split
+-- into several statements is cut in this order too: postgres/_batches.py); ids grow in
+-- payload order, so a key repeated in a batch still goes to its first payload
+order by i.idempotency_key collate "C", i.id
 -- no conflict target: an idempotency key match and a repeated id (a statement retried
 -- after its first answer was lost) both leave the existing row alone
 on conflict do nothing

@@ -1,0 +1,334 @@
+"""Values within runlane's byte limits that Postgres cannot hold in one jsonb value.
+
+Postgres caps a jsonb value at 256 MiB, and jsonb can take six times the JSON text (a small
+number is 2 bytes of text, 12 of jsonb). So:
+
+- a ``trigger_many`` batch travels as one jsonb array, and one of payloads each within
+  ``max_payload_bytes`` used to fail as a whole with an "unexpected database error"; a large
+  batch is now split into several statements, one round trip, one transaction. The first
+  test writes such a batch for real; the others lower the split size
+  (``_batches.STATEMENT_BYTES``) so that small batches take the same path;
+- a single payload, a handler's return value, a step output or a wait token output within
+  the limits (here 64 MiB) can still be too much for jsonb: a payload is refused as
+  invalid, a return value fails its run (not retried, as over ``max_output_bytes``; it used
+  to kill the worker's lifecycle writer), a step or token output raises
+  ``ConfigurationError``. Nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from runlane import (
+    ConfigurationError,
+    PayloadValidationError,
+    RetryPolicy,
+    RunContext,
+    RunlaneError,
+    RunStatus,
+    WaitTokenStatus,
+    task,
+)
+from runlane.postgres import _batches
+from runlane.storage import Completion, NewRuns
+from runlane.worker._lifecycle import _complete
+from tests.conftest import RabbitRuntimes, RunlaneFactory
+from tests.helpers import (
+    Conn,
+    Executions,
+    Greet,
+    consumer_ready,
+    consumer_stats,
+    count_runs,
+    outbox_count,
+    q,
+    storage_of,
+)
+
+
+@task(id="greet", schema=Greet)
+def greet(payload: Greet, context: RunContext) -> str:
+    return f"Greet:{payload.name}"
+
+
+@task(id="numbers")
+def numbers(payload: Any, context: RunContext) -> int:
+    return len(payload)
+
+
+# 34 MB of JSON text, within a 64 MiB limit, that Postgres cannot parse as jsonb: its parser
+# asks for 1 GiB at once for an array of more than 2**24 values
+DENSE = 17_000_000
+BIG_LIMITS = {"max_payload_bytes": 64 * 1024 * 1024, "max_output_bytes": 64 * 1024 * 1024}
+
+
+@task(id="dense", retry=RetryPolicy(max_attempts=3))
+def dense(payload: Any, context: RunContext) -> Any:
+    return [0] * DENSE if payload == "return" else payload
+
+
+@pytest.fixture
+def small_statements(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Batches go in statements of at most about three ``Greet`` payloads."""
+    size = 3 * (len('{"name":"n00"}') + 40)
+    monkeypatch.setattr(_batches, "STATEMENT_BYTES", size)
+    return size
+
+
+def _fail_on(db: Conn, schema: str, name: str) -> None:
+    """A trigger in the test's schema that refuses the run whose payload names ``name``."""
+    db.execute(
+        q(
+            "create function {s}.refuse() returns trigger language plpgsql as $$ begin "
+            f"if new.payload ->> 'name' = '{name}' then raise exception 'refused {name}'; "
+            "end if; return new; end $$",
+            schema,
+        )
+    )
+    db.execute(
+        q(
+            "create trigger refuse before insert on {s}.runs for each row "
+            "execute function {s}.refuse()",
+            schema,
+        )
+    )
+
+
+def test_a_batch_beyond_the_jsonb_limit_is_written_whole(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    # 90 payloads of 500 KB of JSON text: each within max_payload_bytes, together 270 MB
+    # as one jsonb array (a small number is 2 bytes of text, 12 of jsonb): over 256 MiB
+    runlane = make_runlane(tasks=[numbers])
+    payload = [0] * 250_000
+    handles = runlane.trigger_many(numbers, [payload] * 90)
+    assert len({h.id for h in handles}) == 90
+    assert all(h.created for h in handles)
+    assert count_runs(db, schema) == 90
+    row = db.execute(
+        q("select count(*), min(jsonb_array_length(payload)) from {s}.runs", schema)
+    ).fetchone()
+    assert row == (90, 250_000)
+
+
+def test_a_payload_postgres_cannot_hold_is_refused_as_invalid(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    runlane = make_runlane(tasks=[numbers], **BIG_LIMITS)
+    with pytest.raises(PayloadValidationError, match="too large for Postgres to store"):
+        runlane.trigger(numbers, [0] * DENSE)
+    assert count_runs(db, schema) == 0
+
+
+def test_a_return_value_postgres_cannot_hold_fails_its_run_and_the_worker_goes_on(
+    make_runlane: RunlaneFactory,
+) -> None:
+    runlane = make_runlane(tasks=[dense], **BIG_LIMITS)
+    worker = runlane.create_delivery_worker(concurrency=2)
+    big = runlane.trigger(dense, "return")
+    failed = runlane.wait_for_run(big.id, timeout=60)
+    assert failed.status is RunStatus.FAILED
+    assert failed.attempt == 1  # not retried: the handler would return it again
+    assert failed.error is not None
+    assert failed.error.type == "runlane._codec.OutputTooLarge"
+    assert "too large to store" in failed.error.message
+    assert not failed.error.retryable
+    # the worker's lifecycle writer survived it
+    after = runlane.trigger(dense, "after")
+    assert runlane.wait_for_run(after.id, timeout=15).output == "after"
+    assert worker.stats.failed == 1
+    worker.close(timeout=10)
+
+
+def test_a_refused_output_in_a_batch_of_completions_leaves_the_others_written(
+    make_runlane: RunlaneFactory,
+) -> None:
+    runlane = make_runlane(tasks=[dense], **BIG_LIMITS)
+    runs = [runlane.trigger(dense, n) for n in ("a", "b", "c")]
+    storage = storage_of(runlane)
+    claimed = storage.run_claim("default", ["default"], 3, timedelta(minutes=5))
+    assert {c.id for c in claimed} == {h.id for h in runs}
+    outputs = {runs[0].id: '"a"', runs[1].id: "[" + "0," * DENSE + "0]", runs[2].id: '"c"'}
+    completions = [
+        Completion(run_id=c.id, attempt=c.attempt, lease_token=c.lease_token, output=outputs[c.id])
+        for c in claimed
+    ]
+    applied, refused = _complete(storage, completions)
+    assert applied == {runs[0].id, runs[2].id}
+    assert [c.run_id for c, _ in refused] == [runs[1].id]
+    assert "cannot store it" in refused[0][1]
+    assert runlane.get_run(runs[0].id).output == "a"
+    assert runlane.get_run(runs[1].id).status is RunStatus.RUNNING  # still its attempt's
+
+
+def test_a_wait_token_output_postgres_cannot_hold_raises_configuration_error(
+    make_runlane: RunlaneFactory,
+) -> None:
+    # a step's output is written by the same storage call path, translated the same way
+    runlane = make_runlane(tasks=[dense], **BIG_LIMITS)
+    token = runlane.create_wait_token()
+    with pytest.raises(ConfigurationError, match="too large for Postgres to store"):
+        runlane.complete_wait_token(token.id, [0] * DENSE)
+    assert runlane.get_wait_token(token.id).status is WaitTokenStatus.PENDING
+
+
+def test_split_batches_keep_keys_order_and_handles(
+    make_runlane: RunlaneFactory, db: Conn, schema: str, small_statements: int
+) -> None:
+    runlane = make_runlane(tasks=[greet])
+    earlier = runlane.trigger(greet, Greet(name="n99"), idempotency_key="k07")
+    names = [f"n{i:02d}" for i in range(20)]
+    # keys out of order, one repeated within the batch, one taken before, some missing
+    keys: list[str | None] = [None if i % 5 == 0 else f"k{(i * 7) % 13:02d}" for i in range(20)]
+    handles = runlane.trigger_many(greet, [Greet(name=n) for n in names], idempotency_keys=keys)
+    assert count_runs(db, schema) == 1 + len({k for k in keys if k is not None} - {"k07"}) + 4
+    first: dict[str, uuid.UUID] = {}
+    for handle, name, key in zip(handles, names, keys, strict=True):
+        if key == "k07":
+            assert (handle.id, handle.created) == (earlier.id, False)
+        elif key is not None and key in first:
+            assert (handle.id, handle.created) == (first[key], False)
+        else:
+            assert handle.created
+            assert runlane.get_run(handle.id).payload == {"name": name}
+            if key is not None:
+                first[key] = handle.id
+    assert runlane.drain().runs_executed == count_runs(db, schema)
+
+
+def test_a_split_batch_failing_late_writes_nothing(
+    make_runlane: RunlaneFactory, db: Conn, schema: str, small_statements: int
+) -> None:
+    runlane = make_runlane(tasks=[greet])
+    _fail_on(db, schema, "n19")  # the last piece, in lock order (keyless: by id)
+    with pytest.raises(RunlaneError, match="refused n19"):
+        runlane.trigger_many(greet, [Greet(name=f"n{i:02d}") for i in range(20)])
+    assert count_runs(db, schema) == 0
+
+
+@pytest.mark.usefixtures("small_statements")
+@pytest.mark.parametrize("autocommit", [True, False], ids=["autocommit", "transaction"])
+def test_a_split_batch_on_the_callers_connection_is_one_write(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str, autocommit: bool
+) -> None:
+    runlane = make_runlane(tasks=[greet])
+    payloads = [Greet(name=f"n{i:02d}") for i in range(12)]
+    with psycopg.connect(database_url, autocommit=autocommit) as conn:
+        handles = runlane.trigger_many(greet, payloads, connection=conn)
+        if not autocommit:  # the caller's transaction holds the runs until it commits
+            assert count_runs(db, schema) == 0
+            conn.commit()
+    assert count_runs(db, schema) == 12
+    assert [runlane.get_run(h.id).payload["name"] for h in handles] == [p.name for p in payloads]
+
+    _fail_on(db, schema, "m11")
+    more = [Greet(name=f"m{i:02d}") for i in range(12)]
+    with psycopg.connect(database_url, autocommit=autocommit) as conn:
+        with pytest.raises(RunlaneError, match="refused m11"):
+            runlane.trigger_many(greet, more, connection=conn)
+        if not autocommit:
+            conn.rollback()
+    assert count_runs(db, schema) == 12
+
+
+def test_a_split_batch_rolls_back_with_the_callers_transaction(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str, small_statements: int
+) -> None:
+    runlane = make_runlane(tasks=[greet])
+    with psycopg.connect(database_url) as conn:
+        runlane.trigger_many(greet, [Greet(name=f"n{i:02d}") for i in range(12)], connection=conn)
+        conn.rollback()
+    assert count_runs(db, schema) == 0
+
+
+def test_split_batches_with_overlapping_keys_do_not_deadlock(
+    make_runlane: RunlaneFactory, db: Conn, schema: str, small_statements: int
+) -> None:
+    runlane = make_runlane(tasks=[greet], lane_options={"pool_min_size": 3})
+    runlane.start()
+    errors: list[BaseException] = []
+    for rounds in range(5):
+        # keys whose "C" order differs from most locales' (case, accents)
+        keys = [f"{c}{rounds}-{i:02d}" for i in range(10) for c in ("a", "B", "é")]
+        barrier = threading.Barrier(3)
+
+        def batch(ordered: list[str], barrier: threading.Barrier = barrier) -> None:
+            barrier.wait(timeout=10)
+            try:
+                runlane.trigger_many(
+                    greet, [Greet(name=k) for k in ordered], idempotency_keys=ordered
+                )
+            except Exception as exc:
+                errors.append(exc)
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            # two split batches in opposite orders race one small enough for one statement
+            list(pool.map(batch, [keys, keys[::-1], [keys[1], keys[0]]]))
+        assert errors == []
+    assert count_runs(db, schema) == 5 * 30
+
+
+def test_split_runs_cuts_in_lock_order_within_the_size() -> None:
+    keys = ["b", None, "a", "B", "é", None, "a"]
+    runs = NewRuns(
+        environment="e",
+        task_id="t",
+        queue="q",
+        ids=[uuid.UUID(int=i) for i in (7, 6, 5, 4, 3, 2, 1)],
+        payloads=["x" * 10, "y" * 10, "z" * 100, "{}", "[]", "1", "2"],
+        idempotency_keys=keys,
+        priority=0,
+        max_attempts=1,
+        delay=timedelta(0),
+        run_at=None,
+    )
+    assert _batches.split_runs(runs, max_bytes=10_000) == [runs]
+    pieces = _batches.split_runs(runs, max_bytes=100)
+    flat = [
+        (key, run_id.int)
+        for piece in pieces
+        for key, run_id in zip(piece.idempotency_keys, piece.ids, strict=True)
+    ]
+    # keys in the "C" collation (B < a < b < é), equal keys by id, keyless rows last by id
+    assert flat == [("B", 4), ("a", 1), ("a", 5), ("b", 7), ("é", 3), (None, 2), (None, 6)]
+    # each piece within 100 bytes (payload, key and 40 a row), but a payload larger alone
+    assert [len(p.ids) for p in pieces] == [2, 1, 2, 2]
+    assert [len(p) for p in pieces[1].payloads] == [100]
+    for piece in pieces:
+        for run_id, payload in zip(piece.ids, piece.payloads, strict=True):
+            assert runs.payloads[runs.ids.index(run_id)] == payload
+
+
+def test_a_split_eager_batch_on_the_rabbitmq_lane_is_published_once(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str, small_statements: int
+) -> None:
+    executions = Executions()
+
+    @task(id="lane.split", schema=Greet)
+    def split(payload: Greet, context: RunContext) -> str:
+        executions.add(context)
+        return payload.name
+
+    rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[split])
+    worker = rl.create_delivery_worker(concurrency=4)
+    consumer_ready(worker)
+    keys = [f"k{i % 9}" for i in range(12)]  # three repeated within the batch
+    payloads = [Greet(name=f"n{i:02d}") for i in range(12)]
+    handles = rl.trigger_many(split, payloads, idempotency_keys=keys)
+    assert [h.created for h in handles] == [True] * 9 + [False] * 3
+    assert [h.id for h in handles[9:]] == [h.id for h in handles[:3]]
+    for i, handle in enumerate(handles[:9]):
+        assert rl.wait_for_run(handle.id, timeout=15).output == f"n{i:02d}"
+    worker.close(timeout=10)
+    assert set(executions.runs) == {h.id for h in handles[:9]}
+    assert not executions.more_than_once()
+    assert outbox_count(db, schema) == 0
+    assert consumer_stats(worker).unknown == 0
+    assert consumer_stats(worker).duplicates == 0
