@@ -114,13 +114,14 @@ def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Failure
 
 def refused_output_failure(completion: Completion, reason: str) -> Failure:
     """The failure recorded for an attempt whose return value the database refused to store
-    (within ``max_output_bytes`` as JSON text, too large as jsonb): not retried, as an
-    output over ``max_output_bytes`` is not, since the handler would return it again."""
+    (``reason``: its words); within ``max_output_bytes`` as JSON text, it can be too large
+    as jsonb. Not retried, as an output over ``max_output_bytes`` is not: the handler would
+    return it again."""
     error = RunError(
         type=f"{OutputTooLarge.__module__}.{OutputTooLarge.__qualname__}",
         message=truncate_message(
-            f"the handler's return value is too large to store: {reason}; return less (store "
-            "large results elsewhere and return a reference)"
+            f"the handler's return value is too large for Postgres to store ({reason}); "
+            "return less: store large results elsewhere and return a reference"
         ),
         traceback=None,
         retryable=False,

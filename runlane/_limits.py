@@ -21,6 +21,7 @@ __all__ = [
     "INT32_MAX",
     "MAX_ERROR_MESSAGE_CHARS",
     "MAX_LIMIT_BYTES",
+    "MAX_TEXT_BYTES",
     "MAX_TEXT_CHARS",
     "MAX_TRACEBACK_CHARS",
     "check_limit",
@@ -44,8 +45,11 @@ MAX_ERROR_MESSAGE_CHARS = 4_000
 MAX_TRACEBACK_CHARS = 16_000
 _TRACEBACK_HEAD = 4_000
 
-# idempotency keys and other caller-chosen text stored as a column
+# idempotency keys and other caller-chosen text stored as a column; in bytes too, since a
+# key's index row (with the environment and task id, 200 characters each) holds at most
+# 2,704 bytes
 MAX_TEXT_CHARS = 1_000
+MAX_TEXT_BYTES = 2_000
 
 
 def check_limit(name: str, value: object) -> int:

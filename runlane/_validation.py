@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from runlane._limits import INT32_MAX, MAX_TEXT_CHARS
+from runlane._limits import INT32_MAX, MAX_TEXT_BYTES, MAX_TEXT_CHARS
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
 from runlane.tasks import Queue
 
@@ -90,8 +90,8 @@ def as_int32(name: str, value: object, minimum: int = -INT32_MAX - 1) -> int:
 
 
 def check_text(name: str, value: object, max_chars: int = MAX_TEXT_CHARS) -> str:
-    """A non-empty string that Postgres text can hold: at most ``max_chars`` characters, no
-    NUL character, no lone surrogate."""
+    """A non-empty string that Postgres text can hold: at most ``max_chars`` characters and
+    MAX_TEXT_BYTES bytes in UTF-8, no NUL character, no lone surrogate."""
     if not isinstance(value, str) or not value or len(value) > max_chars:
         shown = (
             repr(value)
@@ -103,12 +103,17 @@ def check_text(name: str, value: object, max_chars: int = MAX_TEXT_CHARS) -> str
         )
     if not value.isascii():
         try:
-            value.encode("utf-8")
+            size = len(value.encode("utf-8"))
         except UnicodeEncodeError as exc:
             raise ConfigurationError(
                 f"{name} must be valid Unicode text; {value!r} holds {value[exc.start]!r}, a "
                 "lone surrogate (decode bytes with errors='replace', or pick another value)"
             ) from None
+        if size > MAX_TEXT_BYTES:
+            raise ConfigurationError(
+                f"{name} must be at most {MAX_TEXT_BYTES:,} bytes in UTF-8 (what its index "
+                f"can hold), got a string of {len(value):,} characters in {size:,} bytes"
+            )
     if "\x00" in value:
         raise ConfigurationError(
             f"{name} must not contain the NUL character (\\x00), which Postgres text cannot "

@@ -45,8 +45,9 @@ __all__ = [
 
 
 class OutputRefused(RunlaneError):
-    """The database refused an output as too large to store (JSON text within
-    ``max_output_bytes`` can take several times that as jsonb); nothing was written."""
+    """The database refused the outputs of a completion statement as too large to store
+    (JSON text within ``max_output_bytes`` can take several times that as jsonb); nothing
+    was written. The message is the database's reason."""
 
 
 @attrs.frozen
@@ -309,7 +310,7 @@ class Storage(Protocol):
         """Complete the attempts that still hold their lease; returns the run ids applied.
         (Storage announces the capacity freed in their queues, and resumes runs waiting on
         them.) Raises OutputRefused, writing none of them, when the database cannot hold
-        one of their outputs."""
+        their outputs (one of them, or all of them in one statement)."""
 
     def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
         """Fail the attempts that still hold their lease: ``retrying`` after ``retry_delay``,

@@ -527,6 +527,15 @@ CASES: list[Case] = [
         "got a string of 1,001 characters",
     ),
     api(
+        # 1,000 characters, 4,000 bytes (not compressible): more than its index row holds
+        "idempotency-key-too-many-bytes",
+        lambda e: e.rl.trigger(
+            free, {}, idempotency_key="".join(chr(0x10000 + i * 37) for i in range(1000))
+        ),
+        ConfigurationError,
+        "at most 2,000 bytes in UTF-8",
+    ),
+    api(
         "idempotency-key-nul",
         lambda e: e.rl.trigger(free, {}, idempotency_key="order\x00"),
         ConfigurationError,

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 
@@ -31,14 +33,20 @@ from runlane import (
     PayloadValidationError,
     RetryPolicy,
     RunContext,
+    Runlane,
     RunlaneError,
     RunStatus,
+    StorageUnavailable,
     WaitTokenStatus,
     task,
 )
+from runlane._leases import LeaseTracker
 from runlane.postgres import _batches
-from runlane.storage import Completion, NewRuns
-from runlane.worker._lifecycle import _complete
+from runlane.postgres import _outbox as postgres_outbox
+from runlane.postgres import _storage as postgres_storage
+from runlane.storage import Completion, NewRuns, Storage
+from runlane.worker import _lifecycle
+from runlane.worker._lifecycle import LifecycleWriter, _Pending
 from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import (
     Conn,
@@ -75,11 +83,21 @@ def dense(payload: Any, context: RunContext) -> Any:
 
 
 @pytest.fixture
-def small_statements(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Batches go in statements of at most about three ``Greet`` payloads."""
+def small_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Batches go in statements of at most about three ``Greet`` payloads; yields the number
+    of statements of each insert, and checks at the end that some insert was split."""
     size = 3 * (len('{"name":"n00"}') + 40)
     monkeypatch.setattr(_batches, "STATEMENT_BYTES", size)
-    return size
+    statements: list[int] = []
+
+    def counted(conn: Any, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        statements.append(len(params))
+        return _batches.pipelined(conn, statement, params)
+
+    for module in (postgres_storage, postgres_outbox):
+        monkeypatch.setattr(module, "pipelined", counted)
+    yield statements
+    assert max(statements, default=0) > 1, "no batch was split"
 
 
 def _fail_on(db: Conn, schema: str, name: str) -> None:
@@ -138,7 +156,7 @@ def test_a_return_value_postgres_cannot_hold_fails_its_run_and_the_worker_goes_o
     assert failed.attempt == 1  # not retried: the handler would return it again
     assert failed.error is not None
     assert failed.error.type == "runlane._codec.OutputTooLarge"
-    assert "too large to store" in failed.error.message
+    assert "too large for Postgres to store" in failed.error.message
     assert not failed.error.retryable
     # the worker's lifecycle writer survived it
     after = runlane.trigger(dense, "after")
@@ -147,25 +165,95 @@ def test_a_return_value_postgres_cannot_hold_fails_its_run_and_the_worker_goes_o
     worker.close(timeout=10)
 
 
+class _OutageOnce:
+    """A runtime's real storage, counting completion statements; the ``fail_at``-th fails
+    as a lost connection would, before reaching the database."""
+
+    def __init__(self, storage: Storage, fail_at: int = 0) -> None:
+        self._storage = storage
+        self._fail_at = fail_at
+        self.calls: list[list[uuid.UUID]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
+        self.calls.append([c.run_id for c in completions])
+        if len(self.calls) == self._fail_at:
+            raise StorageUnavailable("injected: the connection was lost")
+        return self._storage.run_complete_many(completions)
+
+
+def _claimed_completions(runlane: Runlane, outputs: list[str]) -> list[Completion]:
+    """One run per output, claimed; their completions, in the order of ``outputs``."""
+    ids = [runlane.trigger(dense, i).id for i in range(len(outputs))]
+    claimed = storage_of(runlane).run_claim("default", ["default"], len(ids), timedelta(minutes=5))
+    by_id = {c.id: c for c in claimed}
+    return [
+        Completion(run_id=i, attempt=by_id[i].attempt, lease_token=by_id[i].lease_token, output=o)
+        for i, o in zip(ids, outputs, strict=True)
+    ]
+
+
+def _writer(storage: Any) -> LifecycleWriter:
+    return LifecycleWriter(
+        storage,
+        LeaseTracker(timedelta(minutes=5)),
+        environment="default",
+        name="test-lifecycle",
+        on_timeout=lambda tracked: None,
+        on_fatal=lambda exc: None,
+    )
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["bounded", "one-statement"])
 def test_a_refused_output_in_a_batch_of_completions_leaves_the_others_written(
-    make_runlane: RunlaneFactory,
+    make_runlane: RunlaneFactory, monkeypatch: pytest.MonkeyPatch, together: bool
 ) -> None:
     runlane = make_runlane(tasks=[dense], **BIG_LIMITS)
-    runs = [runlane.trigger(dense, n) for n in ("a", "b", "c")]
-    storage = storage_of(runlane)
-    claimed = storage.run_claim("default", ["default"], 3, timedelta(minutes=5))
-    assert {c.id for c in claimed} == {h.id for h in runs}
-    outputs = {runs[0].id: '"a"', runs[1].id: "[" + "0," * DENSE + "0]", runs[2].id: '"c"'}
-    completions = [
-        Completion(run_id=c.id, attempt=c.attempt, lease_token=c.lease_token, output=outputs[c.id])
-        for c in claimed
-    ]
-    applied, refused = _complete(storage, completions)
-    assert applied == {runs[0].id, runs[2].id}
-    assert [c.run_id for c, _ in refused] == [runs[1].id]
-    assert "cannot store it" in refused[0][1]
-    assert runlane.get_run(runs[0].id).output == "a"
-    assert runlane.get_run(runs[1].id).status is RunStatus.RUNNING  # still its attempt's
+    a, big, c = _claimed_completions(runlane, ['"a"', "[" + "0," * DENSE + "0]", '"c"'])
+    ids = [a.run_id, big.run_id, c.run_id]
+    if together:
+        # one statement could take all three: it is refused, and they go one by one
+        monkeypatch.setattr(_lifecycle, "_STATEMENT_OUTPUT_CHARS", 2**30)
+        calls, fail_at = [ids, ids[:1], ids[1:2], ids[2:], ids[2:]], 4
+    else:
+        # the big output, over the statement bound alone, goes alone
+        calls, fail_at = [ids[:1], ids[1:2], ids[2:], ids[2:]], 3
+    # ... and c meets an outage once
+    storage = _OutageOnce(storage_of(runlane), fail_at=fail_at)
+    writer = _writer(storage)
+    writer._write_until_done(_Pending(completions=[a, big, c]))
+    assert storage.calls == calls
+    assert attrs.asdict(writer.stats) == {
+        "completed": 2,
+        "failed": 1,
+        "released": 0,
+        "stale": 0,  # a written before the outage is not written (nor counted) again
+        "batches": 1,
+    }
+    assert [runlane.get_run(i).output for i in (a.run_id, c.run_id)] == ["a", "c"]
+    failed = runlane.get_run(big.run_id)
+    assert failed.status is RunStatus.FAILED
+    assert failed.error is not None
+    assert failed.error.type == "runlane._codec.OutputTooLarge"
+    assert not failed.error.retryable
+
+
+def test_completions_go_in_statements_of_bounded_output(
+    make_runlane: RunlaneFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_lifecycle, "_STATEMENT_OUTPUT_CHARS", 10)
+    runlane = make_runlane(tasks=[dense])
+    completions = _claimed_completions(runlane, ['"aaaa"', '"' + "b" * 12 + '"', '"c"', '"d"'])
+    storage = _OutageOnce(storage_of(runlane))
+    writer = _writer(storage)
+    writer._write_until_done(_Pending(completions=list(completions)))
+    ids = [c.run_id for c in completions]
+    # a first; b alone, over the bound by itself; c and d together
+    assert storage.calls == [ids[:1], ids[1:2], ids[2:]]
+    assert writer.stats.completed == 4
+    assert [runlane.get_run(i).output for i in ids] == ["aaaa", "b" * 12, "c", "d"]
 
 
 def test_a_wait_token_output_postgres_cannot_hold_raises_configuration_error(
@@ -179,8 +267,9 @@ def test_a_wait_token_output_postgres_cannot_hold_raises_configuration_error(
     assert runlane.get_wait_token(token.id).status is WaitTokenStatus.PENDING
 
 
+@pytest.mark.usefixtures("small_statements")
 def test_split_batches_keep_keys_order_and_handles(
-    make_runlane: RunlaneFactory, db: Conn, schema: str, small_statements: int
+    make_runlane: RunlaneFactory, db: Conn, schema: str
 ) -> None:
     runlane = make_runlane(tasks=[greet])
     earlier = runlane.trigger(greet, Greet(name="n99"), idempotency_key="k07")
@@ -203,8 +292,9 @@ def test_split_batches_keep_keys_order_and_handles(
     assert runlane.drain().runs_executed == count_runs(db, schema)
 
 
+@pytest.mark.usefixtures("small_statements")
 def test_a_split_batch_failing_late_writes_nothing(
-    make_runlane: RunlaneFactory, db: Conn, schema: str, small_statements: int
+    make_runlane: RunlaneFactory, db: Conn, schema: str
 ) -> None:
     runlane = make_runlane(tasks=[greet])
     _fail_on(db, schema, "n19")  # the last piece, in lock order (keyless: by id)
@@ -238,8 +328,9 @@ def test_a_split_batch_on_the_callers_connection_is_one_write(
     assert count_runs(db, schema) == 12
 
 
+@pytest.mark.usefixtures("small_statements")
 def test_a_split_batch_rolls_back_with_the_callers_transaction(
-    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str, small_statements: int
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
 ) -> None:
     runlane = make_runlane(tasks=[greet])
     with psycopg.connect(database_url) as conn:
@@ -248,8 +339,9 @@ def test_a_split_batch_rolls_back_with_the_callers_transaction(
     assert count_runs(db, schema) == 0
 
 
+@pytest.mark.usefixtures("small_statements")
 def test_split_batches_with_overlapping_keys_do_not_deadlock(
-    make_runlane: RunlaneFactory, db: Conn, schema: str, small_statements: int
+    make_runlane: RunlaneFactory, db: Conn, schema: str
 ) -> None:
     runlane = make_runlane(tasks=[greet], lane_options={"pool_min_size": 3})
     runlane.start()
@@ -306,8 +398,9 @@ def test_split_runs_cuts_in_lock_order_within_the_size() -> None:
             assert runs.payloads[runs.ids.index(run_id)] == payload
 
 
+@pytest.mark.usefixtures("small_statements")
 def test_a_split_eager_batch_on_the_rabbitmq_lane_is_published_once(
-    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str, small_statements: int
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str
 ) -> None:
     executions = Executions()
 

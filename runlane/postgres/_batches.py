@@ -15,7 +15,7 @@ in the same global order as every other insert and cannot deadlock with one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -27,7 +27,14 @@ from runlane.errors import PayloadValidationError
 from runlane.postgres._connections import Conn
 from runlane.storage import NewRuns
 
-__all__ = ["STATEMENT_BYTES", "pipelined", "refusing_too_large", "split_runs", "too_large"]
+__all__ = [
+    "STATEMENT_BYTES",
+    "pipelined",
+    "refusing_too_large",
+    "split_runs",
+    "too_large",
+    "too_large_reason",
+]
 
 T = TypeVar("T")
 
@@ -56,7 +63,9 @@ def split_runs(runs: NewRuns, max_bytes: int | None = None) -> list[NewRuns]:
     ]
     if sum(sizes) <= max_bytes:
         return [runs]
-    # str order is code point order, which is UTF-8 byte order: the "C" collation's
+    # str order is code point order, which is UTF-8 byte order: the "C" collation's in a
+    # UTF-8 database (in another encoding, byte order may differ: two split batches still
+    # agree, but a split batch and a whole one may not)
     order = sorted(range(len(sizes)), key=lambda i: (keys[i] is None, keys[i] or "", runs.ids[i]))
     pieces: list[list[int]] = [[]]
     filled = 0
@@ -82,36 +91,45 @@ def _utf8_len(text: str) -> int:
 
 
 def pipelined(
-    conn: psycopg.Connection[Any], statement: str, params: Iterable[Mapping[str, Any]]
+    conn: psycopg.Connection[Any], statement: str, params: Sequence[Mapping[str, Any]]
 ) -> list[tuple[Any, ...]]:
-    """The rows ``statement`` returns for each of ``params``, all sent in one round trip and
-    committed together: in a transaction of their own on an autocommit connection outside
-    one; in the caller's transaction otherwise (the caller commits)."""
+    """The rows ``statement`` returns for each of ``params``: one statement alone, several
+    sent in one round trip and committed together (in a transaction of their own on an
+    autocommit connection outside one; else in the caller's transaction, which the caller
+    ends, or, on a connection already in a pipeline, in the implicit transaction Postgres
+    runs up to the pipeline's next sync)."""
+    if len(params) == 1:
+        with conn.cursor(row_factory=tuple_row) as cursor:
+            return cursor.execute(statement, params[0]).fetchall()
     own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
-    cursors = []
-    with conn.pipeline(), conn.transaction() if own else contextlib.nullcontext():
-        for p in params:
-            cursor = conn.cursor(row_factory=tuple_row)
-            cursor.execute(statement, p)
-            cursors.append(cursor)
-    rows: list[tuple[Any, ...]] = []
-    for cursor in cursors:
-        rows += cursor.fetchall()
-        cursor.close()
-    return rows
+    with contextlib.ExitStack() as cursors:
+        sent = [cursors.enter_context(conn.cursor(row_factory=tuple_row)) for _ in params]
+        with conn.pipeline(), conn.transaction() if own else contextlib.nullcontext():
+            for cursor, p in zip(sent, params, strict=True):
+                cursor.execute(statement, p)
+        return [row for cursor in sent for row in cursor.fetchall()]
 
 
 def too_large(exc: psycopg.Error) -> bool:
-    """Whether Postgres refused a value as too large to hold: over jsonb's 256 MiB, or (while
-    parsing a jsonb of very many values) asking for more than 1 GiB of memory at once."""
+    """Whether Postgres refused a value as too large to hold as jsonb: over its 256 MiB, or
+    (parsing a jsonb of very many values) asking for more than 1 GiB of memory at once. Told
+    by the server's source file, not its (translatable) message, and only those: other
+    limits (an index row too large, say) are not the value's size."""
+    source = exc.diag.source_file or ""
     if isinstance(exc, psycopg.errors.ProgramLimitExceeded):
-        return True
-    return isinstance(exc, psycopg.errors.InternalError_) and "memory alloc request" in str(
-        exc.diag.message_primary
+        return source.startswith("jsonb")
+    return isinstance(exc, psycopg.errors.InternalError_) and source == "mcxt.c"
+
+
+def too_large_reason(exc: psycopg.Error) -> str:
+    """What the error says, for the messages of too_large errors."""
+    return (
+        f"too large for Postgres to store ({exc.diag.message_primary}); nothing was written: "
+        "store large data elsewhere and pass a reference"
     )
 
 
-def refusing_too_large(insert: Callable[[Conn], T], conn: Conn, task_id: str) -> T:
+def refusing_too_large(insert: Callable[[Conn], T], conn: Conn, runs: NewRuns) -> T:
     """``insert(conn)``, with a payload Postgres cannot hold refused as invalid: JSON text
     within ``max_payload_bytes`` can take several times that as jsonb."""
     try:
@@ -119,10 +137,5 @@ def refusing_too_large(insert: Callable[[Conn], T], conn: Conn, task_id: str) ->
     except psycopg.Error as exc:
         if not too_large(exc):
             raise
-        raise PayloadValidationError(
-            task_id,
-            [
-                f"payload: too large for Postgres to store ({exc.diag.message_primary}); "
-                "nothing was written: store large data elsewhere and pass a reference"
-            ],
-        ) from exc
+        which = "payload" if len(runs.ids) == 1 else "a payload of the batch"
+        raise PayloadValidationError(runs.task_id, [f"{which}: {too_large_reason(exc)}"]) from exc

@@ -74,19 +74,11 @@ class OutboxMethods:
 
         def insert(conn: Conn) -> tuple[list[InsertedRun], list[uuid.UUID]]:
             params = [{**self._insert_params(piece), "claim": str(claim)} for piece in pieces]
-            if len(params) == 1:
-                rows = conn.execute(self._sql["run_insert_many_claimed"], params[0]).fetchall()
-            else:
-                rows = pipelined(conn, self._sql["run_insert_many_claimed"], params)
-            inserted = {row[0] for row in rows}
-            due_now = [row[0] for row in rows if row[1]]
-            if len(inserted) == len(runs.ids):
-                made = [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
-            else:
-                made = self._resolve_inserted(conn, runs, inserted)
-            return made, due_now
+            rows = pipelined(conn, self._sql["run_insert_many_claimed"], params)
+            made = self._resolve_inserted(conn, runs, {row[0] for row in rows})
+            return made, [row[0] for row in rows if row[1]]
 
-        made, due_now = self._with_conn(lambda conn: refusing_too_large(insert, conn, runs.task_id))
+        made, due_now = self._with_conn(lambda conn: refusing_too_large(insert, conn, runs))
         if due_now:
             publisher.submit(
                 [

@@ -23,7 +23,13 @@ from runlane.errors import (
     StaleLease,
 )
 from runlane.models import RunError, RunSnapshot, RunStatus, WaitToken, WaitTokenStatus
-from runlane.postgres._batches import pipelined, refusing_too_large, split_runs, too_large
+from runlane.postgres._batches import (
+    pipelined,
+    refusing_too_large,
+    split_runs,
+    too_large,
+    too_large_reason,
+)
 from runlane.postgres._connections import (
     Conn,
     ConnectionSource,
@@ -223,10 +229,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
                 f"({exc.diag.message_primary}): {_migrate_hint(self.schema)}"
             )
         if too_large(exc):  # a step's or a wait token's output (triggers say which payload)
-            return ConfigurationError(
-                f"a value is too large for Postgres to store ({exc.diag.message_primary}); "
-                "nothing was written: store large data elsewhere and pass a reference"
-            )
+            return ConfigurationError(f"the value is {too_large_reason(exc)}")
         if isinstance(exc, psycopg.errors.InsufficientPrivilege):
             return ConfigurationError(
                 f"the database role runlane connects as lacks a privilege this needs in schema "
@@ -334,6 +337,10 @@ class PostgresStorage(OutboxMethods, InspectMethods):
     def _resolve_inserted(
         self, conn: Conn, runs: NewRuns, inserted: set[uuid.UUID]
     ) -> list[InsertedRun]:
+        """The handles of ``runs``, of which the insert returned ``inserted``: the others met
+        an idempotency key (or, retried after a lost answer, their own ids)."""
+        if len(inserted) == len(runs.ids):
+            return [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
         with conn.cursor(row_factory=tuple_row) as cur:
             return self._resolve_conflicts(cur, runs, inserted)
 
@@ -367,9 +374,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
                     return created
                 cur.execute(statement, params)
                 inserted = {row[0] for row in cur.fetchall()}
-                if len(inserted) == len(runs.ids):
-                    return created
-                return self._resolve_conflicts(cur, runs, inserted)
+            return self._resolve_inserted(conn, runs, inserted)
 
         return self._run_insert(insert, runs, connection)
 
@@ -381,11 +386,9 @@ class PostgresStorage(OutboxMethods, InspectMethods):
         also covers a retry after a lost answer."""
 
         def insert(conn: psycopg.Connection[Any]) -> list[InsertedRun]:
-            rows = pipelined(conn, self._sql["run_insert_many"], map(self._insert_params, pieces))
-            inserted = {row[0] for row in rows}
-            if len(inserted) == len(runs.ids):
-                return [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
-            return self._resolve_inserted(conn, runs, inserted)
+            params = [self._insert_params(piece) for piece in pieces]
+            rows = pipelined(conn, self._sql["run_insert_many"], params)
+            return self._resolve_inserted(conn, runs, {row[0] for row in rows})
 
         return self._run_insert(insert, runs, connection)
 
@@ -394,7 +397,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
     ) -> list[InsertedRun]:
         """``insert`` on a pool connection, or on the caller's (``connection=``)."""
         if connection is None:
-            return self._with_conn(lambda conn: refusing_too_large(insert, conn, runs.task_id))
+            return self._with_conn(lambda conn: refusing_too_large(insert, conn, runs))
         if not isinstance(connection, psycopg.Connection):
             raise ConfigurationError(
                 f"connection= takes a psycopg.Connection, got {type(connection).__name__}"
@@ -402,7 +405,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
         if not self._gate.checked:
             self._with_conn(lambda conn: None)  # checks the schema on a pool connection
         try:
-            return refusing_too_large(insert, connection, runs.task_id)
+            return refusing_too_large(insert, connection, runs)
         except psycopg.Error as exc:
             raise self._translation(exc) or storage_error(
                 exc, self._conninfo, "insert runs on the caller's connection (connection=)"
@@ -522,9 +525,7 @@ class PostgresStorage(OutboxMethods, InspectMethods):
                 return {row[0] for row in conn.execute(self._sql["run_complete_many"], params)}
             except psycopg.Error as exc:
                 if too_large(exc):
-                    raise OutputRefused(
-                        f"the database cannot store it ({exc.diag.message_primary})"
-                    ) from exc
+                    raise OutputRefused(exc.diag.message_primary) from exc
                 raise
 
         return self._with_conn(complete)

@@ -33,6 +33,9 @@ __all__ = ["LifecycleStats", "LifecycleWriter"]
 
 log = logging.getLogger("runlane.lifecycle")
 
+# output characters written in one completion statement (several times that as jsonb)
+_STATEMENT_OUTPUT_CHARS = 16 * 1024 * 1024
+
 # after close's deadline: how long a cancelled statement gets to return
 _CLOSE_GRACE_SECONDS = 0.5
 
@@ -259,14 +262,7 @@ class LifecycleWriter:
         """Write each kind in one statement; a kind written is removed, so a retry after a
         lost connection repeats only what may not have been applied (and fencing makes a
         repeat of an applied write a harmless no-op)."""
-        if batch.completions:
-            applied, refused = _complete(storage, batch.completions)
-            batch.failures += [refused_output_failure(c, reason) for c, reason in refused]
-            stored = [c.run_id for c in batch.completions if all(c is not r for r, _ in refused)]
-            self._count_stale("completion", stored, applied)
-            self.stats.completed += len(applied)
-            batch.applied_any = batch.applied_any or bool(applied)
-            batch.completions = []
+        self._write_completions(batch, storage)
         if batch.failures:
             failed = {row.run_id for row in storage.run_fail_many(batch.failures)}
             self._count_stale("failure", [f.run_id for f in batch.failures], failed)
@@ -280,6 +276,36 @@ class LifecycleWriter:
             batch.releases = []
         self.stats.batches += 1
 
+    def _write_completions(self, batch: _Pending, storage: Storage) -> None:
+        """Completions in statements of at most _STATEMENT_OUTPUT_CHARS of output, each
+        removed from the batch once written. When the database refuses an output (JSON text
+        within max_output_bytes can be too large as jsonb), the rest go one by one, and a
+        refused one becomes a failure of its attempt, not retried: the handler would
+        return the same value."""
+        one_by_one = False
+        while batch.completions:
+            chunk = batch.completions[:1] if one_by_one else _within(batch.completions)
+            try:
+                applied = storage.run_complete_many(chunk)
+            except OutputRefused as exc:
+                if len(chunk) > 1:
+                    one_by_one = True
+                    continue
+                refused = chunk[0]
+                log.warning(
+                    "runlane: run %s attempt %d: the database refused its return value (%s); "
+                    "failing the attempt",
+                    refused.run_id,
+                    refused.attempt,
+                    exc,
+                )
+                batch.failures.append(refused_output_failure(refused, str(exc)))
+            else:
+                self._count_stale("completion", [c.run_id for c in chunk], applied)
+                self.stats.completed += len(applied)
+                batch.applied_any = batch.applied_any or bool(applied)
+            del batch.completions[: len(chunk)]
+
     def _count_stale(self, kind: str, wanted: list[uuid.UUID], applied: set[uuid.UUID]) -> None:
         stale = [run_id for run_id in wanted if run_id not in applied]
         if stale:
@@ -292,26 +318,12 @@ class LifecycleWriter:
             )
 
 
-def _complete(
-    storage: Storage, completions: list[Completion]
-) -> tuple[set[uuid.UUID], list[tuple[Completion, str]]]:
-    """Write ``completions``; when the database refuses an output, write the others one by
-    one and return the refused ones (each with the reason) to be recorded as failures."""
-    try:
-        return storage.run_complete_many(completions), []
-    except OutputRefused as exc:
-        if len(completions) == 1:
-            log.warning(
-                "runlane: run %s attempt %d: %s; failing the attempt",
-                completions[0].run_id,
-                completions[0].attempt,
-                exc,
-            )
-            return set(), [(completions[0], str(exc))]
-    applied: set[uuid.UUID] = set()
-    refused: list[tuple[Completion, str]] = []
-    for completion in completions:
-        one_applied, one_refused = _complete(storage, [completion])
-        applied |= one_applied
-        refused += one_refused
-    return applied, refused
+def _within(completions: list[Completion]) -> list[Completion]:
+    """The longest prefix of ``completions`` (at least one) whose outputs fit in one
+    statement: a batch of large outputs as one parameter could pass Postgres's 1 GiB."""
+    size = 0
+    for n, completion in enumerate(completions):
+        size += len(completion.output)
+        if size > _STATEMENT_OUTPUT_CHARS and n:
+            return completions[:n]
+    return completions
