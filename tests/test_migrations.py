@@ -585,3 +585,51 @@ def test_start_does_not_create_the_schema(fresh_schema: str, db: Conn, make_runt
     assert not schema_exists(db, fresh_schema)
     runtime.close()
     assert not schema_exists(db, fresh_schema)
+
+
+# -- the row checks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("columns", "broken"),
+    [
+        ({"status": "done"}, "runs_status_known"),
+        ({"status": "running"}, "runs_lease_matches_status"),  # a running run without a lease
+        ({"lease_token": uuid.uuid4()}, "runs_lease_matches_status"),  # a queued one with one
+        ({"status": "failed"}, "runs_finished_when_terminal"),
+        ({"finished_at": "2026-01-01T00:00:00Z"}, "runs_finished_when_terminal"),
+        ({"status": "waiting"}, "runs_wait_shape"),
+        ({"attempt": 1, "releases": 2}, "runs_attempts_sane"),
+        ({"remaining_children": 1}, "runs_tombstone_shape"),
+        ({}, None),
+        ({"status": "running", "lease_token": uuid.uuid4()}, None),
+        ({"status": "cancellation_requested"}, None),  # its lease may have been released
+        ({"status": "cancelled", "finished_at": "2026-01-01T00:00:00Z"}, None),
+    ],
+)
+def test_the_row_checks_refuse_rows_no_statement_should_write(
+    db: Conn, schema: str, columns: dict[str, Any], broken: str | None
+) -> None:
+    row: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "environment": "default",
+        "task_id": "ping",
+        "queue": "default",
+        "status": "queued",
+        "payload": "{}",
+        "max_attempts": 1,
+        **columns,
+    }
+    insert = sql.SQL("insert into {}.runs ({}, due_at) values ({}, now())").format(
+        sql.Identifier(schema),
+        sql.SQL(", ").join(map(sql.Identifier, row)),
+        sql.SQL(", ").join(sql.Placeholder() * len(row)),
+    )
+    if broken is None:
+        db.execute(insert, list(row.values()))
+        assert count_runs(db, schema) == 1
+        return
+    with pytest.raises(psycopg.errors.CheckViolation) as raised:
+        db.execute(insert, list(row.values()))
+    assert raised.value.diag.constraint_name == broken
+    assert count_runs(db, schema) == 0
