@@ -247,10 +247,28 @@ def dump_json(value: Any) -> str:
     return _dump(value)[0]
 
 
+# what the converter and the encoder raise for a value they cannot take; anything else
+# (a NameError from an annotation that no longer resolves, a hook with no handler, a
+# container whose iteration fails) is named with its type
+_EXPECTED = (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError)
+
+
+def _said(exc: BaseException) -> str:
+    """``str(exc)``, with its type when unexpected, and something when ``str`` fails."""
+    try:
+        text = str(exc)
+    except Exception as failure:  # a user type's __str__: anything is possible
+        text = f"<str() of this {type(exc).__name__} raised {type(failure).__name__}>"
+    return text if isinstance(exc, _EXPECTED) else f"{type(exc).__name__}: {text}"
+
+
 def _problems(exc: BaseException) -> list[str]:
     if isinstance(exc, cattrs.BaseValidationError):
-        return list(cattrs.transform_error(exc, path="payload"))
-    return [f"payload: {exc}"]
+        try:
+            return list(cattrs.transform_error(exc, path="payload"))
+        except Exception:  # a user error inside: say what we can
+            return [f"payload: {_said(exc)}"]
+    return [f"payload: {_said(exc)}"]
 
 
 def encode_payload(
@@ -277,14 +295,7 @@ def encode_payload(
         else:
             plain = converter.unstructure(converter.structure(payload, schema), schema)
         text, size = _dump(plain)
-    except (
-        cattrs.BaseValidationError,
-        TypeError,
-        ValueError,
-        KeyError,
-        AttributeError,
-        RecursionError,
-    ) as exc:
+    except Exception as exc:  # user types and hooks: anything they raise refuses the payload
         raise PayloadValidationError(task_id, _problems(exc)) from exc
     if size > max_bytes:
         problem = describe_size("payload", size, "max_payload_bytes", max_bytes)
@@ -298,7 +309,7 @@ def decode_payload(task_id: str, schema: type[Any] | None, stored: Any) -> Any:
         return stored
     try:
         return converter.structure(stored, schema)
-    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # a schema changed since: whatever it raises fails the run
         raise PayloadValidationError(task_id, _problems(exc)) from exc
 
 
@@ -314,10 +325,10 @@ def encode_output(value: Any, max_bytes: int | None = None, *, what: str = "the 
             f"{what} (a {kind}) is nested too deeply to store as JSON (limit {MAX_DEPTH} "
             "levels); flatten it"
         ) from exc
-    except (TypeError, ValueError, OverflowError) as exc:
+    except Exception as exc:  # user types: whatever converting them raises refuses the value
         raise OutputNotSerializable(
-            f"{what} (a {kind}) cannot be stored as JSON ({exc}); use attrs instances, dicts "
-            "with string keys, lists, strings, numbers, booleans or None"
+            f"{what} (a {kind}) cannot be stored as JSON ({_said(exc)}); use attrs instances, "
+            "dicts with string keys, lists, strings, numbers, booleans or None"
         ) from exc
     if max_bytes is not None and size > max_bytes:
         raise OutputTooLarge(describe_size(what, size, "max_output_bytes", max_bytes))

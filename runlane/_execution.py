@@ -142,10 +142,10 @@ def _failure(
     the failure is not retryable). The delay, or None once attempts are spent, comes from
     ``next_retry_delay``, the arithmetic maintenance uses for expired attempts too."""
     module = type(exc).__module__
+    name = type(exc).__qualname__
     error = RunError(
-        type=type(exc).__qualname__
-        if module == "builtins"
-        else f"{module}.{type(exc).__qualname__}",
+        # a class's names are the user's too: stored like its message
+        type=truncate_message(_storable(name if module == "builtins" else f"{module}.{name}")),
         message=_message(exc),
         traceback=_traceback(exc) if with_tb else None,
         retryable=retry is not None,
@@ -202,6 +202,19 @@ def execute_attempt(
     except Suspended:
         return Outcome(None, handler_ran=True)
     except RunInterrupted as exc:
+        if context.stop_reason is None:
+            # raised with no stop asked of this attempt (the handler set context.cancelled
+            # itself, or raised it): a failure like any other, or the hand-back would
+            # deliver the run again at once, unspent, without end
+            log.warning(
+                "run %s attempt %d of %s raised %r, but no stop was asked of it; recording "
+                "a failed attempt (to cancel a run, call cancel_run)",
+                claimed.id,
+                claimed.attempt,
+                task.id,
+                exc,
+            )
+            return Outcome(_failure(claimed, exc, retry=task), handler_ran=True)
         return Outcome(_interrupted(claimed, exc), handler_ran=True)
     except NonRetryableError as exc:
         return Outcome(_failure(claimed, exc, retry=None), handler_ran=True)

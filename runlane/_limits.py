@@ -13,12 +13,15 @@ traceback (where the raising frame and the exception line are).
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from runlane.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "INT32_MAX",
+    "MAX_DURATION",
     "MAX_ERROR_MESSAGE_CHARS",
     "MAX_LIMIT_BYTES",
     "MAX_TEXT_BYTES",
@@ -44,6 +47,10 @@ MAX_LIMIT_BYTES = 64 * 1_048_576
 MAX_ERROR_MESSAGE_CHARS = 4_000
 MAX_TRACEBACK_CHARS = 16_000
 _TRACEBACK_HEAD = 4_000
+
+# delays, timeouts and sleeps (retry delays too): a due time must stay a datetime Python and
+# Postgres agree on (Python's end at year 9999), and nothing waits a century on purpose
+MAX_DURATION = timedelta(days=36_525)
 
 # idempotency keys and other caller-chosen text stored as a column; in bytes too, since a
 # key's index row (with the environment and task id, 200 characters each) holds at most

@@ -320,7 +320,16 @@ class Attempt:
         if tracing_enabled():
             parent = None
             if isinstance(claimed.trace_context, dict) and claimed.trace_context:
-                parent = otel_propagate.extract(claimed.trace_context)
+                try:
+                    parent = otel_propagate.extract(claimed.trace_context)
+                except Exception:  # a row written elsewhere, or by hand: start a new trace
+                    log.warning(
+                        "runlane: run %s has a trace context propagation cannot read (%r); "
+                        "its attempt starts a new trace",
+                        claimed.id,
+                        claimed.trace_context,
+                        exc_info=True,
+                    )
             self._span = _tracer().start_span(
                 "runlane.run",
                 context=parent,

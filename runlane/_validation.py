@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from runlane._limits import INT32_MAX, MAX_TEXT_BYTES, MAX_TEXT_CHARS
+from runlane._limits import INT32_MAX, MAX_DURATION, MAX_TEXT_BYTES, MAX_TEXT_CHARS
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
 from runlane.tasks import Queue
 
@@ -28,9 +28,6 @@ __all__ = [
 
 DEFAULT_QUEUE = "default"
 
-# delays, timeouts and sleeps: a due time must stay a datetime Python and Postgres agree on
-# (Python's end at year 9999), and nothing waits a century on purpose
-MAX_DURATION = timedelta(days=36_525)
 _EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
 

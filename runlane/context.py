@@ -157,7 +157,9 @@ class RunContext:
             )
         reason = self._stop_reason
         if reason is None and self.cancelled.is_set():
-            reason = StopReason.CANCEL_REQUESTED  # set by hand: treat it as a cancellation
+            # set by the handler itself: it stops, and, with no stop asked of the attempt,
+            # the engine records a failed attempt
+            reason = StopReason.CANCEL_REQUESTED
         if reason is not None:
             raise RunInterrupted(
                 reason,

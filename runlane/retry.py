@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import attrs
 
+from runlane._limits import MAX_DURATION
 from runlane.errors import ConfigurationError
 
 __all__ = ["RetryPolicy", "next_retry_delay"]
@@ -62,7 +63,7 @@ class RetryPolicy:
     """How often a failing run is attempted and how long it waits between attempts.
 
     The wait before attempt ``n + 1`` is ``initial_delay * multiplier ** (n - 1)``, spread by
-    ``± jitter`` (a fraction) and capped at ``max_delay``.
+    ``± jitter`` (a fraction) and capped at ``max_delay`` (and at 100 years).
     """
 
     max_attempts: int = 3
@@ -78,7 +79,9 @@ class RetryPolicy:
         """The wait after failed attempt number ``attempt`` (1-based) before the next one."""
         if attempt < 1:
             raise ValueError(f"attempt numbers start at 1, got {attempt}")
-        cap = self.max_delay.total_seconds()
+        # beyond a century a due time leaves what Postgres (and Python) can hold: the
+        # failure's write would be refused, and with it every write batched alongside
+        cap = min(self.max_delay, MAX_DURATION).total_seconds()
         initial = self.initial_delay.total_seconds()
         # grow in log space so a huge multiplier or attempt number cannot overflow
         if initial <= 0:

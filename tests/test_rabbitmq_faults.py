@@ -700,10 +700,11 @@ def test_unknown_runs_and_malformed_bodies_are_acked_logged_and_counted(
         b"not json at all",
         json.dumps({"run": "no run_id key"}).encode(),
         json.dumps({"run_id": "not-a-uuid"}).encode(),
+        b"[" * 100_000,  # too deep for the JSON parser: it used to kill the consumer's worker
     )
     stats = consumer_stats(worker)
     wait_until(
-        lambda: stats.unknown == 1 and stats.malformed == 3,
+        lambda: stats.unknown == 1 and stats.malformed == 4,
         timeout=10,
         what="the messages to be counted",
         state=lambda: stats,
@@ -716,7 +717,7 @@ def test_unknown_runs_and_malformed_bodies_are_acked_logged_and_counted(
     assert ready_messages(rabbitmq_url, name) == 0
     messages = [r.getMessage() for r in caplog.records if r.name == "runlane.rabbitmq.consumer"]
     assert sum(str(stranger) in m and "does not have" in m for m in messages) == 1
-    assert sum("names no run" in m for m in messages) == 3
+    assert sum("names no run" in m for m in messages) == 4
     assert stats.duplicates == 0
     assert executions.runs == {run_id: 1}
 

@@ -195,6 +195,27 @@ def test_counters_histograms_and_queue_depth(otel: Otel, make_runlane: RunlaneFa
     assert otel.total("runlane.runs.failed") == 0
 
 
+def test_a_stored_trace_context_propagation_cannot_read_starts_a_new_trace(
+    make_runlane: RunlaneFactory,
+    otel: Otel,
+    db: psycopg.Connection[Any],
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rl = make_runlane(tasks=[job_task()])
+    handle = rl.trigger("job", {"n": 1})
+    # written by another producer, or by hand: it used to stop the worker that took it
+    db.execute(
+        q("update {s}.runs set trace_context = '{{\"traceparent\": 1}}' where id = %s", schema),
+        (handle.id,),
+    )
+    worker = rl.create_delivery_worker(concurrency=1)
+    assert rl.wait_for_run(handle.id, timeout=15).status is RunStatus.COMPLETED
+    assert not worker.closed
+    worker.close(timeout=10)
+    assert any("trace context propagation cannot read" in r.getMessage() for r in caplog.records)
+
+
 def test_without_a_provider_nothing_is_traced_or_stored(
     make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
 ) -> None:

@@ -124,7 +124,7 @@ def parse_body(body: bytes) -> uuid.UUID | None:
     try:
         data: Any = json.loads(body)
         return uuid.UUID(str(data["run_id"]))
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # nested too deep to parse
         return None
 
 

@@ -15,7 +15,10 @@ Threads of one worker (``W`` is its number in this process):
 bounded queues and records results exactly as a worker does.
 
 A slot whose handler passed its timeout is abandoned (its thread finishes the handler, whose
-result is discarded) and a fresh slot takes its place, so capacity stays ``concurrency``.
+result is discarded; its connection closes when it does) and a fresh slot takes its place,
+so capacity stays ``concurrency``; past ``concurrency`` abandoned slots still running, none
+is replaced until one returns, so handlers that ignore their timeout cannot exhaust the
+process's threads and the server's connections.
 
 Closing is bounded and loses nothing: acquisition stops, running handlers are asked to stop
 (``StopReason.SHUTDOWN``), slots are joined until the deadline, a claim still in flight is
@@ -161,6 +164,7 @@ class Worker:
         self._failure: BaseException | None = None
         self._slots: list[_Slot] = []
         self._abandoned: list[_Slot] = []
+        self._withheld = 0  # replacements of abandoned slots not started (see _on_timeout)
         self._running: dict[LeaseRef, tuple[ClaimedRun, _Slot, float]] = {}
         self._slot_numbers = itertools.count(1)
         self.runs_executed = 0
@@ -348,7 +352,9 @@ class Worker:
         self._acquirer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
         if self._writer_storage is not self.storage:
             self._writer_storage.close()
-        for slot in slots + self._abandoned:
+        with self._cond:
+            abandoned, self._abandoned = self._abandoned, []
+        for slot in slots + abandoned:
             if slot not in alive:
                 slot.close_storage()
 
@@ -405,7 +411,9 @@ class Worker:
                 log.exception("runlane: %s failed", slot.name)
             self._fail(exc)
         finally:
-            if self._closed.is_set() and not slot.abandoned:
+            if slot.abandoned:
+                self._abandoned_returned(slot)
+            elif self._closed.is_set():
                 slot.close_storage()  # close gave up on this thread: tidy up behind it
 
     def _unserved(self) -> int:
@@ -631,7 +639,31 @@ class Worker:
             slot.abandoned = True
             self._slots.remove(slot)
             self._abandoned.append(slot)
-            self._start_slot()
+            if len(self._abandoned) <= self._options.concurrency:
+                self._start_slot()
+                return
+            # each abandoned slot holds a thread and a connection until its handler
+            # returns: past one per slot, capacity shrinks rather than exhaust the server
+            self._withheld += 1
+            log.error(
+                "runlane: %s: %d handlers are still running past their timeout (they ignore "
+                "context.cancelled); %s is not replaced until one of them returns",
+                self.name,
+                len(self._abandoned),
+                slot.name,
+            )
+
+    def _abandoned_returned(self, slot: _Slot) -> None:
+        """An abandoned slot's handler returned: its connection goes, and a slot withheld
+        for it starts."""
+        with self._cond:
+            if slot not in self._abandoned:
+                return  # close() took it
+            self._abandoned.remove(slot)
+            slot.close_storage()
+            if self._withheld and not self._stopping.is_set():
+                self._withheld -= 1
+                self._start_slot()
 
 
 def check_worker_arguments(

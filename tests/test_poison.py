@@ -1,0 +1,211 @@
+"""One bad run must not stop a worker, nor be delivered again without end.
+
+Each case used to kill the worker that took the run (the run then waited out its lease and
+killed the next worker) or hand it back unspent forever. Now each fails its run, with the
+cause in the run's error, and the worker goes on with the next run.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pytest
+
+from runlane import RetryPolicy, RunContext, RunInterrupted, RunStatus, StopReason, task
+from runlane.retry import next_retry_delay
+from tests.conftest import RunlaneFactory
+from tests.helpers import wait_until
+
+if TYPE_CHECKING:
+    from decimal import Decimal  # only for type checkers: at run time the name is unknown
+
+
+@attrs.frozen
+class Order:
+    amount: int
+
+
+@attrs.frozen
+class OrderV2:
+    amount: Amount  # type: ignore[name-defined]  # noqa: F821 - gone since v1 was stored
+
+
+@attrs.frozen
+class Invoice:
+    total: Decimal
+
+
+class Rows(list[int]):
+    def __iter__(self) -> Any:
+        raise RuntimeError("cursor closed")
+
+
+class Weird(Exception):
+    pass
+
+
+Weird.__qualname__ = "Weird\x00Error"
+
+TWICE = RetryPolicy(max_attempts=2, initial_delay=timedelta(0))
+
+
+@task(id="ok")
+def ok(payload: Any, context: RunContext) -> str:
+    return "ok"
+
+
+def test_a_handler_that_stops_itself_consumes_its_attempts(make_runlane: RunlaneFactory) -> None:
+    calls: list[int] = []
+
+    @task(id="self.stop", retry=RetryPolicy(max_attempts=1))
+    def self_stop(payload: str, context: RunContext) -> None:
+        calls.append(context.attempt)
+        if payload == "event":
+            context.cancelled.set()  # its own stop flag
+            context.raise_if_stopped()
+        raise RunInterrupted(StopReason.SHUTDOWN, "pretend")
+
+    runlane = make_runlane(tasks=[self_stop, ok])
+    runs = [runlane.trigger(self_stop, kind).id for kind in ("event", "raise")]
+    worker = runlane.create_delivery_worker(concurrency=2)
+    for run_id in runs:
+        failed = runlane.wait_for_run(run_id, timeout=15)
+        assert failed.status is RunStatus.FAILED
+        assert failed.error is not None
+        assert failed.error.type == "runlane.RunInterrupted"
+        assert failed.attempt == 1
+    assert calls == [1, 1]  # not handed back unspent, again and again
+    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
+    assert not worker.closed
+    worker.close(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("returned", "cause"),
+    [
+        (lambda: Invoice(total=5), "NameError"),  # type: ignore[arg-type]  # an annotation imported for type checkers
+        (lambda: Rows([1]), "RuntimeError: cursor closed"),
+    ],
+    ids=["unresolved-annotation", "iteration-fails"],
+)
+def test_a_return_value_that_cannot_be_converted_fails_its_run(
+    make_runlane: RunlaneFactory, returned: Any, cause: str
+) -> None:
+    @task(id="result", retry=TWICE)
+    def result(payload: Any, context: RunContext) -> Any:
+        return returned()
+
+    runlane = make_runlane(tasks=[result, ok])
+    worker = runlane.create_delivery_worker(concurrency=2)
+    failed = runlane.wait_for_run(runlane.trigger(result, None).id, timeout=15)
+    assert failed.status is RunStatus.FAILED
+    assert failed.attempt == 1  # the handler would return it again
+    assert failed.error is not None
+    assert failed.error.type == "runlane._codec.OutputNotSerializable"
+    assert cause in failed.error.message
+    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
+    assert not worker.closed
+    worker.close(timeout=10)
+
+
+def test_a_stored_payload_the_new_schema_cannot_structure_fails_its_run(
+    make_runlane: RunlaneFactory,
+) -> None:
+    old = make_runlane(tasks=[task(id="order", schema=Order)(lambda p, c: None)])
+    stored = old.trigger("order", Order(amount=5)).id
+
+    @task(id="order", schema=OrderV2, retry=TWICE)
+    def order(payload: OrderV2, context: RunContext) -> None:
+        raise AssertionError("the handler must not run")
+
+    runlane = make_runlane(tasks=[order, ok])
+    worker = runlane.create_delivery_worker(concurrency=2)
+    failed = runlane.wait_for_run(stored, timeout=15)
+    assert failed.status is RunStatus.FAILED
+    assert failed.error is not None
+    assert failed.error.type == "runlane.PayloadValidationError"
+    assert "NameError: name 'Amount' is not defined" in failed.error.message
+    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
+    assert not worker.closed
+    worker.close(timeout=10)
+
+
+def test_an_exception_type_whose_name_postgres_cannot_hold_is_stored_escaped(
+    make_runlane: RunlaneFactory,
+) -> None:
+    @task(id="weird", retry=RetryPolicy(max_attempts=1))
+    def weird(payload: Any, context: RunContext) -> None:
+        raise Weird("boom")
+
+    runlane = make_runlane(tasks=[weird, ok])
+    worker = runlane.create_delivery_worker(concurrency=1)
+    failed = runlane.wait_for_run(runlane.trigger(weird, None).id, timeout=15)
+    assert failed.error is not None
+    assert failed.error.type == "tests.test_poison.Weird\\x00Error"
+    assert failed.error.message == "boom"
+    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
+    assert not worker.closed
+    worker.close(timeout=10)
+
+
+def test_a_retry_delay_past_a_century_is_capped(make_runlane: RunlaneFactory) -> None:
+    forever = RetryPolicy(
+        max_attempts=3, initial_delay=timedelta(days=300_000_000), max_delay=timedelta.max
+    )
+    century = timedelta(days=36_525)
+    for delay in (forever.delay_after(1), next_retry_delay(forever, 1, 3)):
+        assert delay is not None
+        assert century * (1 - forever.jitter) <= delay <= century
+
+    @task(id="flaky", retry=forever)
+    def flaky(payload: Any, context: RunContext) -> None:
+        raise RuntimeError("later")
+
+    runlane = make_runlane(tasks=[flaky, ok])
+    worker = runlane.create_delivery_worker(concurrency=1)
+    run_id = runlane.trigger(flaky, None).id
+    wait_until(
+        lambda: runlane.get_run(run_id).status is RunStatus.RETRYING,
+        timeout=15,
+        what="the failure to be written",
+    )
+    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
+    assert not worker.closed
+    worker.close(timeout=10)
+
+
+def test_handlers_that_ignore_their_timeout_hold_at_most_one_extra_slot_each(
+    make_runlane: RunlaneFactory,
+) -> None:
+    release = threading.Event()
+
+    @task(id="stuck", timeout=timedelta(milliseconds=200), retry=RetryPolicy(max_attempts=1))
+    def stuck(payload: Any, context: RunContext) -> None:
+        release.wait(30)  # ignores context.cancelled
+
+    runlane = make_runlane(tasks=[stuck, ok])
+    worker = runlane.create_delivery_worker(concurrency=2)
+    stuck_runs = [runlane.trigger(stuck, n).id for n in range(8)]
+
+    def slot_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith(f"{worker.name}-slot-")]
+
+    # two slots abandoned and replaced; their replacements abandoned, and not replaced
+    wait_until(
+        lambda: sum(runlane.get_run(r).status is RunStatus.FAILED for r in stuck_runs) >= 4,
+        timeout=15,
+        what="four attempts to time out",
+    )
+    assert len(slot_threads()) == 4
+    release.set()  # the handlers return: their slots close, the withheld ones start
+    ended = [runlane.wait_for_run(run_id, timeout=30).status for run_id in stuck_runs]
+    assert ended.count(RunStatus.FAILED) == 4  # timed out; the others returned in time
+    assert ended.count(RunStatus.COMPLETED) == 4
+    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
+    wait_until(lambda: len(slot_threads()) == 2, timeout=15, what="the extra slots to end")
+    assert not worker.closed
+    worker.close(timeout=10)
+    assert slot_threads() == []
