@@ -117,21 +117,28 @@ def refused_output_failure(completion: Completion, reason: str) -> Failure:
     (``reason``: its words); within ``max_output_bytes`` as JSON text, it can be too large
     as jsonb. Not retried, as an output over ``max_output_bytes`` is not: the handler would
     return it again."""
-    error = RunError(
-        type=f"{OutputTooLarge.__module__}.{OutputTooLarge.__qualname__}",
-        message=truncate_message(
-            f"the handler's return value is too large for Postgres to store ({reason}); "
-            "return less: store large results elsewhere and return a reference"
-        ),
-        traceback=None,
-        retryable=False,
+    refused = OutputTooLarge(
+        f"the handler's return value is too large for Postgres to store ({reason}); "
+        "return less: store large results elsewhere and return a reference"
     )
     return Failure(
         run_id=completion.run_id,
         attempt=completion.attempt,
         lease_token=completion.lease_token,
-        error=_error_json(error),
+        error=_error_json(_run_error(refused, with_tb=False, retryable=False)),
         retry_delay=None,
+    )
+
+
+def _run_error(exc: BaseException, *, with_tb: bool, retryable: bool) -> RunError:
+    module = type(exc).__module__
+    name = type(exc).__qualname__
+    return RunError(
+        # a class's names are the user's too: stored like its message
+        type=truncate_message(_storable(name if module == "builtins" else f"{module}.{name}")),
+        message=_message(exc),
+        traceback=_traceback(exc) if with_tb else None,
+        retryable=retryable,
     )
 
 
@@ -141,15 +148,6 @@ def _failure(
     """The failed attempt's write; ``retry`` is the task whose policy may retry it (None:
     the failure is not retryable). The delay, or None once attempts are spent, comes from
     ``next_retry_delay``, the arithmetic maintenance uses for expired attempts too."""
-    module = type(exc).__module__
-    name = type(exc).__qualname__
-    error = RunError(
-        # a class's names are the user's too: stored like its message
-        type=truncate_message(_storable(name if module == "builtins" else f"{module}.{name}")),
-        message=_message(exc),
-        traceback=_traceback(exc) if with_tb else None,
-        retryable=retry is not None,
-    )
     delay = next_retry_delay(
         None if retry is None else retry.retry, claimed.attempts_consumed, claimed.max_attempts
     )
@@ -157,7 +155,7 @@ def _failure(
         run_id=claimed.id,
         attempt=claimed.attempt,
         lease_token=claimed.lease_token,
-        error=_error_json(error),
+        error=_error_json(_run_error(exc, with_tb=with_tb, retryable=retry is not None)),
         retry_delay=delay,
     )
 

@@ -44,6 +44,27 @@ class Greet:
     name: str
 
 
+def race_keyed_batches(runlane: Runlane, task_id: str, batches: list[list[str]]) -> list[Exception]:
+    """Trigger each batch (a ``Greet`` per key, the key its idempotency key) from a thread of
+    its own, all released at once; returns what the calls raised."""
+    barrier = threading.Barrier(len(batches))
+    errors: list[Exception] = []
+
+    def batch(keys: list[str]) -> None:
+        barrier.wait(timeout=10)
+        try:
+            runlane.trigger_many(task_id, [Greet(name=k) for k in keys], idempotency_keys=keys)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=batch, args=(keys,)) for keys in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return errors
+
+
 # -- SQL on the test's schema ------------------------------------------------------------------
 
 

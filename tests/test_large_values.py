@@ -17,10 +17,8 @@ number is 2 bytes of text, 12 of jsonb). So:
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +55,7 @@ from tests.helpers import (
     count_runs,
     outbox_count,
     q,
+    race_keyed_batches,
     storage_of,
 )
 
@@ -345,25 +344,11 @@ def test_split_batches_with_overlapping_keys_do_not_deadlock(
 ) -> None:
     runlane = make_runlane(tasks=[greet], lane_options={"pool_min_size": 3})
     runlane.start()
-    errors: list[BaseException] = []
     for rounds in range(5):
         # keys whose "C" order differs from most locales' (case, accents)
         keys = [f"{c}{rounds}-{i:02d}" for i in range(10) for c in ("a", "B", "é")]
-        barrier = threading.Barrier(3)
-
-        def batch(ordered: list[str], barrier: threading.Barrier = barrier) -> None:
-            barrier.wait(timeout=10)
-            try:
-                runlane.trigger_many(
-                    greet, [Greet(name=k) for k in ordered], idempotency_keys=ordered
-                )
-            except Exception as exc:
-                errors.append(exc)
-
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            # two split batches in opposite orders race one small enough for one statement
-            list(pool.map(batch, [keys, keys[::-1], [keys[1], keys[0]]]))
-        assert errors == []
+        # two split batches in opposite orders race one small enough for one statement
+        assert race_keyed_batches(runlane, "greet", [keys, keys[::-1], [keys[1], keys[0]]]) == []
     assert count_runs(db, schema) == 5 * 30
 
 

@@ -14,8 +14,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pytest
 
-from runlane import RetryPolicy, RunContext, RunInterrupted, RunStatus, StopReason, task
+from runlane import (
+    RetryPolicy,
+    RunContext,
+    RunInterrupted,
+    Runlane,
+    RunStatus,
+    StopReason,
+    task,
+)
 from runlane.retry import next_retry_delay
+from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
 from tests.helpers import wait_until
 
@@ -57,6 +66,13 @@ def ok(payload: Any, context: RunContext) -> str:
     return "ok"
 
 
+def _goes_on(runlane: Runlane, worker: Worker) -> None:
+    """The worker is still up, and runs the next run."""
+    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
+    assert not worker.closed
+    worker.close(timeout=10)
+
+
 def test_a_handler_that_stops_itself_consumes_its_attempts(make_runlane: RunlaneFactory) -> None:
     calls: list[int] = []
 
@@ -78,9 +94,7 @@ def test_a_handler_that_stops_itself_consumes_its_attempts(make_runlane: Runlane
         assert failed.error.type == "runlane.RunInterrupted"
         assert failed.attempt == 1
     assert calls == [1, 1]  # not handed back unspent, again and again
-    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
-    assert not worker.closed
-    worker.close(timeout=10)
+    _goes_on(runlane, worker)
 
 
 @pytest.mark.parametrize(
@@ -106,9 +120,7 @@ def test_a_return_value_that_cannot_be_converted_fails_its_run(
     assert failed.error is not None
     assert failed.error.type == "runlane._codec.OutputNotSerializable"
     assert cause in failed.error.message
-    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
-    assert not worker.closed
-    worker.close(timeout=10)
+    _goes_on(runlane, worker)
 
 
 def test_a_stored_payload_the_new_schema_cannot_structure_fails_its_run(
@@ -128,9 +140,7 @@ def test_a_stored_payload_the_new_schema_cannot_structure_fails_its_run(
     assert failed.error is not None
     assert failed.error.type == "runlane.PayloadValidationError"
     assert "NameError: name 'Amount' is not defined" in failed.error.message
-    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
-    assert not worker.closed
-    worker.close(timeout=10)
+    _goes_on(runlane, worker)
 
 
 def test_an_exception_type_whose_name_postgres_cannot_hold_is_stored_escaped(
@@ -146,9 +156,7 @@ def test_an_exception_type_whose_name_postgres_cannot_hold_is_stored_escaped(
     assert failed.error is not None
     assert failed.error.type == "tests.test_poison.Weird\\x00Error"
     assert failed.error.message == "boom"
-    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
-    assert not worker.closed
-    worker.close(timeout=10)
+    _goes_on(runlane, worker)
 
 
 def test_a_retry_delay_past_a_century_is_capped(make_runlane: RunlaneFactory) -> None:
@@ -172,9 +180,7 @@ def test_a_retry_delay_past_a_century_is_capped(make_runlane: RunlaneFactory) ->
         timeout=15,
         what="the failure to be written",
     )
-    assert runlane.wait_for_run(runlane.trigger(ok, None).id, timeout=15).output == "ok"
-    assert not worker.closed
-    worker.close(timeout=10)
+    _goes_on(runlane, worker)
 
 
 def test_handlers_that_ignore_their_timeout_hold_at_most_one_extra_slot_each(

@@ -28,7 +28,7 @@ from runlane import (
 from runlane._ids import new_run_ids
 from runlane.storage import NewRuns
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, Greet, count_runs, run_row, storage_of
+from tests.helpers import Conn, Greet, count_runs, race_keyed_batches, run_row, storage_of
 
 
 @attrs.frozen
@@ -471,23 +471,11 @@ def test_concurrent_batches_with_overlapping_keys_do_not_deadlock(
 ) -> None:
     runlane = make_runlane(tasks=[greet], lane_options={"pool_min_size": 2})
     runlane.start()
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
     rounds = 0
     while rounds < 10 and not errors:
         keys = [f"r{rounds}-{i:03d}" for i in range(300)]
-        barrier = threading.Barrier(2)
-
-        def batch(ordered: list[str], barrier: threading.Barrier = barrier) -> None:
-            barrier.wait(timeout=10)
-            try:
-                runlane.trigger_many(
-                    greet, [Greet(name=k) for k in ordered], idempotency_keys=ordered
-                )
-            except Exception as exc:
-                errors.append(exc)
-
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            list(pool.map(batch, [keys, keys[::-1]]))
+        errors = race_keyed_batches(runlane, "greet", [keys, keys[::-1]])
         rounds += 1
     assert errors == []
     assert count_runs(db, schema) == 300 * rounds
