@@ -197,13 +197,40 @@ def _check_plain(value: Any) -> None:
             )
 
 
-def _dump(value: Any) -> tuple[str, int]:
+def _all_plain(value: Any) -> bool:
+    """Whether ``value`` holds only dicts with string keys, lists, tuples, strings, numbers,
+    booleans and None, at most MAX_DEPTH deep: nothing for the converter to change, and
+    nothing _check_plain would refuse."""
+    if type(value) in _SCALARS:
+        return True
+    if type(value) not in _CONTAINERS:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        if type(item) is dict:
+            if not all(type(key) is str for key in item):
+                return False
+            children: Any = item.values()
+        else:
+            children = item
+        for child in [c for c in children if type(c) not in _SCALARS]:
+            if type(child) not in _CONTAINERS:
+                return False
+            stack.append((child, depth + 1))
+    return True
+
+
+def _dump(value: Any, *, checked: bool = False) -> tuple[str, int]:
     """``value`` as JSON text and the size of that text in UTF-8 bytes.
 
     NaN, infinities, the NUL character, lone surrogates, non-string object keys and values
     nested too deeply are refused (ValueError or TypeError), as Postgres ``jsonb`` would
-    refuse or JSON would change them."""
-    _check_plain(value)
+    refuse or JSON would change them; ``checked``: _all_plain said so already."""
+    if not checked:
+        _check_plain(value)
     try:
         text = _ENCODER.encode(value)
     except TypeError as exc:
@@ -319,7 +346,10 @@ def encode_output(value: Any, max_bytes: int | None = None, *, what: str = "the 
     OutputTooLarge when its JSON text is over ``max_bytes`` bytes in UTF-8 (None: no limit)."""
     kind = type(value).__name__
     try:
-        text, size = _dump(converter.unstructure(value))
+        if _all_plain(value):  # the converter would change nothing: skip its walk
+            text, size = _dump(value, checked=True)
+        else:
+            text, size = _dump(converter.unstructure(value))
     except RecursionError as exc:
         raise OutputNotSerializable(
             f"{what} (a {kind}) is nested too deeply to store as JSON (limit {MAX_DEPTH} "
