@@ -220,9 +220,12 @@ _FROZEN_WORKER = textwrap.dedent(
     url, schema = sys.argv[1], sys.argv[2]
     journal = psycopg.connect(url, autocommit=True)
     lock = threading.Lock()
+    # checked_at: when the worker checked the lease before starting the run (a freeze that
+    # falls between that check and this record delays the record, not the check)
     insert = sql.SQL(
-        "insert into {}.handler_log (run_id, attempt, pid, started_at) "
-        "values (%s, %s, %s, clock_timestamp())"
+        "insert into {}.handler_log (run_id, attempt, pid, started_at, checked_at) "
+        "values (%s, %s, %s, clock_timestamp(), "
+        "clock_timestamp() - make_interval(secs => %s))"
     ).format(sql.Identifier(schema))
 
     @attrs.frozen
@@ -231,8 +234,11 @@ _FROZEN_WORKER = textwrap.dedent(
 
     @task(id="slow", schema=Item)
     def slow(payload: Item, context: RunContext) -> int:
+        since_check = time.monotonic() - context._lease_checked_at
         with lock:
-            journal.execute(insert, [context.run_id, context.attempt, __import__("os").getpid()])
+            journal.execute(
+                insert, [context.run_id, context.attempt, __import__("os").getpid(), since_check]
+            )
         time.sleep(0.005)  # short handlers: the worker claims ahead of its free slot
         return payload.n
 
@@ -256,7 +262,7 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
     db.execute(
         sql.SQL(
             "create table {}.handler_log (run_id uuid, attempt int, pid int, "
-            "started_at timestamptz)"
+            "started_at timestamptz, checked_at timestamptz)"
         ).format(sql.Identifier(schema))
     )
     producer = make_runlane(tasks=[])
@@ -310,7 +316,7 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
             sql.SQL(
                 "select count(*) from {} h join {} a "
                 "on a.run_id = h.run_id and a.attempt = h.attempt "
-                "where a.outcome = 'expired' and h.pid = %s and h.started_at > %s"
+                "where a.outcome = 'expired' and h.pid = %s and h.checked_at > %s"
             ).format(log, sql.Identifier(schema, "attempts")),
             worker.pid,
             resumed_at,
