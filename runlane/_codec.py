@@ -165,13 +165,18 @@ _CONTAINERS = (dict, list, tuple)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def _check_plain(value: Any) -> None:
+def _check_plain(value: Any) -> bool:
     """Refuse what ``json.dumps`` would silently change or fail on deep inside: object keys
     that are not strings (it turns 1 into "1", so the stored value differs from the one
     given) and nesting deeper than MAX_DEPTH (which also catches a value that contains
-    itself). Walks containers only, without recursion."""
+    itself). Walks containers only, without recursion. Returns whether ``value`` holds only
+    dicts, lists and tuples of strings, numbers, booleans and None (nothing a converter
+    would change)."""
+    if type(value) in _SCALARS:
+        return True
     if not isinstance(value, _CONTAINERS):
-        return
+        return False
+    plain = type(value) in _CONTAINERS
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -179,48 +184,37 @@ def _check_plain(value: Any) -> None:
             raise ValueError(
                 f"it is nested more than {MAX_DEPTH} levels deep (or contains itself); flatten it"
             )
+        children: Any = item
         if isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    raise TypeError(
-                        f"object keys must be strings (JSON has no other kind), got the "
-                        f"{type(key).__name__} key {key!r}; convert keys with str() or send "
-                        "a list of pairs"
-                    )
-                if type(child) not in _SCALARS and isinstance(child, _CONTAINERS):
-                    stack.append((child, depth + 1))
-        else:
-            stack.extend(
-                (child, depth + 1)
-                for child in item
-                if type(child) not in _SCALARS and isinstance(child, _CONTAINERS)
-            )
+            for key in item:
+                if type(key) is not str:
+                    plain = _str_key(key)
+            children = item.values()
+        for child in [c for c in children if type(c) not in _SCALARS]:
+            if isinstance(child, _CONTAINERS):
+                plain = plain and type(child) in _CONTAINERS
+                stack.append((child, depth + 1))
+            else:
+                plain = False
+    return plain
+
+
+def _str_key(key: Any) -> bool:
+    """False for a key of a str subclass (plain JSON, not a plain value); refuses others."""
+    if isinstance(key, str):
+        return False
+    raise TypeError(
+        f"object keys must be strings (JSON has no other kind), got the "
+        f"{type(key).__name__} key {key!r}; convert keys with str() or send a list of pairs"
+    )
 
 
 def _all_plain(value: Any) -> bool:
-    """Whether ``value`` holds only dicts with string keys, lists, tuples, strings, numbers,
-    booleans and None, at most MAX_DEPTH deep: nothing for the converter to change, and
-    nothing _check_plain would refuse."""
-    if type(value) in _SCALARS:
-        return True
-    if type(value) not in _CONTAINERS:
+    """Whether the converter would change nothing in ``value``, nor _check_plain refuse it."""
+    try:
+        return _check_plain(value)
+    except (TypeError, ValueError):
         return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return False
-        if type(item) is dict:
-            if not all(type(key) is str for key in item):
-                return False
-            children: Any = item.values()
-        else:
-            children = item
-        for child in [c for c in children if type(c) not in _SCALARS]:
-            if type(child) not in _CONTAINERS:
-                return False
-            stack.append((child, depth + 1))
-    return True
 
 
 def _dump(value: Any, *, checked: bool = False) -> tuple[str, int]:
@@ -280,12 +274,17 @@ def dump_json(value: Any) -> str:
 _EXPECTED = (cattrs.BaseValidationError, TypeError, ValueError, KeyError, AttributeError)
 
 
-def _said(exc: BaseException) -> str:
-    """``str(exc)``, with its type when unexpected, and something when ``str`` fails."""
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a description when the exception's ``__str__`` itself fails."""
     try:
-        text = str(exc)
+        return str(exc)
     except Exception as failure:  # a user type's __str__: anything is possible
-        text = f"<str() of this {type(exc).__name__} raised {type(failure).__name__}>"
+        return f"<str() of this {type(exc).__name__} raised {type(failure).__name__}>"
+
+
+def _said(exc: BaseException) -> str:
+    """exception_text, with the exception's type when it is not one the converter means."""
+    text = exception_text(exc)
     return text if isinstance(exc, _EXPECTED) else f"{type(exc).__name__}: {text}"
 
 

@@ -19,6 +19,7 @@ from runlane._codec import (
     decode_payload,
     dump_json,
     encode_output,
+    exception_text,
 )
 from runlane._limits import output_limit, truncate_message, truncate_traceback
 from runlane.context import ContextBackend, RunContext, Suspended
@@ -86,11 +87,7 @@ def _storable(text: str) -> str:
 
 def _message(exc: BaseException) -> str:
     """``str(exc)``, bounded; an exception whose ``__str__`` fails still gets a message."""
-    try:
-        text = str(exc)
-    except Exception as failure:  # user code: any failure is possible
-        text = f"<str() of this {type(exc).__name__} raised {type(failure).__name__}>"
-    return truncate_message(_storable(text))
+    return truncate_message(_storable(exception_text(exc)))
 
 
 def _traceback(exc: BaseException) -> str:

@@ -164,7 +164,6 @@ class Worker:
         self._failure: BaseException | None = None
         self._slots: list[_Slot] = []
         self._abandoned: list[_Slot] = []
-        self._withheld = 0  # replacements of abandoned slots not started (see _on_timeout)
         self._running: dict[LeaseRef, tuple[ClaimedRun, _Slot, float]] = {}
         self._slot_numbers = itertools.count(1)
         self.runs_executed = 0
@@ -644,7 +643,6 @@ class Worker:
                 return
             # each abandoned slot holds a thread and a connection until its handler
             # returns: past one per slot, capacity shrinks rather than exhaust the server
-            self._withheld += 1
             log.error(
                 "runlane: %s: %d handlers are still running past their timeout (they ignore "
                 "context.cancelled); %s is not replaced until one of them returns",
@@ -660,10 +658,10 @@ class Worker:
             if slot not in self._abandoned:
                 return  # close() took it
             self._abandoned.remove(slot)
-            slot.close_storage()
-            if self._withheld and not self._stopping.is_set():
-                self._withheld -= 1
+            # a slot withheld while too many were abandoned starts now
+            if len(self._slots) < self._options.concurrency and not self._stopping.is_set():
                 self._start_slot()
+        slot.close_storage()
 
 
 def check_worker_arguments(
