@@ -34,8 +34,10 @@ from runlane.maintenance import (
 )
 from runlane.models import (
     AttemptRecord,
+    BulkResult,
     CancelResult,
     DrainResult,
+    QueueInfo,
     QueueStatus,
     RunError,
     RunHandle,
@@ -43,10 +45,13 @@ from runlane.models import (
     RunPage,
     RunSnapshot,
     RunStatus,
+    ScheduleInfo,
     StatusReport,
     StepRecord,
     WaitToken,
     WaitTokenStatus,
+    WorkerInfo,
+    WorkerState,
 )
 from runlane.retry import RetryPolicy
 from runlane.runtime import Runlane, create_runlane
@@ -56,6 +61,7 @@ from runlane.worker import Worker
 
 __all__ = [
     "AttemptRecord",
+    "BulkResult",
     "CancelResult",
     "ChildRunFailed",
     "ConfigurationError",
@@ -68,6 +74,7 @@ __all__ = [
     "NonRetryableError",
     "PayloadValidationError",
     "Queue",
+    "QueueInfo",
     "QueueStatus",
     "RetentionPolicy",
     "RetryPolicy",
@@ -85,6 +92,7 @@ __all__ = [
     "RunlaneClosed",
     "RunlaneError",
     "Schedule",
+    "ScheduleInfo",
     "SchemaNotMigrated",
     "ServiceErrorInfo",
     "ServiceFailed",
@@ -103,6 +111,8 @@ __all__ = [
     "WaitTokenTimedOut",
     "Worker",
     "WorkerFailed",
+    "WorkerInfo",
+    "WorkerState",
     "create_runlane",
     "queue",
     "schedule",

@@ -11,9 +11,11 @@ import attrs
 
 __all__ = [
     "AttemptRecord",
+    "BulkResult",
     "CancelResult",
     "DrainResult",
     "MaintenanceLeaseStatus",
+    "QueueInfo",
     "QueueStatus",
     "RunError",
     "RunHandle",
@@ -21,10 +23,13 @@ __all__ = [
     "RunPage",
     "RunSnapshot",
     "RunStatus",
+    "ScheduleInfo",
     "StatusReport",
     "StepRecord",
     "WaitToken",
     "WaitTokenStatus",
+    "WorkerInfo",
+    "WorkerState",
 ]
 
 
@@ -94,6 +99,8 @@ class RunSnapshot:
     due_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # the last ``context.report_progress``: {"fraction": ..., "message": ..., "data": ...}
+    progress: Any = None
 
     @property
     def is_terminal(self) -> bool:
@@ -124,6 +131,8 @@ class AttemptRecord:
     error: RunError | None
     started_at: datetime
     finished_at: datetime
+    worker_id: uuid.UUID | None = None  # the delivery worker that ran it (None: unknown)
+    host: str | None = None  # that worker's host, while its row is kept
 
 
 @attrs.frozen
@@ -238,3 +247,70 @@ class StatusReport:
     outbox_pending: int | None = None  # items not yet published (0 for the polling lane)
     outbox_oldest_age_seconds: float | None = None  # age of the oldest pending item
     broker: str | None = None  # "reachable at host:port" or "unreachable at host:port (...)"
+
+
+@attrs.frozen
+class QueueInfo:
+    """One queue as ``Runlane.list_queues`` reports it: its definition (None where only the
+    database knows the queue), its operator state and its runs by status."""
+
+    name: str
+    paused: bool
+    paused_reason: str | None
+    paused_at: datetime | None
+    concurrency_limit: int | None
+    rate_limit: Any  # RateLimit | None
+    key_concurrency_limit: int | None
+    counts: dict[str, int]  # runs by status value; statuses without runs are 0
+    oldest_queued_age: float | None  # seconds since the oldest due queued run became due
+    defined: bool  # False: a queue no code of this runtime defines (known from the database)
+
+
+class WorkerState(enum.StrEnum):
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    LOST = "lost"  # running or stopping, but unseen for three heartbeat intervals
+
+
+@attrs.frozen
+class WorkerInfo:
+    """One delivery worker's registration (``Runlane.list_workers``)."""
+
+    worker_id: uuid.UUID
+    host: str
+    pid: int
+    runlane_version: str
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime
+    last_seen_at: datetime
+    state: WorkerState
+    stopped_at: datetime | None = None
+
+
+@attrs.frozen
+class ScheduleInfo:
+    """One schedule's stored definition and state (``Runlane.list_schedules``)."""
+
+    id: str
+    cron: str
+    timezone: str
+    task_id: str | None
+    queue: str | None
+    paused: bool
+    next_fire_at: datetime | None
+    last_fired_at: datetime | None
+    last_run_id: uuid.UUID | None
+    defined: bool = True  # False: stored in the database, not defined by this runtime
+
+
+@attrs.frozen
+class BulkResult:
+    """What a bulk action (``retry_runs``, ``cancel_runs``, ``delete_runs``) did:
+    ``matched`` runs met the filters, ``changed`` were changed by this call (0 with
+    ``dry_run=True``; fewer than matched when others changed or ended meanwhile)."""
+
+    matched: int
+    changed: int
+    dry_run: bool = False

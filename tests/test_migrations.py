@@ -37,7 +37,7 @@ from tests.helpers import Conn, count_runs
 # A connection string that fails at once if anything tries to use it.
 UNREACHABLE = "host=/nonexistent/runlane-test dbname=nothing connect_timeout=1"
 # the schema version this release installs, and every migration in order
-LATEST = 5
+LATEST = 6
 ALL = tuple(range(1, LATEST + 1))
 
 
@@ -145,12 +145,14 @@ def test_apply_to_fresh_schema_creates_tables_and_ledger(
     assert result == MigrationResult(schema=fresh_schema, applied=ALL, version=LATEST)
     assert latest_version() == LATEST
     assert {"runs", "attempts", "runlane_migrations"} <= tables(db, fresh_schema)
-    first, second, third, fourth, fifth = ledger(db, fresh_schema)
+    first, second, third, fourth, fifth, sixth = ledger(db, fresh_schema)
     assert first[:3] == (1, "initial", shipped_checksum())
     assert second[:2] == (2, "announce")
     assert third[:2] == (3, "outbox")
     assert fourth[:2] == (4, "operations")
     assert fifth[:2] == (5, "hot_path")
+    assert sixth[:2] == (6, "operator")
+    assert {"queue_states", "workers"} <= tables(db, fresh_schema)
     assert "lease_token" in columns(db, fresh_schema, "runs")
     assert columns(db, fresh_schema, "runlane_migrations") == [
         "version",
@@ -204,13 +206,19 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
 
     result = migrate(database_url, fresh_schema)
     assert result == MigrationResult(schema=fresh_schema, applied=ALL[1:], version=LATEST)
-    assert tables(db, fresh_schema) == before | {"outbox", "outbox_environments"}
+    assert tables(db, fresh_schema) == before | {
+        "outbox",
+        "outbox_environments",
+        "queue_states",
+        "workers",
+    }
     assert [row[:2] for row in ledger(db, fresh_schema)] == [
         (1, "initial"),
         (2, "announce"),
         (3, "outbox"),
         (4, "operations"),
         (5, "hot_path"),
+        (6, "operator"),
     ]
     triggers = db.execute(
         "select tgname from pg_trigger t join pg_class c on c.oid = t.tgrelid "
