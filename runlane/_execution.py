@@ -50,6 +50,10 @@ log = logging.getLogger("runlane.execution")
 # what finishes an attempt: complete it, fail it, or hand it back unspent (a LeaseRef)
 Write = Completion | Failure | LeaseRef
 
+# what a handler may raise to stop its worker (the process is being stopped); every other
+# BaseException but runlane's own Suspended fails the attempt like an exception
+_WORKER_STOPS: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit)
+
 
 @attrs.frozen
 class Outcome:
@@ -176,9 +180,10 @@ def execute_attempt(
 
     Exceptions become failures: ``NonRetryableError``, an unknown task, a stored payload that
     no longer fits the schema and an output that cannot be serialized fail the run at once;
-    any other ``Exception`` consumes an attempt and retries per the task's policy.
-    ``BaseException`` (KeyboardInterrupt, SystemExit) propagates: the lease lapses and
-    maintenance recovers the run.
+    any other ``Exception`` consumes an attempt and retries per the task's policy, and so
+    does a ``BaseException`` that is not one (``asyncio.CancelledError`` leaked by a
+    library, ``GeneratorExit``, a user's own). Only ``KeyboardInterrupt`` and ``SystemExit``
+    propagate, and stop the worker: the lease lapses and maintenance recovers the run.
     """
     task = tasks.get(claimed.task_id)
     if task is None:
@@ -190,48 +195,73 @@ def execute_attempt(
         return Outcome(_failure(claimed, missing, retry=None, with_tb=False), handler_ran=False)
     try:
         payload = decode_payload(task.id, task.schema, claimed.payload)
-    except PayloadValidationError as exc:
-        return Outcome(_failure(claimed, exc, retry=None, with_tb=False), handler_ran=False)
+    except _WORKER_STOPS:
+        raise
+    except BaseException as exc:  # PayloadValidationError, or a BaseException a hook raised
+        tb = not isinstance(exc, PayloadValidationError)
+        return Outcome(_failure(claimed, exc, retry=None, with_tb=tb), handler_ran=False)
     try:
         result = task.fn(payload, context)
     except Suspended:
         return Outcome(None, handler_ran=True)
-    except RunInterrupted as exc:
-        if context.stop_reason is None:
-            # raised with no stop asked of this attempt (the handler set context.cancelled
-            # itself, or raised it): a failure like any other, or the hand-back would
-            # deliver the run again at once, unspent, without end
-            log.warning(
-                "run %s attempt %d of %s raised %r, but no stop was asked of it; recording "
-                "a failed attempt (to cancel a run, call cancel_run)",
-                claimed.id,
-                claimed.attempt,
-                task.id,
-                exc,
-            )
-            return Outcome(_failure(claimed, exc, retry=task), handler_ran=True)
-        return Outcome(_interrupted(claimed, exc), handler_ran=True)
-    except NonRetryableError as exc:
-        return Outcome(_failure(claimed, exc, retry=None), handler_ran=True)
-    except Exception as exc:
-        if context._outage_behind(exc):
-            log.warning(
-                "run %s attempt %d of %s: a durable operation could not reach the database; "
-                "handing the attempt back unspent",
-                claimed.id,
-                claimed.attempt,
-                task.id,
-            )
-            return Outcome(claimed.ref, True)
-        log.info("run %s attempt %d of %s raised %r", claimed.id, claimed.attempt, task.id, exc)
-        return Outcome(_failure(claimed, exc, retry=task), handler_ran=True)
+    except _WORKER_STOPS:
+        raise
+    except BaseException as exc:
+        return Outcome(_raised(claimed, task, context, exc), handler_ran=True)
     try:
         output = encode_output(
             result, output_limit(context._backend), what="the handler's return value"
         )
-    except OutputNotSerializable as exc:
-        return Outcome(_failure(claimed, exc, retry=None, with_tb=False), handler_ran=True)
+    except _WORKER_STOPS:
+        raise
+    except BaseException as exc:  # OutputNotSerializable, or a BaseException a hook raised
+        tb = not isinstance(exc, OutputNotSerializable)
+        return Outcome(_failure(claimed, exc, retry=None, with_tb=tb), handler_ran=True)
     completion = Completion(
         run_id=claimed.id, attempt=claimed.attempt, lease_token=claimed.lease_token, output=output
     )
     return Outcome(completion, handler_ran=True)
+
+
+def _raised(
+    claimed: ClaimedRun, task: Task[Any, Any], context: RunContext, exc: BaseException
+) -> Write | None:
+    """How an attempt whose handler raised ``exc`` is recorded."""
+    if isinstance(exc, RunInterrupted):
+        if context.stop_reason is not None:
+            return _interrupted(claimed, exc)
+        # raised with no stop asked of this attempt (the handler set context.cancelled
+        # itself, or raised it): a failure like any other, or the hand-back would deliver
+        # the run again at once, unspent, without end
+        log.warning(
+            "run %s attempt %d of %s raised %r, but no stop was asked of it; recording "
+            "a failed attempt (to cancel a run, call cancel_run)",
+            claimed.id,
+            claimed.attempt,
+            task.id,
+            exc,
+        )
+        return _failure(claimed, exc, retry=task)
+    if isinstance(exc, NonRetryableError):
+        return _failure(claimed, exc, retry=None)
+    if not isinstance(exc, Exception):
+        log.warning(
+            "run %s attempt %d of %s raised %s, a BaseException that is not an Exception (a "
+            "library's asyncio.CancelledError?); recording a failed attempt",
+            claimed.id,
+            claimed.attempt,
+            task.id,
+            type(exc).__name__,
+        )
+        return _failure(claimed, exc, retry=task)
+    if context._outage_behind(exc):
+        log.warning(
+            "run %s attempt %d of %s: a durable operation could not reach the database; "
+            "handing the attempt back unspent",
+            claimed.id,
+            claimed.attempt,
+            task.id,
+        )
+        return claimed.ref
+    log.info("run %s attempt %d of %s raised %r", claimed.id, claimed.attempt, task.id, exc)
+    return _failure(claimed, exc, retry=task)

@@ -7,7 +7,9 @@ cause in the run's error, and the worker goes on with the next run.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +23,13 @@ from runlane import (
     Runlane,
     RunStatus,
     StopReason,
+    WorkerFailed,
     task,
 )
 from runlane.retry import next_retry_delay
 from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
-from tests.helpers import wait_until
+from tests.helpers import wait_for_status, wait_until
 
 if TYPE_CHECKING:
     from decimal import Decimal  # only for type checkers: at run time the name is unknown
@@ -215,3 +218,104 @@ def test_handlers_that_ignore_their_timeout_hold_at_most_one_extra_slot_each(
     assert not worker.closed
     worker.close(timeout=10)
     assert slot_threads() == []
+
+
+class Boom(BaseException):
+    """A BaseException of the user's own, not an Exception."""
+
+
+def _raise_cancelled() -> None:
+    raise asyncio.CancelledError("leaked by a library's event loop")
+
+
+def _raise_generator_exit() -> None:
+    raise GeneratorExit("closed")
+
+
+def _raise_boom() -> None:
+    raise Boom("not an Exception")
+
+
+LEAKS = pytest.mark.parametrize(
+    ("leak", "error_type"),
+    [
+        (_raise_cancelled, "asyncio.exceptions.CancelledError"),
+        (_raise_generator_exit, "GeneratorExit"),
+        (_raise_boom, "tests.test_poison.Boom"),
+    ],
+    ids=["cancelled-error", "generator-exit", "own-base-exception"],
+)
+
+
+def _base_exception_task(leak: Callable[[], None], calls: list[int]) -> Any:
+    @task(id="leaks", retry=TWICE)
+    def leaks(payload: Any, context: RunContext) -> None:
+        calls.append(context.attempt)
+        leak()
+
+    return leaks
+
+
+def _failed_by(snapshot: Any, error_type: str) -> None:
+    assert snapshot.status is RunStatus.FAILED
+    assert snapshot.attempt == 2  # retried per its policy, like an exception
+    assert snapshot.error is not None
+    assert snapshot.error.type == error_type
+    assert snapshot.error.retryable
+    assert snapshot.error.traceback is not None
+    assert "in leaks" in snapshot.error.traceback
+
+
+@LEAKS
+def test_a_base_exception_from_a_handler_fails_its_attempt_not_the_worker(
+    make_runlane: RunlaneFactory, leak: Callable[[], None], error_type: str
+) -> None:
+    calls: list[int] = []
+    leaks = _base_exception_task(leak, calls)
+    runlane = make_runlane(tasks=[leaks, ok])
+    bad = runlane.trigger(leaks, None, priority=10).id  # claimed first
+    others = [runlane.trigger(ok, n).id for n in range(10)]
+    worker = runlane.create_delivery_worker(concurrency=1)
+    wait_for_status(runlane, bad, RunStatus.RETRYING, timeout=15)
+    assert runlane.run_maintenance_once().due_runs_delivered == 1  # the retry is due at once
+    _failed_by(runlane.wait_for_run(bad, timeout=15), error_type)
+    assert calls == [1, 2]
+    for run_id in others:
+        assert runlane.wait_for_run(run_id, timeout=15).status is RunStatus.COMPLETED
+    assert not worker.closed
+    assert worker.failure is None
+    worker.close(timeout=10)
+    assert worker.wait_until_closed(timeout=10)  # a clean close: WorkerFailed is not raised
+
+
+@LEAKS
+def test_a_base_exception_from_a_handler_fails_its_attempt_in_a_drain(
+    make_runlane: RunlaneFactory, leak: Callable[[], None], error_type: str
+) -> None:
+    calls: list[int] = []
+    leaks = _base_exception_task(leak, calls)
+    runlane = make_runlane(tasks=[leaks, ok])
+    bad = runlane.trigger(leaks, None, priority=10).id
+    others = [runlane.trigger(ok, n).id for n in range(10)]
+    result = runlane.drain()  # does not raise
+    assert (result.completed, result.retried, result.failed) == (10, 1, 0)
+    assert runlane.run_maintenance_once().due_runs_delivered == 1  # the retry is due at once
+    assert runlane.drain().failed == 1
+    assert calls == [1, 2]
+    _failed_by(runlane.get_run(bad), error_type)
+    assert all(runlane.get_run(r).status is RunStatus.COMPLETED for r in others)
+
+
+def test_keyboard_interrupt_from_a_handler_still_stops_the_worker(
+    make_runlane: RunlaneFactory,
+) -> None:
+    @task(id="interrupted", retry=TWICE)
+    def interrupted(payload: Any, context: RunContext) -> None:
+        raise KeyboardInterrupt
+
+    runlane = make_runlane(tasks=[interrupted, ok])
+    runlane.trigger(interrupted, None)
+    worker = runlane.create_delivery_worker(concurrency=1)
+    with pytest.raises(WorkerFailed):
+        worker.wait_until_closed(timeout=15)
+    assert isinstance(worker.failure, KeyboardInterrupt)
