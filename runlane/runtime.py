@@ -12,6 +12,7 @@ from typing import Any
 
 from runlane import _telemetry
 from runlane._backend import Backend
+from runlane._bulk import bulk_action, bulk_filter
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._ids import new_run_id, new_run_ids
 from runlane._inspect import list_query, retry_conflict, run_page
@@ -41,6 +42,7 @@ from runlane.maintenance._pass import MaintenanceScope, ScheduleEntry, run_maint
 from runlane.maintenance._services import ServiceErrorCallback, Services
 from runlane.maintenance._types import MaintenanceLimits, MaintenanceResult, RetentionPolicy
 from runlane.models import (
+    BulkResult,
     CancelResult,
     DrainResult,
     MaintenanceLeaseStatus,
@@ -545,6 +547,118 @@ class Runlane:
         if snapshot is None:  # pruned in between: it was queued, so cleanup cannot take it
             raise RunNotFound(f"run {key} disappeared from environment {self.environment!r}")
         return snapshot
+
+    # -- bulk actions --------------------------------------------------------------------
+
+    def _bulk(
+        self,
+        action: str,
+        *,
+        dry_run: bool,
+        on_batch: Callable[[int, int], None] | None,
+        **filters: Any,
+    ) -> BulkResult:
+        self._check_open()
+        runs, limit = bulk_filter(action, self.environment, **filters)
+        self._ensure_started()
+        return bulk_action(
+            self._storage, action, runs, limit, dry_run=dry_run, on_batch=on_batch
+        )
+
+    def retry_runs(
+        self,
+        *,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
+        task: Task[Any, Any] | str | None = None,
+        queue: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: int | None = None,
+        dry_run: bool = False,
+        all: bool = False,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> BulkResult:
+        """``retry_run`` for every failed or cancelled run the filters match (``status``:
+        failed and/or cancelled; ``task``, ``queue``; created in ``[created_after,
+        created_before)``, timezone-aware; at most ``limit`` runs). Refused without a filter
+        unless ``all=True``. Works in batches of 500 runs, each its own short transaction
+        that skips runs locked by others, so claims never wait long behind it; safe to
+        re-run, and an interruption (``on_batch`` raising KeyboardInterrupt, a killed
+        process) leaves every finished batch done and the rest untouched.
+        ``on_batch(done, matched)`` is called after each batch; ``dry_run=True`` only
+        counts. Returns ``BulkResult(matched, changed)``."""
+        return self._bulk(
+            "retry",
+            status=status,
+            task=task,
+            queue=queue,
+            created_after=created_after,
+            created_before=created_before,
+            limit=limit,
+            dry_run=dry_run,
+            all=all,
+            on_batch=on_batch,
+        )
+
+    def cancel_runs(
+        self,
+        *,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
+        task: Task[Any, Any] | str | None = None,
+        queue: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: int | None = None,
+        dry_run: bool = False,
+        all: bool = False,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> BulkResult:
+        """``cancel`` for every queued, retrying, released, waiting or running run the
+        filters match (running ones become ``cancellation_requested`` and end cancelled);
+        filters, batches and ``on_batch`` as ``retry_runs``."""
+        return self._bulk(
+            "cancel",
+            status=status,
+            task=task,
+            queue=queue,
+            created_after=created_after,
+            created_before=created_before,
+            limit=limit,
+            dry_run=dry_run,
+            all=all,
+            on_batch=on_batch,
+        )
+
+    def delete_runs(
+        self,
+        *,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
+        task: Task[Any, Any] | str | None = None,
+        queue: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: int | None = None,
+        dry_run: bool = False,
+        all: bool = False,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> BulkResult:
+        """Delete the terminal runs (completed, failed, cancelled) the filters match, with
+        their attempts and steps, as cleanup does: a run that still has children becomes a
+        tombstone counting them (cleanup deletes it once they are gone). A non-terminal
+        ``status`` raises ConfigurationError, nothing deleted. Filters, batches and
+        ``on_batch`` as ``retry_runs``."""
+        return self._bulk(
+            "delete",
+            status=status,
+            task=task,
+            queue=queue,
+            created_after=created_after,
+            created_before=created_before,
+            limit=limit,
+            dry_run=dry_run,
+            all=all,
+            on_batch=on_batch,
+        )
 
     # -- wait tokens ---------------------------------------------------------------------
 

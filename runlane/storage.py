@@ -19,6 +19,8 @@ from runlane.errors import RunlaneError
 from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken
 
 __all__ = [
+    "BulkBatch",
+    "BulkFilter",
     "ClaimedRun",
     "Completion",
     "DeliveryState",
@@ -33,6 +35,7 @@ __all__ = [
     "NewRuns",
     "OutboxItem",
     "OutputRefused",
+    "ProgressWrite",
     "PruneResult",
     "RetryOutcome",
     "RunListQuery",
@@ -269,6 +272,39 @@ class PruneResult:
     tombstoned: int
 
 
+@attrs.frozen
+class BulkFilter:
+    """Which runs a bulk action (retry, cancel, delete by filter) touches: runs of
+    ``environment`` in one of ``statuses``, created in ``[created_after, created_before)``
+    when given, of ``task_id`` and ``queue`` when given; tombstones never."""
+
+    environment: str
+    statuses: tuple[RunStatus, ...]
+    task_id: str | None = None
+    queue: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+@attrs.frozen
+class BulkBatch:
+    """One batch of a bulk action: ``visited`` runs locked and acted on (``changed`` of
+    them changed), and the ``(created_at, id)`` of the last one, where the next batch of
+    the walk starts below (None when the batch was empty)."""
+
+    visited: int
+    changed: int
+    last: tuple[datetime, uuid.UUID] | None
+
+
+@attrs.frozen
+class ProgressWrite:
+    """An attempt's last progress (JSON text), written only while it holds its lease."""
+
+    lease: LeaseRef
+    progress: str
+
+
 class Storage(Protocol):
     """What a runtime needs from its database. Implementations must be thread-safe."""
 
@@ -478,3 +514,24 @@ class Storage(Protocol):
     def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
         """Queue a ``failed`` or ``cancelled`` run again, due now, with a fresh attempt budget
         (the attempts spent so far count as handed back); any other run is left alone."""
+
+    # -- bulk actions and progress ---------------------------------------------------------
+
+    def run_bulk_count(self, runs: BulkFilter, limit: int) -> int:
+        """How many runs meet ``runs`` (at most ``limit``)."""
+
+    def run_bulk_batch(
+        self,
+        action: str,
+        runs: BulkFilter,
+        status: RunStatus,
+        before: tuple[datetime, uuid.UUID] | None,
+        size: int,
+    ) -> BulkBatch:
+        """One batch of ``action`` (``retry``, ``cancel`` or ``delete``, each as its single-run
+        action does it) on up to ``size`` runs of ``runs`` in ``status``, newest first below
+        ``before``, in a transaction of its own; runs locked by others are skipped."""
+
+    def run_progress_many(self, writes: Sequence[ProgressWrite]) -> set[uuid.UUID]:
+        """Store each attempt's progress if it still holds its lease; returns the run ids
+        written (a missing one lost its lease, and nothing was written to it)."""

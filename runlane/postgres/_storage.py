@@ -30,6 +30,7 @@ from runlane.postgres._batches import (
     too_large,
     too_large_reason,
 )
+from runlane.postgres._bulk import BulkMethods
 from runlane.postgres._connections import (
     Conn,
     ConnectionSource,
@@ -89,7 +90,7 @@ class _SchemaGate:
         self.checked = False
 
 
-class PostgresStorage(OutboxMethods, InspectMethods):
+class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods):
     """Storage in one Postgres schema.
 
     The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a
@@ -1001,4 +1002,5 @@ def _snapshot(row: dict[str, Any]) -> RunSnapshot:
         due_at=row["due_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        progress=row.get("progress"),
     )

@@ -57,6 +57,8 @@ grant update (status, attempt, releases, output, error, due_at, lease_token,
               lease_expires_at, attempt_started_at, started_at, finished_at, updated_at,
               wait_kind, wait_token_id, wait_run_id)
     on {schema}.runs to {role};
+-- context.report_progress (fenced like the other attempt writes)
+grant update (progress) on {schema}.runs to {role};
 grant insert (run_id, attempt, lease_token, outcome, error, started_at)
     on {schema}.attempts to {role};
 grant select on {schema}.steps to {role};
@@ -100,12 +102,16 @@ grant update (owner, fencing, expires_at, acquired_at)
 
 -- name: grant_operator
 -- list_runs, get_run, get_run_history, status (and `runlane status`, `runlane runs ...`),
--- retry_run, cancel. Not: triggering, claiming, completing, deleting.
+-- retry_run, cancel, and the bulk retry_runs, cancel_runs and delete_runs (deleting
+-- terminal runs with their attempts, and their steps through the foreign key, and
+-- tombstoning parents, as cleanup does). Not: triggering, claiming, completing.
 grant select on {schema}.runs to {role};
 grant update (status, due_at, releases, error, output, finished_at, lease_token,
               lease_expires_at, wait_kind, wait_token_id, wait_run_id, updated_at)
     on {schema}.runs to {role};
-grant select on {schema}.attempts to {role};
+grant delete on {schema}.runs to {role};
+grant update (payload, pruned_at, remaining_children) on {schema}.runs to {role};
+grant select, delete on {schema}.attempts to {role};
 grant select on {schema}.steps to {role};
 grant select on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};

@@ -16,7 +16,7 @@ from unnest(%(statuses)s::text[]) as s(status)
 cross join lateral (
     select id, environment, task_id, queue, status, attempt, max_attempts, priority,
            payload, output, error, idempotency_key, parent_run_id, created_at, updated_at,
-           due_at, started_at, finished_at
+           due_at, started_at, finished_at, progress
     from {schema}.runs
     where environment = %(environment)s
       and status = s.status
@@ -33,7 +33,7 @@ limit %(limit)s;
 -- The same, in one status: one walk of runs_listing_by_status.
 select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
        output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at
+       started_at, finished_at, progress
 from {schema}.runs
 where environment = %(environment)s
   and status = %(status)s

@@ -1,0 +1,196 @@
+"""Bulk actions by filter: ``retry_runs``, ``cancel_runs``, ``delete_runs``.
+
+Each checks its filters here (nothing is touched on bad input), counts the runs they match
+(``matched``, bounded by ``limit``), then walks them newest first, one status at a time, in
+batches of ``BATCH_SIZE`` runs, each batch one short transaction of its own that skips runs
+locked by others (a worker's claim never waits behind more than one batch). Each batch
+changes its runs as the single-run action does (``retry_run``, ``cancel``, cleanup's
+pruning), re-checking their status, so a re-run, or a run after an interruption (Ctrl-C
+between batches, a killed process), finds only what is left to do. ``on_batch(done,
+matched)`` is called after each committed batch; an exception it raises (KeyboardInterrupt)
+stops the action there, every batch before it committed and none after it begun.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from runlane._validation import check_text
+from runlane.errors import ConfigurationError
+from runlane.models import BulkResult, RunStatus
+from runlane.storage import BulkFilter, Storage
+
+__all__ = ["BATCH_SIZE", "MAX_LIMIT", "BulkProgress", "bulk_action", "bulk_filter"]
+
+# runs per batch: measured (benchmarks/bulk_stall.py) to keep a claim's longest stall behind
+# a retry batch well under 100 ms on a 2-core machine
+BATCH_SIZE = 500
+# the largest limit= (and the bound of an unlimited count)
+MAX_LIMIT = 1_000_000_000
+
+BulkProgress = Callable[[int, int], None]
+
+# the statuses each action applies to, in the order it walks them
+_ACTIONABLE = {
+    "retry": (RunStatus.FAILED, RunStatus.CANCELLED),
+    "cancel": (
+        RunStatus.QUEUED,
+        RunStatus.RETRYING,
+        RunStatus.RELEASED,
+        RunStatus.WAITING,
+        RunStatus.RUNNING,
+    ),
+    "delete": (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED),
+}
+_WHY = {
+    "retry": "only failed or cancelled runs can be retried",
+    "cancel": (
+        "only queued, retrying, released, waiting and running runs can be cancelled "
+        "(a cancellation_requested run is being cancelled already)"
+    ),
+    "delete": (
+        "only terminal runs (completed, failed, cancelled) can be deleted; cancel live "
+        "runs first (cancel_runs) and delete them once they are cancelled"
+    ),
+}
+_METHOD = {"retry": "retry_runs", "cancel": "cancel_runs", "delete": "delete_runs"}
+
+
+def _statuses(action: str, status: object) -> tuple[RunStatus, ...]:
+    allowed = _ACTIONABLE[action]
+    if status is None:
+        return allowed
+    given: Iterable[object]
+    if isinstance(status, str | RunStatus):
+        given = [status]
+    elif isinstance(status, list | tuple | set | frozenset) and status:
+        given = status
+    else:
+        raise ConfigurationError(
+            f"status must be a run status or a non-empty list of them, got {status!r}"
+        )
+    valid = ", ".join(s.value for s in RunStatus)
+    chosen = []
+    for item in given:
+        try:
+            value = RunStatus(item)
+        except ValueError:
+            raise ConfigurationError(
+                f"status {item!r} is not a run status; use one of: {valid}"
+            ) from None
+        if value not in allowed:
+            raise ConfigurationError(
+                f"{_METHOD[action]}(status={value.value!r}): {_WHY[action]}; nothing was changed"
+            )
+        chosen.append(value)
+    return tuple(s for s in allowed if s in chosen)
+
+
+def _name(what: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{what} must be a non-empty string (or None), got {value!r}")
+    return check_text(what, value)
+
+
+def _moment(name: str, value: object) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise ConfigurationError(
+            f"{name} must be a timezone-aware datetime (e.g. datetime.now(UTC) - "
+            f"timedelta(hours=1)), got {value!r}"
+        )
+    return value
+
+
+def _limit(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise ConfigurationError(
+            f"limit must be an integer from 1 to {MAX_LIMIT:,} (or None for no limit), got "
+            f"{value!r}"
+        )
+    return value
+
+
+def bulk_filter(
+    action: str,
+    environment: str,
+    *,
+    status: object,
+    task: object,
+    queue: object,
+    created_after: object,
+    created_before: object,
+    limit: object,
+    all: object,
+) -> tuple[BulkFilter, int | None]:
+    """Check a bulk action's arguments; the filter and the limit. A call without any filter
+    is refused unless ``all=True``."""
+    if not isinstance(all, bool):
+        raise ConfigurationError(f"all must be True or False, got {all!r}")
+    task_id = task if isinstance(task, str) or task is None else getattr(task, "id", task)
+    runs = BulkFilter(
+        environment=environment,
+        statuses=_statuses(action, status),
+        task_id=_name("task", task_id),
+        queue=_name("queue", queue),
+        created_after=_moment("created_after", created_after),
+        created_before=_moment("created_before", created_before),
+    )
+    bound = _limit(limit)
+    # limit= bounds how many, not which: alone it is no filter
+    filtered = any(v is not None for v in (status, task, queue, created_after, created_before))
+    if not filtered and not all:
+        raise ConfigurationError(
+            f"{_METHOD[action]}() without a filter would act on every "
+            f"{'/'.join(s.value for s in runs.statuses)} run of environment {environment!r}: "
+            "pass a filter (status=, task=, queue=, created_after=, created_before=) "
+            "or all=True to mean it; nothing was changed"
+        )
+    return runs, bound
+
+
+def bulk_action(
+    storage: Storage,
+    action: str,
+    runs: BulkFilter,
+    limit: int | None,
+    *,
+    dry_run: bool,
+    on_batch: BulkProgress | None,
+    batch_size: int | None = None,
+) -> BulkResult:
+    """Count the runs ``runs`` matches, then (unless ``dry_run``) act on them in batches."""
+    if not isinstance(dry_run, bool):
+        raise ConfigurationError(f"dry_run must be True or False, got {dry_run!r}")
+    if on_batch is not None and not callable(on_batch):
+        raise ConfigurationError(
+            f"on_batch must be a callable taking (done, matched), got {on_batch!r}"
+        )
+    matched = storage.run_bulk_count(runs, MAX_LIMIT if limit is None else limit)
+    if dry_run or matched == 0:
+        return BulkResult(matched=matched, changed=0, dry_run=dry_run)
+    size = batch_size or BATCH_SIZE
+    left = MAX_LIMIT if limit is None else limit
+    changed = 0
+    done = 0
+    for status in runs.statuses:
+        before: tuple[datetime, uuid.UUID] | None = None
+        while left > 0:
+            asked = min(size, left)
+            batch = storage.run_bulk_batch(action, runs, status, before, asked)
+            changed += batch.changed
+            done += batch.visited
+            left -= batch.visited
+            if batch.visited and on_batch is not None:
+                on_batch(done, max(matched, done))
+            if batch.last is None or batch.visited < asked:
+                break  # the walk of this status reached its end
+            before = batch.last
+    return BulkResult(matched=matched, changed=changed, dry_run=False)
