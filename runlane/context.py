@@ -20,12 +20,14 @@ import attrs
 
 from runlane._codec import OutputNotSerializable, converter, encode_output
 from runlane._limits import output_limit
-from runlane._validation import as_duration
+from runlane._progress import AttemptProgress, ProgressSink, encode_progress
+from runlane._validation import as_duration, check_text
 from runlane.errors import (
     ChildRunFailed,
     ConfigurationError,
     RunInterrupted,
     RunNotFound,
+    RunStateConflict,
     StaleLease,
     StopReason,
     StorageUnavailable,
@@ -33,12 +35,12 @@ from runlane.errors import (
     WaitTokenTimedOut,
 )
 from runlane.models import RunHandle, RunStatus, WaitTokenStatus
-from runlane.storage import LeaseRef, Storage
+from runlane.storage import LeaseRef, ProgressWrite, Storage
 
 if TYPE_CHECKING:
     from runlane.tasks import Task
 
-__all__ = ["ContextBackend", "RunContext", "Suspended"]
+__all__ = ["RESERVED_PREFIX", "ContextBackend", "RunContext", "Suspended", "refuse_reserved_key"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,12 +95,32 @@ class ContextBackend(Protocol):
     ) -> RunHandle: ...
 
 
-def _check_step_name(name: str) -> str:
-    if not isinstance(name, str) or not name or len(name) > 500:
-        raise ConfigurationError(f"step names are non-empty strings (<= 500 chars), got {name!r}")
-    if name.startswith("runlane."):
-        raise ConfigurationError(f"step names starting with 'runlane.' are reserved: {name!r}")
-    return name
+# runlane's own keys (steps of sleeps, children's idempotency keys) start with this; names and
+# keys the user gives must not
+RESERVED_PREFIX = "runlane."
+_MAX_NAME_CHARS = 500
+
+
+def refuse_reserved_key(key: str) -> str:
+    """A run's idempotency key given by the user: runlane's key space is not theirs (a
+    producer holding a child's derived key could pose as that child)."""
+    if key.startswith(RESERVED_PREFIX):
+        raise ConfigurationError(
+            f"idempotency keys starting with {RESERVED_PREFIX!r} are reserved for runlane's "
+            f"own keys (context.trigger_child derives them): got {key[:100]!r}; pick a key "
+            "without that prefix"
+        )
+    return key
+
+
+def _check_step_name(name: object) -> str:
+    checked = check_text("step name", name, max_chars=_MAX_NAME_CHARS)
+    if checked.startswith(RESERVED_PREFIX):
+        raise ConfigurationError(
+            f"step names starting with {RESERVED_PREFIX!r} are reserved for runlane's own "
+            f"steps: rename step {checked!r}"
+        )
+    return checked
 
 
 @attrs.define(eq=False)
@@ -132,6 +154,9 @@ class RunContext:
     # time.monotonic() when the worker last checked the claim's lease and started the
     # attempt (fault-injection tests tell a pause after that moment from a late start)
     _lease_checked_at: float = attrs.field(default=0.0, init=False, repr=False)
+    # report_progress: the worker's lifecycle writer, and this attempt's progress there
+    _progress_sink: ProgressSink | None = attrs.field(default=None, init=False, repr=False)
+    _progress: AttemptProgress | None = attrs.field(default=None, init=False, repr=False)
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -165,6 +190,34 @@ class RunContext:
                 reason,
                 f"run {self.run_id} attempt {self.attempt} stopped: {reason.value}",
             )
+
+    # -- progress ------------------------------------------------------------------------
+
+    @_outages_recorded
+    def report_progress(
+        self, *, fraction: float | None = None, message: str | None = None, data: Any = None
+    ) -> None:
+        """Say how far the attempt got: ``fraction`` (0 to 1), a short ``message`` (at most
+        1,000 characters), ``data`` (JSON-compatible, within ``max_output_bytes``); shown as
+        ``RunSnapshot.progress`` (``{"fraction", "message", "data"}``) by ``get_run`` and
+        ``runlane runs show``. Cheap to call often: it returns at once, and the worker
+        writes at most one report a second per attempt, the last one reported, and the
+        last of all just before the attempt's result. Fenced like every attempt write: once
+        a write finds the attempt lost its lease, the next call raises ``StaleLease``. A
+        value that cannot be stored raises ``ConfigurationError``, and nothing is written."""
+        backend, lease = self._attached()
+        value = encode_progress(fraction, message, data, output_limit(backend))
+        if self._progress is None:
+            self._progress = AttemptProgress(lease)
+        if self._progress.stale:
+            self._stale("the progress")
+        if self._progress_sink is not None:
+            self._progress_sink.progress(self._progress, value)
+            return
+        # a context not run by a worker (built by hand): written at once
+        if not backend.storage.run_progress_many([ProgressWrite(lease, value)]):
+            self._progress.stale = True
+            self._stale("the progress")
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -295,9 +348,11 @@ class RunContext:
         """Suspend the run for ``duration`` (database time); maintenance makes it runnable
         when due. On the re-run the sleep is already over and returns at once."""
         delta = as_duration("duration", duration)
+        if name is not None:
+            check_text("sleep name", name, max_chars=_MAX_NAME_CHARS)
         backend, lease = self._attached()
         self._sleeps += 1
-        key = f"runlane.sleep:{name if name is not None else self._sleeps}"
+        key = f"{RESERVED_PREFIX}sleep:{name if name is not None else self._sleeps}"
         found, stored = backend.storage.step_get(self.run_id, key)
         now = backend.storage.database_now()
         if not found:
@@ -327,14 +382,37 @@ class RunContext:
     def trigger_child(self, task: Task[Any, Any] | str, payload: Any, **options: Any) -> RunHandle:
         """Trigger a run linked to this one as its parent. Durable: on a re-run, the n-th
         call returns the child the first run created (its idempotency key defaults to one
-        derived from this run and the call's position)."""
+        derived from this run and the call's position). A run that already holds the key
+        but is not this run's child is never adopted (``RunStateConflict``)."""
         backend, _ = self._attached()
+        given = options.pop("idempotency_key", None)
+        if given is not None:
+            refuse_reserved_key(check_text("idempotency_key", given))
         self._children += 1
         key = (
-            options.pop("idempotency_key", None) or f"runlane.child:{self.run_id}:{self._children}"
+            given if given is not None else f"{RESERVED_PREFIX}child:{self.run_id}:{self._children}"
         )
-        return backend.trigger_child(
+        handle = backend.trigger_child(
             task, payload, parent_run_id=self.run_id, idempotency_key=key, options=options
+        )
+        if not handle.created:
+            self._check_adopted(backend, handle, key)
+        return handle
+
+    def _check_adopted(self, backend: ContextBackend, handle: RunHandle, key: str) -> None:
+        """The run an idempotency key matched is this run's child (a re-run's call), not one
+        someone else triggered with the key: a producer's run must not pose as a child."""
+        found = backend.storage.run_get(self.environment, handle.id)
+        parent = None if found is None else found.parent_run_id
+        if parent == self.run_id and found is not None and found.task_id == handle.task_id:
+            return
+        parent_text = "no parent" if parent is None else f"parent run {parent}"
+        raise RunStateConflict(
+            f"trigger_child did not adopt run {handle.id} of task {handle.task_id!r}: it holds "
+            f"the idempotency key {key[:100]!r} but was not triggered by this run "
+            f"{self.run_id} ({parent_text}). Something else triggered it with that key (keys "
+            f"starting with {RESERVED_PREFIX!r} are runlane's: producers cannot use them); "
+            "give trigger_child an idempotency_key no other trigger uses"
         )
 
 

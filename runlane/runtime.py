@@ -28,6 +28,7 @@ from runlane._validation import (
     token_key,
     with_default_queue,
 )
+from runlane.context import refuse_reserved_key
 from runlane.errors import (
     ConfigurationError,
     PayloadValidationError,
@@ -321,6 +322,8 @@ class Runlane:
         for key in keys:
             if key is not None:
                 check_text("idempotency_key", key)
+                if parent_run_id is None:  # a producer's key: not in runlane's key space
+                    refuse_reserved_key(key)
         return NewRuns(
             environment=self.environment,
             task_id=resolved.id,

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import psycopg
 import pytest
 
 from runlane import (
+    ConfigurationError,
     RetryPolicy,
     RunContext,
     RunInterrupted,
@@ -29,7 +32,7 @@ from runlane import (
 from runlane.retry import next_retry_delay
 from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
-from tests.helpers import wait_for_status, wait_until
+from tests.helpers import count_runs, q, wait_for_status, wait_until
 
 if TYPE_CHECKING:
     from decimal import Decimal  # only for type checkers: at run time the name is unknown
@@ -319,3 +322,167 @@ def test_keyboard_interrupt_from_a_handler_still_stops_the_worker(
     with pytest.raises(WorkerFailed):
         worker.wait_until_closed(timeout=15)
     assert isinstance(worker.failure, KeyboardInterrupt)
+
+
+# -- a producer must not pose as a child run (issue 26) ---------------------------------------
+
+
+@task(id="pay.child", retry=RetryPolicy(max_attempts=1))
+def pay_child(payload: dict[str, int], context: RunContext) -> dict[str, int]:
+    return {"charged": payload["amount"]}
+
+
+@task(id="pay.parent", retry=RetryPolicy(max_attempts=1))
+def pay_parent(payload: dict[str, Any], context: RunContext) -> Any:
+    """Charges through a child run (its key derived, or ``payload["key"]``) and waits."""
+    options = {} if payload.get("key") is None else {"idempotency_key": payload["key"]}
+    child = context.trigger_child(pay_child, {"amount": 10}, **options)
+    return context.wait_for_run(child.id)
+
+
+def children_of(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> int:
+    found = db.execute(
+        q("select count(*) from {s}.runs where parent_run_id = %s", schema), (run_id,)
+    )
+    row = found.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _forged_key(parent_id: uuid.UUID) -> str:
+    return f"runlane.child:{parent_id}:1"
+
+
+def test_a_producer_cannot_take_a_child_runs_key(
+    make_runlane: RunlaneFactory, database_url: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    runlane = make_runlane(tasks=[pay_parent, pay_child])
+    parent = runlane.trigger(pay_parent, {}, delay=3600).id
+    key = _forged_key(parent)
+    forged = {"amount": 999999}
+    with psycopg.connect(database_url) as conn:
+        attempts: list[Callable[[], object]] = [
+            lambda: runlane.trigger(pay_child, forged, idempotency_key=key),
+            lambda: runlane.trigger_many(pay_child, [forged], idempotency_keys=[key]),
+            lambda: runlane.trigger(pay_child, forged, idempotency_key=key, connection=conn),
+            lambda: runlane.trigger_many(
+                pay_child, [{"amount": 1}, forged], idempotency_keys=["mine", key], connection=conn
+            ),
+            lambda: runlane.trigger(pay_child, forged, idempotency_key="runlane."),
+        ]
+        for attempt in attempts:
+            with pytest.raises(ConfigurationError, match="reserved for runlane's own keys"):
+                attempt()
+        conn.commit()
+    assert count_runs(db, schema) == 1  # the parent only: nothing was written
+
+
+@pytest.mark.parametrize("forged_parent", ["none", "another run"])
+def test_a_run_holding_a_childs_derived_key_is_not_adopted(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, forged_parent: str
+) -> None:
+    runlane = make_runlane(tasks=[pay_parent, pay_child, ok])
+    parent = runlane.trigger(pay_parent, {}).id
+    other = runlane.trigger(ok, None, delay=3600).id
+    forged = runlane.trigger(pay_child, {"amount": 999999}, delay=3600).id
+    # written straight into the table (as a row written before runlane reserved its keys)
+    db.execute(
+        q("update {s}.runs set idempotency_key = %s, parent_run_id = %s where id = %s", schema),
+        (_forged_key(parent), other if forged_parent == "another run" else None, forged),
+    )
+    runlane.drain()
+    snap = runlane.get_run(parent)
+    assert snap.status is RunStatus.FAILED
+    assert snap.error is not None
+    assert snap.error.type == "runlane.RunStateConflict"
+    assert f"did not adopt run {forged}" in snap.error.message
+    assert runlane.get_run(forged).status is RunStatus.QUEUED  # never charged as the child
+    assert children_of(db, schema, parent) == 0
+
+
+def test_trigger_child_does_not_adopt_a_producers_run_with_the_same_key(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    runlane = make_runlane(tasks=[pay_parent, pay_child])
+    theirs = runlane.trigger(pay_child, {"amount": 999999}, idempotency_key="order-1", delay=3600)
+    parent = runlane.trigger(pay_parent, {"key": "order-1"}).id
+    runlane.drain()
+    snap = runlane.get_run(parent)
+    assert snap.status is RunStatus.FAILED
+    assert snap.error is not None
+    assert snap.error.type == "runlane.RunStateConflict"
+    assert f"did not adopt run {theirs.id}" in snap.error.message
+    assert children_of(db, schema, parent) == 0
+
+
+def test_a_child_run_is_still_found_again_on_a_re_run(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    runlane = make_runlane(tasks=[pay_parent, pay_child])
+    for key in (None, "order-2"):
+        parent = runlane.trigger(pay_parent, {"key": key}).id
+        runlane.drain()  # the parent waits for its child, the child runs, the parent re-runs
+        runlane.drain()
+        assert runlane.get_run(parent).output == {"charged": 10}
+        assert children_of(db, schema, parent) == 1
+
+
+# -- names and keys a handler gives its context (issue 26) ------------------------------------
+
+BAD_NAMES = [
+    ("", "non-empty string"),
+    ("a\x00b", "NUL character"),
+    ("a\ud800b", "lone surrogate"),
+    ("x" * 10_000, "a string of 10,000 characters"),
+    (object(), "non-empty string"),
+    (7, "non-empty string"),
+]
+
+
+def _named_calls(context: RunContext, name: Any) -> list[Callable[[], object]]:
+    return [
+        lambda: context.step(name, lambda: 1),
+        lambda: context.sleep(0, name=name),
+        lambda: context.trigger_child(ok, None, idempotency_key=name),
+    ]
+
+
+@task(id="bad.names", retry=RetryPolicy(max_attempts=1))
+def bad_names(payload: str, context: RunContext) -> list[str]:
+    refused: list[str] = []
+    for name, _ in BAD_NAMES:
+        for call in _named_calls(context, name):
+            try:
+                call()
+            except ConfigurationError as exc:
+                refused.append(str(exc))
+            else:
+                refused.append("accepted")
+    for call in (
+        lambda: context.step("runlane.mine", lambda: 1),
+        lambda: context.trigger_child(ok, None, idempotency_key="runlane.child:x:1"),
+    ):
+        try:
+            call()
+        except ConfigurationError as exc:
+            refused.append(str(exc))
+    return refused
+
+
+def test_bad_step_sleep_and_child_names_are_refused_at_call_time(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    runlane = make_runlane(tasks=[bad_names, ok])
+    run_id = runlane.trigger(bad_names, "").id
+    assert runlane.drain(queues=["default"]).completed == 1
+    refused = runlane.get_run(run_id).output
+    assert len(refused) == 3 * len(BAD_NAMES) + 2
+    for index, (_, words) in enumerate(BAD_NAMES):
+        for message in refused[3 * index : 3 * index + 3]:
+            assert words in message, message
+            assert len(message) < 600  # a 10,000-character name is not repeated whole
+    assert "reserved for runlane's own steps" in refused[-2]
+    assert "reserved for runlane's own keys" in refused[-1]
+    assert count_runs(db, schema) == 1  # no child
+    steps = db.execute(q("select count(*) from {s}.steps where run_id = %s", schema), (run_id,))
+    assert steps.fetchone() == (0,)  # no step, no sleep stored
