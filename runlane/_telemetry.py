@@ -107,6 +107,7 @@ def queue_statuses(
                 waiting=int(row.get("waiting", 0)),
                 live_leases=int(row.get("live_leases", 0)),
                 concurrency_limit=limit,
+                paused=bool(row.get("paused", False)),
             )
         )
     return tuple(result)

@@ -219,6 +219,7 @@ class QueueStatus:
     waiting: int
     live_leases: int
     concurrency_limit: int | None
+    paused: bool = False  # Runlane.pause_queue: its runs are not claimed until resumed
 
 
 @attrs.frozen

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from runlane import _telemetry
+from runlane import _queue_admin, _telemetry
 from runlane._backend import Backend
 from runlane._bulk import bulk_action, bulk_filter
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
@@ -47,6 +47,7 @@ from runlane.models import (
     CancelResult,
     DrainResult,
     MaintenanceLeaseStatus,
+    QueueInfo,
     RunHandle,
     RunHistory,
     RunPage,
@@ -662,6 +663,42 @@ class Runlane:
             all=all,
             on_batch=on_batch,
         )
+
+    # -- queues --------------------------------------------------------------------------
+
+    def pause_queue(self, name: str, *, reason: str | None = None) -> bool:
+        """Pause queue ``name`` in this environment: its runs are no longer claimed by any
+        worker, ``drain()`` or RabbitMQ consumer on any host, from the moment the pause
+        commits (the claim statements read it) until ``resume_queue``. Triggers into it
+        still succeed (the runs wait, queued); attempts already running finish. Durable
+        (stored in Postgres) and idempotent; ``reason`` (at most 500 characters) is shown by
+        ``list_queues`` and replaces an earlier one. The queue must be defined by this
+        runtime or known to the database (runs or an earlier pause), else
+        ConfigurationError. Returns True when the queue was not paused before."""
+        self._check_open()
+        self._ensure_started()
+        return _queue_admin.pause_queue(
+            self._storage, self.environment, self._queues, name, reason
+        )
+
+    def resume_queue(self, name: str) -> bool:
+        """Resume a paused queue: idle workers serving it are woken at once (NOTIFY; their
+        poll is the fallback), and on a transport lane its queued runs are published again.
+        Idempotent (resuming a running queue changes nothing, and re-publishes what a resume
+        interrupted part way left unpublished). Unknown queues as for ``pause_queue``.
+        Returns True when the queue was paused."""
+        self._check_open()
+        self._ensure_started()
+        return _queue_admin.resume_queue(self._storage, self.environment, self._queues, name)
+
+    def list_queues(self) -> list[QueueInfo]:
+        """Every queue this runtime defines and every queue the database knows in this
+        environment (unfinished runs, or a pause row; ``defined=False``), by name: paused
+        state, limits, unfinished runs by status and the age of the oldest due queued run
+        (database time). Index-served: terminal runs are not counted."""
+        self._check_open()
+        self._ensure_started()
+        return _queue_admin.list_queues(self._storage, self.environment, self._queues)
 
     # -- wait tokens ---------------------------------------------------------------------
 

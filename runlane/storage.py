@@ -241,6 +241,7 @@ class DeliveryState:
     status: RunStatus
     queue: str
     due_now: bool
+    paused: bool = False  # its queue is paused: the run waits in Postgres until resumed
 
 
 @attrs.frozen
@@ -535,3 +536,21 @@ class Storage(Protocol):
     def run_progress_many(self, writes: Sequence[ProgressWrite]) -> set[uuid.UUID]:
         """Store each attempt's progress if it still holds its lease; returns the run ids
         written (a missing one lost its lease, and nothing was written to it)."""
+
+    # -- queue operator state ------------------------------------------------------------
+
+    def queue_pause(self, environment: str, queue: str, reason: str | None) -> bool:
+        """Pause ``queue`` (durably; every claim leaves it out from this commit) with
+        ``reason`` replacing an earlier one; True when it was not paused before."""
+
+    def queue_resume(self, environment: str, queue: str) -> bool:
+        """Resume ``queue`` and announce it (idle workers claim at once; on a transport lane
+        its queued runs get outbox items again); True when it was paused."""
+
+    def queue_known(self, environment: str, queue: str) -> bool:
+        """Whether the database knows ``queue``: a queue_states row, or runs of it."""
+
+    def queue_list(self, environment: str) -> list[dict[str, Any]]:
+        """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
+        ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
+        its value, and ``oldest_queued_age`` in seconds of database time (None: none due)."""

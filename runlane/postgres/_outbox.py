@@ -214,13 +214,13 @@ class OutboxMethods:
     def run_delivery_state(
         self, environment: str, run_ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, DeliveryState]:
-        """Status, queue and dueness of the named runs that exist."""
+        """Status, queue, dueness and queue pause of the named runs that exist."""
         if not run_ids:
             return {}
         params = {"environment": environment, "ids": list(run_ids)}
         return self._with_conn(
             lambda conn: {
-                row[0]: DeliveryState(RunStatus(row[1]), row[2], bool(row[3]))
+                row[0]: DeliveryState(RunStatus(row[1]), row[2], bool(row[3]), bool(row[4]))
                 for row in conn.execute(self._sql["run_delivery_state"], params)
             }
         )

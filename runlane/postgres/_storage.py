@@ -44,6 +44,7 @@ from runlane.postgres._connections import (
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
+from runlane.postgres._queues import QueueMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
 from runlane.storage import (
     ClaimedRun,
@@ -90,7 +91,7 @@ class _SchemaGate:
         self.checked = False
 
 
-class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods):
+class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods):
     """Storage in one Postgres schema.
 
     The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a

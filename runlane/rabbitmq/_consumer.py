@@ -8,11 +8,13 @@ deliveries from the buffer, claims the runs they name by id with the same fenced
 polling lane (bounded queues still enforced in storage, under the queue's lock), and only then
 acknowledges them, through ``add_callback_threadsafe`` (the one cross-thread call pika
 allows). A delivery whose run is no longer queued (a duplicate, a cancelled or finished run)
-is acknowledged and counted, never executed twice; a run not due yet, or in a bounded queue
-at capacity, is deferred through the outbox (a new item publishes it again later) and its
-delivery acknowledged; a malformed message or an unknown run is acknowledged, logged and
-counted; a database error requeues the deliveries. A broken broker connection is re-made
-with backoff (its unacknowledged deliveries come back from the broker).
+is acknowledged and counted, never executed twice; a run of a paused queue is acknowledged
+and waits in Postgres (``resume_queue`` writes its outbox item again); a run not due yet, or
+in a bounded queue at capacity, is deferred through the outbox (a new item publishes it
+again later) and its delivery acknowledged; a malformed message or an unknown run is
+acknowledged, logged and counted; a database error requeues the deliveries. A broken
+broker connection is re-made with backoff (its unacknowledged deliveries come back from the
+broker).
 
 Cancellation and wake-ups for runs are Postgres's: a listener on the schema's channel passes
 ``cancel|<run id>`` to the pool.
@@ -64,6 +66,7 @@ class ConsumerStats:
     unknown: int = 0  # no such run in this environment: acked
     malformed: int = 0  # not a runlane message: acked
     deferred: int = 0  # not due yet, or its bounded queue at capacity: re-published later
+    paused: int = 0  # its queue is paused: acked, the run waits in Postgres until resumed
     requeued: int = 0  # a database error: nacked with requeue
     connections: int = 0  # broker connections made (more than one: it reconnected)
 
@@ -207,6 +210,9 @@ class RabbitAcquirer:
             elif state.status is not RunStatus.QUEUED:
                 self.stats.duplicates += 1
                 log.debug("run %s is %s: duplicate delivery acknowledged", run_id, state.status)
+            elif state.paused:  # it waits in Postgres; resume_queue announces it again
+                self.stats.paused += 1
+                log.debug("run %s: queue %r is paused; delivery acknowledged", run_id, state.queue)
             elif state.due_now:
                 later.append(run_id)
             else:

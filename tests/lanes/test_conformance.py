@@ -379,6 +379,51 @@ def test_close_ends_every_thread_and_is_safe_to_repeat(lane_factory: LaneHarness
     assert wait_threads_gone(before) == []
 
 
+# -- paused queues ----------------------------------------------------------------------------
+
+
+def test_a_paused_queue_takes_triggers_runs_nothing_and_runs_at_once_when_resumed(
+    lane_factory: LaneHarness,
+) -> None:
+    calls = Calls()
+    started, go = threading.Event(), threading.Event()
+
+    @task(id="lanes.queue_of", queue="held", retry=ONE_ATTEMPT)
+    def queue_of(payload: str, context: RunContext) -> str:
+        calls.enter(context)
+        if payload == "block":
+            started.set()
+            assert go.wait(10)
+        return context.queue
+
+    rl = lane_factory.runtime(
+        tasks=[queue_of],
+        queues=[queue("held"), queue("open", default=True)],
+        poll_interval=timedelta(seconds=30),
+    )
+    with rl.create_delivery_worker(concurrency=2) as worker:
+        lane_factory.wait_ready(worker)
+        running = rl.trigger(queue_of, "block")
+        assert started.wait(10)
+        assert rl.pause_queue("held", reason="conformance") is True
+        assert rl.pause_queue("held") is False  # idempotent
+        held = rl.trigger(queue_of, "x")  # accepted while paused
+        go.set()  # the attempt that was running when the pause came finishes
+        assert rl.wait_for_run(running.id, timeout=10).output == "held"
+        # runs of other queues keep flowing; the held run is not started
+        opened = rl.trigger(queue_of, "y", queue="open")
+        assert rl.wait_for_run(opened.id, timeout=10).output == "open"
+        assert rl.get_run(held.id).status is RunStatus.QUEUED, describe(lane_factory, held.id)
+        info = {q.name: q for q in rl.list_queues()}["held"]
+        assert info.paused and info.paused_reason is None and info.counts["queued"] == 1
+        asked = time.monotonic()
+        assert rl.resume_queue("held") is True
+        assert rl.wait_for_run(held.id, timeout=10).output == "held"
+        took = time.monotonic() - asked
+        assert took < 3.0, f"the run started {took:.2f}s after resume (poll is 30 s)"
+    assert calls.per_run[held.id] == 1
+
+
 # -- drain support ----------------------------------------------------------------------------
 
 

@@ -8,6 +8,8 @@
 
 -- name: run_claim
 -- The next due queued runs of the given queues, by priority, then due time, then id.
+-- Paused queues (queue_states) are left out here, in the claim itself, so a pause holds on
+-- every worker from the moment it commits; the check is one primary-key probe per queue.
 -- With a concurrency_limit (a bounded queue: one queue, after queue_claim_lock in the same
 -- transaction) it claims only as many as the limit leaves after the queue's live leases;
 -- without one, the live count is skipped by a one-time filter.
@@ -24,7 +26,11 @@ with live as (
     from {schema}.runs
     where environment = %(environment)s
       and status = 'queued'
-      and queue = any(%(queues)s::text[])
+      and queue = any(array(
+          select q from unnest(%(queues)s::text[]) as q
+          where not exists (select from {schema}.queue_states as s
+                            where s.environment = %(environment)s and s.queue = q
+                              and s.paused)))
       and due_at <= now()
     order by priority desc, due_at, id
     limit greatest(0, least(%(limit)s,

@@ -160,6 +160,9 @@ with recent as (
       and status = 'queued'
       and due_at <= now()
       and due_at > now() - %(window_seconds)s * interval '1 second'
+      and not exists (select from {schema}.queue_states as s
+                      where s.environment = %(environment)s and s.queue = runs.queue
+                        and s.paused)
     limit %(limit)s
 )
 select {schema}.runlane_announce(%(environment)s, 'due', queue), queue from recent;

@@ -85,6 +85,9 @@ with deferred as (
     where r.id = any(%(ids)s::uuid[])
       and r.environment = %(environment)s
       and r.status = 'queued'
+      and not exists (select from {schema}.queue_states as s
+                      where s.environment = r.environment and s.queue = r.queue
+                        and s.paused)
     returning run_id, environment, queue
 ), told as (
     select {schema}.runlane_announce(d.environment, 'outbox', d.queue)
@@ -104,6 +107,7 @@ from {schema}.outbox;
 -- Delivery recovery: runs queued and due for longer than the threshold, untouched for as
 -- long, with no outbox item (a purged queue, a dead-lettered message) are announced again.
 -- Touching updated_at keeps the next pass from announcing them again before the threshold.
+-- Runs of paused queues wait unannounced: resume_queue announces them.
 with lost as materialized (
     select r.id
     from {schema}.runs as r
@@ -112,6 +116,9 @@ with lost as materialized (
       and r.due_at < now() - %(threshold_seconds)s * interval '1 second'
       and r.updated_at < now() - %(threshold_seconds)s * interval '1 second'
       and not exists (select from {schema}.outbox as o where o.run_id = r.id)
+      and not exists (select from {schema}.queue_states as s
+                      where s.environment = r.environment and s.queue = r.queue
+                        and s.paused)
     order by r.due_at, r.id
     limit %(limit)s
     for update of r skip locked
@@ -134,7 +141,8 @@ from {schema}.outbox
 where environment = %(environment)s;
 
 -- name: run_claim_ids
--- Claim runs named by deliveries: the same fenced claim as run_claim, narrowed to ids.
+-- Claim runs named by deliveries: the same fenced claim as run_claim, narrowed to ids
+-- (runs of paused queues are not claimed either).
 -- With a concurrency_limit (one bounded queue, after queue_claim_lock in the same
 -- transaction) at most as many as the limit leaves after the queue's live leases.
 with live as (
@@ -147,11 +155,14 @@ with live as (
       and lease_expires_at > now()
 ), candidates as materialized (
     select id
-    from {schema}.runs
+    from {schema}.runs as r
     where id = any(%(ids)s::uuid[])
       and environment = %(environment)s
       and status = 'queued'
       and due_at <= now()
+      and not exists (select from {schema}.queue_states as s
+                      where s.environment = r.environment and s.queue = r.queue
+                        and s.paused)
     order by priority desc, due_at, id
     limit greatest(0, coalesce(%(concurrency_limit)s::int - (select n from live),
                                cardinality(%(ids)s::uuid[])))
@@ -171,7 +182,11 @@ returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases, r.max_att
           r.lease_token, r.payload, r.lease_expires_at, r.trace_context, r.due_at;
 
 -- name: run_delivery_state
--- Why named runs were not claimed: their status, queue and whether they are due.
-select id, status, queue, due_at <= now() as due_now
-from {schema}.runs
-where id = any(%(ids)s::uuid[]) and environment = %(environment)s;
+-- Why named runs were not claimed: their status, queue, whether they are due and whether
+-- their queue is paused.
+select r.id, r.status, r.queue, r.due_at <= now() as due_now,
+       exists (select from {schema}.queue_states as s
+               where s.environment = r.environment and s.queue = r.queue and s.paused)
+           as paused
+from {schema}.runs as r
+where r.id = any(%(ids)s::uuid[]) and r.environment = %(environment)s;

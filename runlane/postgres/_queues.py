@@ -1,0 +1,98 @@
+"""The Postgres storage's queue operator statements: pause, resume, list.
+
+Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in
+``sql/queues.sql`` and the table in migration 6. The pause itself is enforced by the claim
+statements (``run_claim``, ``run_claim_ids``), which leave paused queues out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from psycopg.rows import dict_row
+
+from runlane.postgres._connections import Conn
+
+__all__ = ["QueueMethods"]
+
+log = logging.getLogger("runlane.postgres")
+
+T = TypeVar("T")
+
+# runs given outbox items again per statement when a queue resumes on a transport lane
+RESUME_BATCH = 1_000
+
+
+class QueueMethods:
+    """Queue operator statements; expects the attributes PostgresStorage has."""
+
+    _sql: dict[str, str]
+
+    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
+        raise NotImplementedError
+
+    def queue_pause(self, environment: str, queue: str, reason: str | None) -> bool:
+        """Pause ``queue`` with ``reason`` (replacing an earlier one); True when it was not
+        paused before."""
+        params = {"environment": environment, "queue": queue, "reason": reason}
+
+        def pause(conn: Conn) -> bool:
+            row = conn.execute(self._sql["queue_pause"], params).fetchone()
+            return bool(row and row[0])
+
+        return self._with_conn(pause)
+
+    def queue_resume(self, environment: str, queue: str) -> bool:
+        """Resume ``queue`` and announce it; True when it was paused. On a transport lane
+        (the environment has an outbox) its queued runs that lost their outbox item while it
+        was paused get one again, in batches of RESUME_BATCH statements of their own (a
+        resume interrupted part way is finished by repeating it, or by delivery recovery)."""
+        params: dict[str, Any] = {"environment": environment, "queue": queue}
+
+        def resume(conn: Conn) -> tuple[bool, bool]:
+            row = conn.execute(self._sql["queue_resume"], params).fetchone()
+            assert row is not None
+            return bool(row[0]), bool(row[1])
+
+        changed, has_outbox = self._with_conn(resume)
+        if has_outbox:
+            written = self._with_conn(lambda conn: self._write_outbox_items(conn, params))
+            log.debug("runlane: queue %r resumed: %d outbox items written", queue, written)
+        return changed
+
+    def _write_outbox_items(self, conn: Conn, params: dict[str, Any]) -> int:
+        """One scan of the queue's queued runs (a cursor held across commits), each batch of
+        them given items in a statement of its own (connections are in autocommit)."""
+        written = 0
+        with conn.cursor(name="runlane_queue_resume", withhold=True) as cur:
+            cur.execute(self._sql["queue_queued_ids"], params)
+            while batch := cur.fetchmany(RESUME_BATCH):
+                rows = conn.execute(
+                    self._sql["queue_outbox_write"], {**params, "ids": [r[0] for r in batch]}
+                ).fetchall()
+                written += len(rows)
+        return written
+
+    def queue_known(self, environment: str, queue: str) -> bool:
+        """Whether the database knows ``queue``: a queue_states row or runs of it."""
+        params = {"environment": environment, "queue": queue}
+
+        def known(conn: Conn) -> bool:
+            row = conn.execute(self._sql["queue_known"], params).fetchone()
+            return bool(row and row[0])
+
+        return self._with_conn(known)
+
+    def queue_list(self, environment: str) -> list[dict[str, Any]]:
+        """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
+        ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
+        its value, and ``oldest_queued_age`` (seconds, None when none is due)."""
+
+        def listed(conn: Conn) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["queue_list"], {"environment": environment})
+                return [dict(row) for row in cur.fetchall()]
+
+        return self._with_conn(listed)
