@@ -83,7 +83,11 @@ class Acquirer(Protocol):
 
 
 class Lane(Protocol):
-    """How a runtime stores and delivers runs; ``postgres_polling_lane`` makes one."""
+    """How a runtime stores and delivers runs; ``postgres_polling_lane`` makes one.
+
+    A lane may also have ``check_queue_names(environment, queue_names)``, which
+    ``create_runlane`` calls to refuse names its transport cannot carry (the RabbitMQ lane's
+    255-byte queue names)."""
 
     @property
     def name(self) -> str:

@@ -985,6 +985,10 @@ def create_runlane(
                 f"task {t.id!r} names queue {t.queue!r}, which is not registered: add "
                 f"queue({t.queue!r}) to create_runlane(queues=[...])"
             )
+    # a lane whose transport limits names (RabbitMQ's 255-byte queue names) refuses them here
+    check_queue_names = getattr(lane, "check_queue_names", None)
+    if callable(check_queue_names):
+        check_queue_names(environment, [q.name for q in queue_list])
     return Runlane(
         lane=lane,
         queues=queue_list,

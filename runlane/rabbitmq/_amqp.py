@@ -1,7 +1,8 @@
 """AMQP plumbing shared by the publisher and the consumers: URL checks, names, topology.
 
 Each logical queue of an environment is one durable quorum queue named
-``runlane.<schema>.<environment>.<queue>``, with a delivery limit and a dead-letter exchange
+``runlane.<schema>.<environment>.<queue>`` (see :func:`queue_name` for the escaping that
+keeps distinct pairs apart), with a delivery limit and a dead-letter exchange
 (``runlane.<schema>.dead``, bound to the queue ``runlane.<schema>.dead``) for messages that
 were redelivered too often (poison messages). Messages go through the default exchange, are
 persistent and carry only the run's id (``message_id`` is the outbox item's id).
@@ -16,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,12 +30,15 @@ from runlane.errors import ConfigurationError
 
 __all__ = [
     "AMQP_ERRORS",
+    "MAX_QUEUE_NAME_BYTES",
     "Watchdog",
     "check_amqp_url",
+    "check_queue_names",
     "dead_letter_names",
     "declare_queue",
     "describe",
     "message_body",
+    "name_too_long",
     "parse_body",
     "queue_name",
 ]
@@ -88,8 +92,61 @@ def describe(params: pika.URLParameters) -> str:
     return f"{params.host}:{params.port}"
 
 
+# AMQP queue names are short strings: at most 255 bytes of UTF-8
+MAX_QUEUE_NAME_BYTES = 255
+
+
+def _escape(component: str) -> str:
+    """``component`` with ``%`` and ``.`` percent-escaped (``%25``, ``%2E``): it then holds
+    no dot, and a name without either character is unchanged."""
+    return component.replace("%", "%25").replace(".", "%2E")
+
+
 def queue_name(schema: str, environment: str, queue: str) -> str:
-    return f"runlane.{schema}.{environment}.{queue}"
+    """The broker queue of a logical queue: ``runlane.<schema>.<environment>.<queue>``.
+
+    The schema and the environment are percent-escaped (``%`` -> ``%25``, ``.`` -> ``%2E``),
+    so neither holds a dot: the first three dots of a name end ``runlane``, the schema and
+    the environment, and the rest is the queue as it is. Distinct (schema, environment,
+    queue) triples therefore never share a broker queue (environment ``a`` with queue
+    ``b.c`` is ``runlane.s.a.b.c``; environment ``a.b`` with queue ``c`` is
+    ``runlane.s.a%2Eb.c``), and none is the dead-letter queue ``runlane.<schema>.dead``
+    (three parts, not four or more). Names whose schema and environment hold no ``.`` or
+    ``%`` -- every schema, and every environment without a dot -- keep the broker queue
+    they had before the escaping; an environment with a dot moves to a new broker queue.
+    """
+    return f"runlane.{_escape(schema)}.{_escape(environment)}.{queue}"
+
+
+def name_too_long(schema: str, environment: str, queue: str) -> str | None:
+    """Why the broker queue of the triple cannot exist (it is longer than AMQP allows),
+    or None when it can."""
+    size = len(queue_name(schema, environment, queue).encode("utf-8", "surrogatepass"))
+    if size <= MAX_QUEUE_NAME_BYTES:
+        return None
+    return (
+        f"the RabbitMQ queue name for environment {_shown(environment)} and queue "
+        f"{_shown(queue)} (schema {schema!r}) is {size} bytes, over AMQP's limit of "
+        f"{MAX_QUEUE_NAME_BYTES} (runlane.<schema>.<environment>.<queue>, with '.' and '%' "
+        "in the schema and environment written as %2E and %25): use a shorter environment "
+        "or queue name"
+    )
+
+
+def _shown(name: str, limit: int = 60) -> str:
+    """A name for a message: whole when short, else its start, end and length."""
+    if len(name) <= limit:
+        return repr(name)
+    return f"{name[: limit // 2]!r}...{name[-limit // 4 :]!r} ({len(name)} characters)"
+
+
+def check_queue_names(schema: str, environment: str, queues: Sequence[str]) -> None:
+    """Raise :class:`ConfigurationError` for the first queue whose broker queue name would
+    be longer than AMQP allows."""
+    for queue in queues:
+        problem = name_too_long(schema, environment, queue)
+        if problem is not None:
+            raise ConfigurationError(problem)
 
 
 def dead_letter_names(schema: str) -> str:

@@ -10,7 +10,7 @@ lane's fenced claim. See ``docs/deploying.md`` for running it past one machine.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +24,7 @@ from runlane.postgres import PostgresStorage
 from runlane.postgres._lane import check_storage_options
 from runlane.postgres._listener import PostgresListener
 from runlane.postgres._sql import notify_channel
-from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, describe
+from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, check_queue_names, describe
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.rabbitmq._publisher import OutboxPublisher
 from runlane.storage import MaintenanceFence, Storage
@@ -89,6 +89,12 @@ class RabbitMQLane:
         params.socket_timeout = self.connect_timeout
         params.blocked_connection_timeout = self.publish_timeout.total_seconds()
         return params
+
+    def check_queue_names(self, environment: str, queues: Sequence[str]) -> None:
+        """Called by ``create_runlane`` with the runtime's environment and queues: refuses
+        (ConfigurationError) a pair whose broker queue name is longer than AMQP's 255 bytes,
+        which the broker would refuse on every publish and declaration."""
+        check_queue_names(self.schema, environment, queues)
 
     def create_storage(self) -> PostgresStorage:
         storage = PostgresStorage(
@@ -213,7 +219,9 @@ def rabbitmq_lane(
 ) -> RabbitMQLane:
     """A lane keeping runs in ``schema`` at ``connection_string`` and delivering them
     through the RabbitMQ broker at ``amqp_url`` (durable quorum queues, one per logical
-    queue, named ``runlane.<schema>.<environment>.<queue>``).
+    queue, named ``runlane.<schema>.<environment>.<queue>``, with ``.`` and ``%`` in the
+    environment written as ``%2E`` and ``%25``; ``create_runlane`` refuses an environment
+    and queue whose name would pass AMQP's 255 bytes).
 
     ``claim_duration``: how long a publisher's claim on an outbox item lasts (another
     publisher takes the item after it); it must exceed ``publish_timeout``.

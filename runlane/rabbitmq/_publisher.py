@@ -36,6 +36,7 @@ from runlane.rabbitmq._amqp import (
     declare_queue,
     describe,
     message_body,
+    name_too_long,
     queue_name,
 )
 from runlane.storage import OutboxItem
@@ -65,6 +66,10 @@ _IDLE_SLICE = 5.0  # seconds: the connection's heartbeats are served at least th
 # after a sweep, the next one is due when the next item becomes publishable, within these
 _RESWEEP_MIN = 0.05
 _RESWEEP_MAX = 60.0
+# an item whose broker queue name is longer than AMQP allows (written by a producer that
+# never checked it: an older runlane, a polling-lane runtime of the environment) is tried
+# again this late, with that reason as its error: the broker is not asked and not blamed
+_REFUSED_DELAY = 60.0
 
 
 @attrs.define
@@ -344,6 +349,9 @@ class OutboxPublisher:
 
     def _publish_and_record(self, items: list[OutboxItem]) -> int:
         """Publish with confirms; record successes and failures; returns those recorded."""
+        items = self._refuse_unnameable(items)
+        if not items:
+            return 0
         done, failed, error = self._publish(items)
         if failed and not done and self._conn is None:
             # the connection may have died since its last use: one fresh try
@@ -356,6 +364,19 @@ class OutboxPublisher:
         else:
             self._backoff = 0.0
         return recorded
+
+    def _refuse_unnameable(self, items: list[OutboxItem]) -> list[OutboxItem]:
+        """The items whose broker queue can exist; the others are released for a late try
+        with the reason, so they neither break the connection nor hold up the rest."""
+        kept: list[OutboxItem] = []
+        for item in items:
+            problem = name_too_long(self._schema, item.environment, item.queue)
+            if problem is None:
+                kept.append(item)
+                continue
+            log.error("runlane: %s cannot publish run %s: %s", self.name, item.run_id, problem)
+            self._record_failure([item], problem, _REFUSED_DELAY)
+        return kept
 
     def _publish(self, items: list[OutboxItem]) -> tuple[list[OutboxItem], list[OutboxItem], str]:
         done: list[OutboxItem] = []
