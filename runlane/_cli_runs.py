@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import sys
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -17,6 +18,8 @@ from typing import Any
 
 import attrs
 
+from runlane._codec import MAX_DEPTH
+from runlane._display import shown
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
 from runlane.models import RunHistory, RunSnapshot, RunStatus
 from runlane.runtime import Runlane
@@ -192,11 +195,26 @@ def _cancel(load_app: LoadApp, args: argparse.Namespace) -> int:
 # -- trigger -------------------------------------------------------------------------------------
 
 
-def _trigger(load_app: LoadApp, args: argparse.Namespace) -> int:
+def _payload(text: str) -> Any:
+    """``--payload`` parsed as JSON; what json.loads cannot take is a ConfigurationError."""
     try:
-        payload = json.loads(args.payload)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"--payload is not valid JSON: {exc}") from exc
+    except RecursionError:  # json.loads recurses once per level
+        raise ConfigurationError(
+            f"--payload is nested too deeply to parse; payloads may nest at most {MAX_DEPTH} "
+            "levels: flatten it"
+        ) from None
+    except ValueError:  # the only one json.loads raises: an integer too long to convert
+        raise ConfigurationError(
+            f"--payload holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+            "more than Python converts; send such a number as a string"
+        ) from None
+
+
+def _trigger(load_app: LoadApp, args: argparse.Namespace) -> int:
+    payload = _payload(args.payload)
 
     def use(runlane: Runlane) -> int:
         try:
@@ -216,7 +234,7 @@ def _seconds(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {shown(text)}") from None
 
 
 def add_run_commands(commands: Any, load_app: LoadApp) -> None:

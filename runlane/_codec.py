@@ -22,6 +22,7 @@ import cattrs.gen
 from cattrs import cols
 from cattrs.preconf.json import make_converter
 
+from runlane._display import shown
 from runlane._limits import DEFAULT_MAX_PAYLOAD_BYTES, describe_size
 from runlane.errors import PayloadValidationError
 
@@ -78,7 +79,7 @@ def _strict_uuid(value: Any, _: type) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise ValueError(f"expected a UUID, got {value!r}") from None
+        raise ValueError(f"expected a UUID, got {shown(value)}") from None
 
 
 def _not_text(hook: Any) -> Any:
@@ -165,38 +166,58 @@ _CONTAINERS = (dict, list, tuple)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
+_TOO_DEEP = f"it is nested more than {MAX_DEPTH} levels deep (or contains itself); flatten it"
+
+
 def _check_plain(value: Any) -> bool:
     """Refuse what ``json.dumps`` would silently change or fail on deep inside: object keys
     that are not strings (it turns 1 into "1", so the stored value differs from the one
     given) and nesting deeper than MAX_DEPTH (which also catches a value that contains
-    itself). Walks containers only, without recursion. Returns whether ``value`` holds only
-    dicts, lists and tuples of strings, numbers, booleans and None (nothing a converter
-    would change)."""
+    itself). Walks plain containers only, without recursion, and runs no user code.
+    Returns whether ``value`` holds only dicts, lists and tuples of strings, numbers,
+    booleans and None (nothing a converter would change); when it returns False the value
+    holds a subclass or another type, which _dump walks again through _plain_copy."""
     if type(value) in _SCALARS:
         return True
-    if not isinstance(value, _CONTAINERS):
+    if type(value) not in _CONTAINERS:
         return False
-    plain = type(value) in _CONTAINERS
+    plain = True
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise ValueError(
-                f"it is nested more than {MAX_DEPTH} levels deep (or contains itself); flatten it"
-            )
+            raise ValueError(_TOO_DEEP)
         children: Any = item
-        if isinstance(item, dict):
+        if type(item) is dict:
             for key in item:
                 if type(key) is not str:
                     plain = _str_key(key)
             children = item.values()
         for child in [c for c in children if type(c) not in _SCALARS]:
-            if isinstance(child, _CONTAINERS):
-                plain = plain and type(child) in _CONTAINERS
+            if type(child) in _CONTAINERS:
                 stack.append((child, depth + 1))
             else:
                 plain = False
     return plain
+
+
+def _plain_copy(value: Any, depth: int = 1) -> Any:
+    """``value`` with every dict, list and tuple (subclasses too) copied as a plain dict or
+    list, each read once the way the JSON encoder reads it: a dict subclass through its
+    ``items()``, a list or tuple subclass through its items rather than its ``__iter__``.
+    What _check_plain then checks is what is encoded, however a subclass overrides its
+    methods (an ``items()`` yielding non-string keys, different keys on each call)."""
+    if depth > MAX_DEPTH:
+        raise ValueError(_TOO_DEEP)
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, dict):
+        pairs = dict.items(value) if type(value) is dict else value.items()
+        return {key: _plain_copy(child, depth + 1) for key, child in pairs}
+    if isinstance(value, list | tuple):
+        items = list.__iter__(value) if isinstance(value, list) else tuple.__iter__(value)
+        return [_plain_copy(child, depth + 1) for child in items]
+    return value
 
 
 def _str_key(key: Any) -> bool:
@@ -205,7 +226,7 @@ def _str_key(key: Any) -> bool:
         return False
     raise TypeError(
         f"object keys must be strings (JSON has no other kind), got the "
-        f"{type(key).__name__} key {key!r}; convert keys with str() or send a list of pairs"
+        f"{type(key).__name__} key {shown(key)}; convert keys with str() or send a list of pairs"
     )
 
 
@@ -223,7 +244,8 @@ def _dump(value: Any, *, checked: bool = False) -> tuple[str, int]:
     NaN, infinities, the NUL character, lone surrogates, non-string object keys and values
     nested too deeply are refused (ValueError or TypeError), as Postgres ``jsonb`` would
     refuse or JSON would change them; ``checked``: _all_plain said so already."""
-    if not checked:
+    if not checked and not _check_plain(value):
+        value = _plain_copy(value)
         _check_plain(value)
     try:
         text = _ENCODER.encode(value)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from runlane._display import shown
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError, RunStateConflict
 from runlane.models import RunError, RunPage, RunSnapshot, RunStatus
@@ -33,6 +34,10 @@ __all__ = [
 
 MAX_PAGE = 1000
 _CURSOR_PREFIX = "r1."
+# what encode_cursor makes is about 110 characters; a longer one was not made by it, and is
+# refused before decoding (a crafted one nesting 100,000 brackets would hit the recursion
+# limit of json.loads)
+_MAX_CURSOR_CHARS = 200
 
 
 def encode_cursor(run: RunSnapshot) -> str:
@@ -44,10 +49,14 @@ def encode_cursor(run: RunSnapshot) -> str:
 def decode_cursor(cursor: object) -> tuple[datetime, uuid.UUID]:
     """``(created_at, id)`` of a cursor made by ``encode_cursor``, or a ConfigurationError."""
     problem = (
-        f"cursor {cursor!r} is not a runs cursor: pass the next_cursor of a RunPage (or the "
-        "one `runlane runs list` printed), unchanged"
+        f"cursor {shown(cursor)} is not a runs cursor: pass the next_cursor of a RunPage (or "
+        "the one `runlane runs list` printed), unchanged"
     )
-    if not isinstance(cursor, str) or not cursor.startswith(_CURSOR_PREFIX):
+    if (
+        not isinstance(cursor, str)
+        or not cursor.startswith(_CURSOR_PREFIX)
+        or len(cursor) > _MAX_CURSOR_CHARS
+    ):
         raise ConfigurationError(problem)
     body = cursor[len(_CURSOR_PREFIX) :]
     try:
@@ -55,7 +64,7 @@ def decode_cursor(cursor: object) -> tuple[datetime, uuid.UUID]:
         created, run_id = json.loads(decoded)
         created_at = datetime.fromisoformat(created)
         key = uuid.UUID(run_id)
-    except (binascii.Error, ValueError, TypeError, AttributeError) as exc:
+    except (binascii.Error, ValueError, TypeError, AttributeError, RecursionError) as exc:
         raise ConfigurationError(problem) from exc
     if created_at.utcoffset() is None:
         raise ConfigurationError(problem)
@@ -71,14 +80,14 @@ def _status(value: object) -> RunStatus | None:
             return RunStatus(value)
         except ValueError:
             pass
-    raise ConfigurationError(f"status {value!r} is not a run status; use one of: {valid}")
+    raise ConfigurationError(f"status {shown(value)} is not a run status; use one of: {valid}")
 
 
 def _name(what: str, value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"{what} must be a non-empty string (or None), got {value!r}")
+        raise ConfigurationError(f"{what} must be a non-empty string (or None), got {shown(value)}")
     return check_text(what, value)
 
 
@@ -95,7 +104,7 @@ def list_query(
     know whether another page follows. ``task`` may be a Task (its id is used)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise ConfigurationError(
-            f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}; page through "
+            f"limit must be an integer from 1 to {MAX_PAGE}, got {shown(limit)}; page through "
             "more runs with next_cursor"
         )
     task_id = getattr(task, "id", task) if not isinstance(task, str) else task

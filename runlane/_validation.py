@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from runlane._codec import exception_text
+from runlane._display import clipped, shown
 from runlane._limits import INT32_MAX, MAX_DURATION, MAX_TEXT_BYTES, MAX_TEXT_CHARS
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
 from runlane.tasks import Queue
@@ -37,14 +39,25 @@ def as_duration(name: str, value: timedelta | float | int | None) -> timedelta:
         return timedelta(0)
     if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise ConfigurationError(
-            f"{name} must be a timedelta or a number of seconds, got {value!r}"
+            f"{name} must be a timedelta or a number of seconds, got {shown(value)}"
         )
+    limit = MAX_DURATION.total_seconds()
+    if isinstance(value, int) and abs(value) > limit:
+        # an int too large for a float (10**400) fails both isfinite() and timedelta()
+        bound = (
+            "must not be negative"
+            if value < 0
+            else f"must be at most 100 years ({limit:.0f} seconds)"
+        )
+        raise ConfigurationError(f"{name} {bound}, got {shown(value)}")
     if not isinstance(value, timedelta) and not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {shown(value)}")
     try:
         delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
     except OverflowError as exc:
-        raise ConfigurationError(f"{name} is too large: {value!r}") from exc
+        raise ConfigurationError(
+            f"{name} must be at most 100 years ({limit:.0f} seconds), got {shown(value)}"
+        ) from exc
     if delta < timedelta(0):
         # str() of a negative timedelta reads "-1 day, 23:59:55": say it in seconds
         raise ConfigurationError(
@@ -59,29 +72,43 @@ def as_duration(name: str, value: timedelta | float | int | None) -> timedelta:
 
 
 def as_run_at(value: object) -> datetime:
-    """A timezone-aware datetime from 1970 to 100 years from now."""
-    if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise ConfigurationError(
-            f"run_at must be a timezone-aware datetime (e.g. datetime.now(UTC) + "
-            f"timedelta(hours=1)), got {value!r}"
-        )
+    """A timezone-aware datetime from 1970 to 100 years from now, in UTC."""
+    aware = "run_at must be a timezone-aware datetime (e.g. datetime.now(UTC) + timedelta(hours=1))"
+    if not isinstance(value, datetime):
+        raise ConfigurationError(f"{aware}, got {shown(value)}")
+    try:  # a user tzinfo's utcoffset() may raise anything, or return what is no offset
+        offset = value.utcoffset()
+    except Exception as exc:
+        raise _tzinfo_failed(value, exc) from exc
+    if offset is None:
+        raise ConfigurationError(f"{aware}, got {shown(value)}")
     try:
         utc = value.astimezone(UTC)
-    except (OverflowError, ValueError) as exc:
-        raise ConfigurationError(f"run_at {value!r} is out of range") from exc
+    except OverflowError as exc:
+        raise ConfigurationError(f"run_at {shown(value)} is out of range") from exc
+    except Exception as exc:
+        raise _tzinfo_failed(value, exc) from exc
     if not _EARLIEST_RUN_AT <= utc <= datetime.now(UTC) + MAX_DURATION:
         raise ConfigurationError(
-            f"run_at must be from 1970 to 100 years from now, got {value.isoformat()}; "
+            f"run_at must be from 1970 to 100 years from now, got {utc.isoformat()}; "
             "a run due in the past is due at once"
         )
-    return value
+    return utc
+
+
+def _tzinfo_failed(value: datetime, exc: Exception) -> ConfigurationError:
+    return ConfigurationError(
+        f"run_at's tzinfo ({type(value.tzinfo).__name__}) failed to give its offset from UTC "
+        f"({type(exc).__name__}: {clipped(exception_text(exc))}); use datetime.UTC, "
+        "datetime.timezone(timedelta(hours=...)) or zoneinfo.ZoneInfo(...)"
+    )
 
 
 def as_int32(name: str, value: object, minimum: int = -INT32_MAX - 1) -> int:
     """An int (not a bool) from ``minimum`` to 2**31 - 1: the range of the integer column."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT32_MAX:
         raise ConfigurationError(
-            f"{name} must be an integer from {minimum} to {INT32_MAX}, got {value!r}"
+            f"{name} must be an integer from {minimum} to {INT32_MAX}, got {shown(value)}"
         )
     return value
 
@@ -90,20 +117,16 @@ def check_text(name: str, value: object, max_chars: int = MAX_TEXT_CHARS) -> str
     """A non-empty string that Postgres text can hold: at most ``max_chars`` characters and
     MAX_TEXT_BYTES bytes in UTF-8, no NUL character, no lone surrogate."""
     if not isinstance(value, str) or not value or len(value) > max_chars:
-        shown = (
-            repr(value)
-            if not isinstance(value, str) or len(value) <= 80
-            else (f"a string of {len(value):,} characters")
-        )
         raise ConfigurationError(
-            f"{name} must be a non-empty string of at most {max_chars} characters, got {shown}"
+            f"{name} must be a non-empty string of at most {max_chars} characters, got "
+            f"{shown(value)}"
         )
     if not value.isascii():
         try:
             size = len(value.encode("utf-8"))
         except UnicodeEncodeError as exc:
             raise ConfigurationError(
-                f"{name} must be valid Unicode text; {value!r} holds {value[exc.start]!r}, a "
+                f"{name} must be valid Unicode text; {shown(value)} holds {value[exc.start]!r}, a "
                 "lone surrogate (decode bytes with errors='replace', or pick another value)"
             ) from None
         if size > MAX_TEXT_BYTES:
@@ -114,7 +137,7 @@ def check_text(name: str, value: object, max_chars: int = MAX_TEXT_CHARS) -> str
     if "\x00" in value:
         raise ConfigurationError(
             f"{name} must not contain the NUL character (\\x00), which Postgres text cannot "
-            f"hold: got {value!r}"
+            f"hold: got {shown(value)}"
         )
     return value
 

@@ -33,7 +33,9 @@ from typing import Any
 import attrs
 
 from runlane._cli_runs import add_run_commands
+from runlane._codec import exception_text
 from runlane._demo import DEMO_LANES, run_demo
+from runlane._display import clipped, shown
 from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
@@ -80,22 +82,31 @@ def load_app(spec: str) -> Runlane:
     """Import ``module:attribute`` and return the Runlane it names; a ConfigurationError
     says what is wrong with ``spec``."""
     module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ConfigurationError(f"APP must look like module:attribute, got {spec!r}")
+    dotted = (module_name, attribute)
+    if not sep or not all(part.isidentifier() for name in dotted for part in name.split(".")):
+        # a path or a relative name ("../app:x", ".app:x") is no module import_module takes
+        raise ConfigurationError(
+            f"APP must look like module:attribute, dotted Python names (e.g. "
+            f"myproject.tasks:runlane, imported from the current directory), got {shown(spec)}"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         target: object = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from exc
+        raise ConfigurationError(
+            f"cannot import {shown(module_name)}: {clipped(exception_text(exc))}"
+        ) from exc
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as exc:
-            raise ConfigurationError(f"{module_name!r} has no attribute {attribute!r}") from exc
+            raise ConfigurationError(
+                f"{shown(module_name)} has no attribute {shown(attribute)}"
+            ) from exc
     if not isinstance(target, Runlane):
         raise ConfigurationError(
-            f"{spec} is a {type(target).__name__}, not a Runlane made by create_runlane"
+            f"{shown(spec)} is a {type(target).__name__}, not a Runlane made by create_runlane"
         )
     return target
 

@@ -14,6 +14,7 @@ from runlane import _queue_admin, _telemetry
 from runlane._backend import Backend
 from runlane._bulk import bulk_action, bulk_filter
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
+from runlane._display import shown
 from runlane._ids import new_run_id, new_run_ids
 from runlane._inspect import list_query, retry_conflict, run_page
 from runlane._limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES, check_limit
@@ -251,7 +252,7 @@ class Runlane:
         registered = self._tasks.get(task_id) if isinstance(task_id, str) else None
         if registered is None or (isinstance(task, Task) and registered is not task):
             raise TaskNotFound(
-                f"task {task_id or task!r} is not registered with this runtime: pass it in "
+                f"task {shown(task_id or task)} is not registered with this runtime: pass it in "
                 f"create_runlane(tasks=[...]) (registered: {sorted(self._tasks) or 'none'})"
             )
         return registered
@@ -260,13 +261,14 @@ class Runlane:
         if queue is not None and not isinstance(queue, str):
             raise ConfigurationError(
                 f"queue must be a queue name (a string) or None, got {type(queue).__name__} "
-                f"{queue!r}"
+                f"{shown(queue)}"
             )
         name = queue if queue is not None else task.queue or self._default_queue
         if name not in self._queues:
             raise ConfigurationError(
-                f"queue {name!r} is not registered with this runtime: pass queue({name!r}) in "
-                f"create_runlane(queues=[...]) (registered: {sorted(self._queues)})"
+                f"queue {shown(name)} is not registered with this runtime: pass "
+                f"queue({shown(name)}) in create_runlane(queues=[...]) (registered: "
+                f"{sorted(self._queues)})"
             )
         return name
 

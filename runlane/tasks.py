@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import attrs
 
+from runlane._display import shown
 from runlane._limits import INT32_MAX
 from runlane.errors import ConfigurationError
 from runlane.retry import RetryPolicy
@@ -27,7 +28,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-/]{0,199}$")
 def _check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise ConfigurationError(
-            f"{kind} {value!r} is not valid: use 1-200 characters from letters, digits and "
+            f"{kind} {shown(value)} is not valid: use 1-200 characters from letters, digits and "
             "'_.:-/', starting with a letter or digit"
         )
     return value

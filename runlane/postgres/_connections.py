@@ -132,12 +132,11 @@ def storage_error(exc: psycopg.Error, connection_string: str, what: str) -> Runl
     """The runlane error a driver error becomes at the storage boundary (raise it ``from``
     the driver error)."""
     detail = _scrubbed(str(exc).strip() or type(exc).__name__, connection_string)
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return _cancelled(exc, detail, what)
     if connection_failed(exc):
         target = describe_target(connection_string)
-        if isinstance(exc, psycopg.errors.QueryCanceled):
-            cause = f"its statement was cancelled ({detail})"
-        else:
-            cause = f"{type(exc).__name__}: {detail}"
+        cause = f"{type(exc).__name__}: {detail}"
         return StorageUnavailable(
             f"runlane could not {what}: the database at {target} is unavailable ({cause}). "
             f"Is PostgreSQL running at {target} and reachable from here? Check the "
@@ -145,6 +144,24 @@ def storage_error(exc: psycopg.Error, connection_string: str, what: str) -> Runl
         )
     return RunlaneError(
         f"unexpected database error while trying to {what} ({type(exc).__name__}: {detail})"
+    )
+
+
+def _cancelled(exc: psycopg.errors.QueryCanceled, detail: str, what: str) -> StorageUnavailable:
+    """A statement the database cancelled (SQLSTATE 57014): it answered, so it is up; what
+    stopped the statement was a statement_timeout or a cancel request."""
+    # the server's message is in English unless lc_messages says otherwise
+    if "statement timeout" in (exc.diag.message_primary or ""):
+        return StorageUnavailable(
+            f"runlane could not {what}: the statement ran past the connection's "
+            f"statement_timeout and the database cancelled it ({detail}); the database is up. "
+            "Raise statement_timeout for this work (SET LOCAL statement_timeout = ... in the "
+            "caller's transaction, or on the role), or find what holds it up (locks, load)"
+        )
+    return StorageUnavailable(
+        f"runlane could not {what}: the database cancelled the statement ({detail}); the "
+        "database is up. A statement_timeout, or a cancel request (pg_cancel_backend, a "
+        "driver's cancel), stopped it: check what cancels statements on this connection"
     )
 
 
