@@ -69,16 +69,16 @@ def _statuses(action: str, status: object) -> tuple[RunStatus, ...]:
         given = status
     else:
         raise ConfigurationError(
-            f"status must be a run status or a non-empty list of them, got {status!r}"
+            f"status must be a run status or a non-empty list of them, got {repr(status)[:100]}"
         )
     valid = ", ".join(s.value for s in RunStatus)
     chosen = []
     for item in given:
         try:
-            value = RunStatus(item)
+            value = item if isinstance(item, RunStatus) else RunStatus(str(item))
         except ValueError:
             raise ConfigurationError(
-                f"status {item!r} is not a run status; use one of: {valid}"
+                f"status {repr(item)[:100]} is not a run status; use one of: {valid}"
             ) from None
         if value not in allowed:
             raise ConfigurationError(

@@ -111,6 +111,15 @@ def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
 # -- runs show ---------------------------------------------------------------------------------
 
 
+def _progress_text(progress: Any) -> str:
+    """The last ``report_progress``: ``40% copying part 2 {"part": 2}``."""
+    fraction, message, data = (progress.get(k) for k in ("fraction", "message", "data"))
+    parts = [] if fraction is None else [f"{fraction:.0%}"]
+    parts += [] if message is None else [message]
+    parts += [] if data is None else [json.dumps(data, ensure_ascii=False)]
+    return " ".join(parts) or "-"
+
+
 def _show_text(history: RunHistory) -> None:
     run = history.run
     fields = [
@@ -131,6 +140,8 @@ def _show_text(history: RunHistory) -> None:
     ]
     if run.error is not None:
         fields.append(("error", f"{run.error.type}: {run.error.message}"))
+    if run.progress is not None:
+        fields.append(("progress", _progress_text(run.progress)))
     for label, value in fields:
         print(f"{label:<16} {value}")
     print("attempts")

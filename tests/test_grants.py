@@ -845,3 +845,45 @@ def test_cli_grant_and_print(
     assert "invalid choice: 'admin'" in capsys.readouterr().err
     assert main(["grant", "worker", 'x"; drop table runs', "--print"]) == 2
     assert "is not valid" in capsys.readouterr().err
+
+# -- progress and bulk actions (issue 19) --------------------------------------------------------
+
+
+@task(id="grants.reports")
+def reports(payload: dict[str, Any], context: RunContext) -> str:
+    context.report_progress(fraction=1.0, message="all done", data={"n": 1})
+    return "reported"
+
+
+def test_a_worker_reports_progress_and_an_operator_runs_bulk_actions(
+    schema: str, granted: RoleMaker, runtimes: Callable[[Runlane], Runlane]
+) -> None:
+    worker_rl = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=granted("worker"), schema=schema),
+            queues=QUEUES,
+            tasks=[reports, doomed, parent, leaf],
+        )
+    )
+    # what the operator CLI builds: no tasks, queues or schedules
+    operator = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=granted("operator"), schema=schema)
+        )
+    )
+    reported = worker_rl.trigger(reports, {})
+    failed = [worker_rl.trigger(doomed, {}) for _ in range(2)]
+    family = worker_rl.trigger(parent, {"n": 1})
+    while worker_rl.drain().runs_executed:
+        pass
+    progress = operator.get_run(reported.id).progress
+    assert progress == {"fraction": 1.0, "message": "all done", "data": {"n": 1}}
+    assert operator.get_run(family.id).status is RunStatus.COMPLETED
+
+    assert operator.retry_runs(status="failed").changed == 2
+    assert operator.cancel_runs(status="queued").changed == 2
+    assert {operator.get_run(r.id).status for r in failed} == {RunStatus.CANCELLED}
+    # the parent and its child (completed) go in one batch: the parent as a tombstone
+    deleted = operator.delete_runs(status=["completed", "cancelled"])
+    assert (deleted.matched, deleted.changed) == (5, 5)
+    assert operator.list_runs(limit=10).runs[0].id == family.id  # the tombstone

@@ -26,8 +26,9 @@ import attrs
 from runlane._backoff import Backoff
 from runlane._execution import refused_output_failure, timeout_failure
 from runlane._leases import LeaseTracker, Tracked
+from runlane._progress import THROTTLE_SECONDS, AttemptProgress
 from runlane.errors import RunlaneError, StorageUnavailable
-from runlane.storage import Completion, Failure, LeaseRef, OutputRefused, Storage
+from runlane.storage import Completion, Failure, LeaseRef, OutputRefused, ProgressWrite, Storage
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
 
@@ -49,6 +50,7 @@ class LifecycleStats:
     released: int = 0
     stale: int = 0
     batches: int = 0
+    progress: int = 0  # progress writes applied
 
 
 @attrs.define
@@ -56,10 +58,12 @@ class _Pending:
     completions: list[Completion] = attrs.Factory(list)
     failures: list[Failure] = attrs.Factory(list)
     releases: list[LeaseRef] = attrs.Factory(list)
+    # handlers' progress due now (throttled per attempt): written before the rest
+    progress: list[tuple[AttemptProgress, str]] = attrs.Factory(list)
     applied_any: bool = False
 
     def __len__(self) -> int:
-        return len(self.completions) + len(self.failures) + len(self.releases)
+        return len(self.completions) + len(self.failures) + len(self.releases) + len(self.progress)
 
 
 class LifecycleWriter:
@@ -94,6 +98,8 @@ class LifecycleWriter:
         self._max_backlog = max_backlog
         self._cond = threading.Condition()
         self._pending = _Pending()
+        # attempts with progress not yet written (runlane/_progress.py)
+        self._progress: dict[LeaseRef, AttemptProgress] = {}
         self._in_flight = 0
         self._closing = False
         self._finished = False  # the thread has made its final flush
@@ -136,6 +142,38 @@ class LifecycleWriter:
                 self._cond.notify_all()
         if finished:
             self._write_late(_Pending(releases=[ref]))
+
+    def progress(self, attempt: AttemptProgress, value: str) -> None:
+        """A handler's progress: the last value wins; written within a second, or with its
+        attempt's completion, failure or hand-back (see runlane/_progress.py)."""
+        with self._cond:
+            finished = self._finished
+            if not finished:
+                attempt.pending = value
+                self._progress[attempt.lease] = attempt
+                if time.monotonic() - attempt.last_written >= THROTTLE_SECONDS:
+                    self._cond.notify_all()
+        if finished:
+            self._write_late(_Pending(progress=[(attempt, value)]))
+
+    def _due_progress(self, batch: _Pending, closing: bool) -> list[tuple[AttemptProgress, str]]:
+        """Take the progress to write with ``batch`` (under the lock): each attempt's once a
+        second, and at once when the batch ends its attempt or the writer closes."""
+        if not self._progress:
+            return []
+        now = time.monotonic()
+        ending = {c.run_id for c in batch.completions}
+        ending.update(f.run_id for f in batch.failures)
+        ending.update(r.run_id for r in batch.releases)
+        due = []
+        for lease, attempt in list(self._progress.items()):
+            if closing or lease.run_id in ending or now - attempt.last_written >= THROTTLE_SECONDS:
+                del self._progress[lease]
+                if attempt.pending is not None:
+                    due.append((attempt, attempt.pending))
+                    attempt.pending = None
+                    attempt.last_written = now
+        return due
 
     def _write_late(self, late: _Pending) -> None:
         """The thread made its final flush already: write this one here, now."""
@@ -204,8 +242,9 @@ class LifecycleWriter:
                 if not self._closing and 0 < len(self._pending) < self._batch_size:
                     self._cond.wait(timeout=min(self._tick, self._lease_wait()))
                 batch, self._pending = self._pending, _Pending()
-                self._in_flight = len(batch)
                 closing = self._closing
+                batch.progress = self._due_progress(batch, closing)
+                self._in_flight = len(batch)
             self._write_until_done(batch)
             with self._cond:
                 self._in_flight = 0
@@ -262,6 +301,15 @@ class LifecycleWriter:
         """Write each kind in one statement; a kind written is removed, so a retry after a
         lost connection repeats only what may not have been applied (and fencing makes a
         repeat of an applied write a harmless no-op)."""
+        if batch.progress:  # first: the writes below end the attempts' leases
+            written = storage.run_progress_many(
+                [ProgressWrite(attempt.lease, value) for attempt, value in batch.progress]
+            )
+            for attempt, _ in batch.progress:
+                if attempt.lease.run_id not in written:
+                    attempt.stale = True  # the handler's next report raises StaleLease
+            self.stats.progress += len(written)
+            batch.progress = []
         self._write_completions(batch, storage)
         if batch.failures:
             failed = {row.run_id for row in storage.run_fail_many(batch.failures)}

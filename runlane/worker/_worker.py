@@ -568,6 +568,7 @@ class Worker:
             self._hand_back([claimed], "its lease may have lapsed before it started")
             return None
         context = make_context(claimed, self.environment, slot.backend)
+        context._progress_sink = self._writer  # report_progress goes with its batches
         context._lease_checked_at = checked_at
         task = self._tasks.get(claimed.task_id)
         if not self._tracker.begin(claimed, context, task):
