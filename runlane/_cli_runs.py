@@ -21,7 +21,7 @@ import attrs
 from runlane._codec import MAX_DEPTH
 from runlane._display import shown
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
-from runlane.models import RunHistory, RunSnapshot, RunStatus
+from runlane.models import AttemptRecord, RunHistory, RunSnapshot, RunStatus
 from runlane.runtime import Runlane
 
 __all__ = ["add_run_commands"]
@@ -111,6 +111,15 @@ def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
 # -- runs show ---------------------------------------------------------------------------------
 
 
+def _ran_by(attempt: AttemptRecord) -> str:
+    """Who ran an attempt: its worker's host and id (the host only while the worker's row is
+    kept; nothing for an attempt of drain or of a release before workers were recorded)."""
+    if attempt.worker_id is None:
+        return ""
+    host = "" if attempt.host is None else f" on {attempt.host}"
+    return f"{host} (worker {attempt.worker_id})"
+
+
 def _progress_text(progress: Any) -> str:
     """The last ``report_progress``: ``40% copying part 2 {"part": 2}``."""
     fraction, message, data = (progress.get(k) for k in ("fraction", "message", "data"))
@@ -150,7 +159,10 @@ def _show_text(history: RunHistory) -> None:
     for a in history.attempts:
         error = "" if a.error is None else f"  {a.error.type}: {a.error.message}"
         took = (a.finished_at - a.started_at).total_seconds()
-        print(f"  #{a.number:<3} {a.outcome:<10} {_when(a.started_at)}  {took:.3f}s{error}")
+        print(
+            f"  #{a.number:<3} {a.outcome:<10} {_when(a.started_at)}  {took:.3f}s"
+            f"{_ran_by(a)}{error}"
+        )
     print("steps")
     if not history.steps:
         print("  (none stored)")

@@ -29,7 +29,7 @@ import attrs
 from runlane.context import RunContext
 from runlane.errors import StopReason
 from runlane.models import RunStatus
-from runlane.storage import ClaimedRun, LeaseRef, Storage
+from runlane.storage import ClaimedRun, LeaseRef, Storage, WorkerBeat
 from runlane.tasks import Task
 
 __all__ = ["LeaseTracker", "Tracked"]
@@ -185,13 +185,15 @@ class LeaseTracker:
     def extension_due(self, now: float) -> bool:
         return now - self._last_extension >= self.interval
 
-    def extend(self, storage: Storage) -> None:
-        """Extend every tracked lease in one fenced statement; signal the ones refused."""
+    def extend(self, storage: Storage, *, beat: WorkerBeat | None = None) -> bool:
+        """Extend every tracked lease in one fenced statement (carrying the worker's
+        heartbeat ``beat``); signal the ones refused. False when nothing was tracked and
+        no statement was sent."""
         sent = self._last_extension = time.monotonic()
         live = self.tracked()
         if not live:
-            return
-        applied = storage.run_extend_leases([item.ref for item in live], self.lease)
+            return False
+        applied = storage.run_extend_leases([item.ref for item in live], self.lease, beat=beat)
         for item in live:
             status = applied.get(item.ref)
             if status is not None:
@@ -207,3 +209,4 @@ class LeaseTracker:
                 item.cancel(StopReason.LEASE_LOST)
             elif status is RunStatus.CANCELLATION_REQUESTED:
                 item.cancel(StopReason.CANCEL_REQUESTED)
+        return True

@@ -53,6 +53,8 @@ class AcquirerOptions:
     # the most one claim takes (create_delivery_worker's claim_batch): a broker consumer's
     # prefetch, so it can feed every slot and claim ahead as the polling lane does
     claim_batch: int = 1
+    # the delivery worker's registration id, recorded by every claim (None: drain)
+    worker_id: uuid.UUID | None = None
 
 
 class Acquirer(Protocol):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from runlane import _queue_admin, _telemetry
+from runlane import _queue_admin, _telemetry, _workers
 from runlane._backend import Backend
 from runlane._bulk import bulk_action, bulk_filter
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
@@ -56,6 +56,7 @@ from runlane.models import (
     RunStatus,
     StatusReport,
     WaitToken,
+    WorkerInfo,
 )
 from runlane.schedules import Schedule
 from runlane.storage import NewRuns
@@ -701,6 +702,19 @@ class Runlane:
         self._check_open()
         self._ensure_started()
         return _queue_admin.list_queues(self._storage, self.environment, self._queues)
+
+    # -- workers -------------------------------------------------------------------------
+
+    def list_workers(self, *, include_stopped: bool = False) -> list[WorkerInfo]:
+        """The delivery workers of this environment, on every host and lane, oldest first:
+        id, host, pid, runlane version, queues, concurrency, start, last heartbeat and
+        state. A running or stopping worker unseen for three heartbeat intervals (database
+        time: it crashed, froze, or lost the database) is ``lost``; stopped workers only with
+        ``include_stopped``. Cleanup removes stopped and lost rows after
+        ``RetentionPolicy.workers``."""
+        self._check_open()
+        self._ensure_started()
+        return _workers.list_workers(self._storage, self.environment, include_stopped)
 
     # -- wait tokens ---------------------------------------------------------------------
 

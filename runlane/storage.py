@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import attrs
 
 from runlane.errors import RunlaneError
-from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken
+from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken, WorkerInfo, WorkerState
 
 __all__ = [
     "BulkBatch",
@@ -44,6 +44,7 @@ __all__ = [
     "StepStored",
     "Storage",
     "SuspendResult",
+    "WorkerBeat",
 ]
 
 
@@ -299,6 +300,24 @@ class BulkBatch:
 
 
 @attrs.frozen
+class WorkerBeat:
+    """A delivery worker's registration, sent whole with each heartbeat: the heartbeat
+    writes the row if it is missing (a registration that failed at start), so nothing but
+    ``state`` and the time it was last seen ever changes. ``heartbeat_seconds`` apart at
+    most; unseen for three of them, the worker is shown as lost."""
+
+    worker_id: uuid.UUID
+    environment: str
+    host: str
+    pid: int
+    runlane_version: str
+    queues: tuple[str, ...]
+    concurrency: int
+    heartbeat_seconds: float
+    state: WorkerState = WorkerState.RUNNING  # running, stopping or stopped
+
+
+@attrs.frozen
 class ProgressWrite:
     """An attempt's last progress (JSON text), written only while it holds its lease."""
 
@@ -328,9 +347,16 @@ class Storage(Protocol):
         """The runs of ``run_ids`` that exist in the environment, by id, in one query."""
 
     def run_claim(
-        self, environment: str, queues: Sequence[str], limit: int, lease: timedelta
+        self,
+        environment: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
     ) -> list[ClaimedRun]:
-        """Move up to ``limit`` due queued runs to ``running`` under fresh leases."""
+        """Move up to ``limit`` due queued runs to ``running`` under fresh leases, recording
+        ``worker_id`` as the worker running their attempts (None: not a delivery worker)."""
 
     def run_claim_bounded(
         self,
@@ -339,6 +365,8 @@ class Storage(Protocol):
         concurrency_limit: int,
         limit: int,
         lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
     ) -> list[ClaimedRun]:
         """Claim from a bounded queue: at most ``concurrency_limit`` live leases in the queue
         across every claimer, enforced inside the claim (claimers of the queue serialise)."""
@@ -370,11 +398,12 @@ class Storage(Protocol):
         no-op when idle, and on a storage that is not a dedicated view."""
 
     def run_extend_leases(
-        self, leases: Sequence[LeaseRef], lease: timedelta
+        self, leases: Sequence[LeaseRef], lease: timedelta, *, beat: WorkerBeat | None = None
     ) -> dict[LeaseRef, RunStatus]:
         """Push live leases ``lease`` past database now; returns the leases extended with
         their run's status (``cancellation_requested`` tells the holder to stop). An expired
-        or lost lease is not extended."""
+        or lost lease is not extended. ``beat``: the worker's heartbeat, in the same
+        statement (with no leases, the heartbeat alone)."""
 
     def run_deliver_due(
         self, environment: str, limit: int, *, fence: MaintenanceFence | None = None
@@ -536,6 +565,24 @@ class Storage(Protocol):
     def run_progress_many(self, writes: Sequence[ProgressWrite]) -> set[uuid.UUID]:
         """Store each attempt's progress if it still holds its lease; returns the run ids
         written (a missing one lost its lease, and nothing was written to it)."""
+
+    # -- delivery workers ----------------------------------------------------------------
+
+    def worker_list(self, environment: str, *, include_stopped: bool) -> list[WorkerInfo]:
+        """The environment's registered workers, oldest first; a running or stopping one
+        unseen for three heartbeat intervals (database time) is ``lost``. Stopped ones only
+        with ``include_stopped``."""
+
+    def worker_prune(
+        self,
+        environment: str,
+        retention: timedelta,
+        limit: int,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> int:
+        """Cleanup: delete up to ``limit`` rows of workers stopped or lost, and last seen
+        more than ``retention`` ago; returns how many."""
 
     # -- queue operator state ------------------------------------------------------------
 

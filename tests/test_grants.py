@@ -887,3 +887,51 @@ def test_a_worker_reports_progress_and_an_operator_runs_bulk_actions(
     deleted = operator.delete_runs(status=["completed", "cancelled"])
     assert (deleted.matched, deleted.changed) == (5, 5)
     assert operator.list_runs(limit=10).runs[0].id == family.id  # the tombstone
+
+
+# -- delivery workers' rows ------------------------------------------------------------------------
+
+
+def test_workers_register_under_the_worker_role_and_are_listed_and_pruned_by_the_others(
+    schema: str, granted: RoleMaker, runtimes: Callable[[Runlane], Runlane]
+) -> None:
+    producer = runtimes(runtime_as(granted("producer"), schema))
+    worker_conninfo = granted("worker")
+    worker_rl = runtimes(runtime_as(worker_conninfo, schema))
+    operator_conninfo = granted("operator")
+    operator = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=operator_conninfo, schema=schema)
+        )
+    )
+    maintenance = runtimes(
+        runtime_as(granted("maintenance"), schema, retention=RetentionPolicy(workers=timedelta(0)))
+    )
+    handle = producer.trigger(leaf, {"n": 1})
+    # the worker role registers, heartbeats, records itself on claims and attempts, stops
+    with worker_rl.create_delivery_worker(concurrency=1) as worker:
+        wait_until(
+            lambda: [w.worker_id for w in operator.list_workers()] == [worker.worker_id],
+            timeout=10,
+            what="the worker's registration",
+        )
+        wait_until(
+            lambda: producer.get_run(handle.id).status is RunStatus.COMPLETED,
+            timeout=10,
+            what="the run to complete",
+        )
+    assert worker.wait_until_closed(0) is True
+    (attempt,) = operator.get_run_history(handle.id).attempts
+    assert attempt.worker_id == worker.worker_id
+    assert attempt.host is not None
+    (row,) = operator.list_workers(include_stopped=True)
+    assert row.state.value == "stopped"
+    # only maintenance deletes rows; neither a worker nor an operator can
+    s = sql.Identifier(schema)
+    denied(worker_conninfo, sql.SQL("delete from {}.workers").format(s))
+    denied(operator_conninfo, sql.SQL("delete from {}.workers").format(s))
+    denied(operator_conninfo, sql.SQL("update {}.workers set state = 'stopped'").format(s))
+    denied(worker_conninfo, sql.SQL("update {}.workers set host = 'elsewhere'").format(s))
+    assert maintenance.run_maintenance_once().workers_pruned == 1
+    assert operator.list_workers(include_stopped=True) == []
+

@@ -171,7 +171,15 @@ def _cleanup(
         remaining -= done
         if done < batch:
             break
-    return MaintenanceResult(runs_pruned=deleted, runs_tombstoned=tombstoned)
+    # rows of stopped and lost workers: few (one per worker started), one bounded statement
+    workers = (
+        scope.storage.worker_prune(scope.environment, scope.retention.workers, limit, fence=fence)
+        if limit
+        else 0
+    )
+    return MaintenanceResult(
+        runs_pruned=deleted, runs_tombstoned=tombstoned, workers_pruned=workers
+    )
 
 
 def run_phase(

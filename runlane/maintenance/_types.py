@@ -77,6 +77,7 @@ class MaintenanceResult:
     runs_tombstoned: int = 0
     outbox_published: int = 0  # transport lanes: outbox items published by the pass
     deliveries_recovered: int = 0  # runs re-announced: queued too long without an item
+    workers_pruned: int = 0  # rows of stopped and lost workers past their retention
 
     @property
     def total(self) -> int:
@@ -99,11 +100,14 @@ def _retention(instance: object, attribute: attrs.Attribute[timedelta], value: t
 
 @attrs.frozen
 class RetentionPolicy:
-    """How long terminal runs are kept before cleanup prunes them."""
+    """How long terminal runs are kept before cleanup prunes them, and how long the rows of
+    stopped and lost workers are (``workers``, from their last heartbeat: an attempt's host
+    is shown while its worker's row is kept, so the default matches ``completed``)."""
 
     completed: timedelta = attrs.field(default=timedelta(days=7), validator=_retention)
     failed: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
     cancelled: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
+    workers: timedelta = attrs.field(default=timedelta(days=7), validator=_retention)
 
 
 @attrs.frozen

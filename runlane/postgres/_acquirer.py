@@ -42,6 +42,7 @@ class PollingAcquirer:
     ) -> None:
         self._environment = options.environment
         self._lease = options.lease
+        self._worker_id = options.worker_id
         self._poll = poll_interval.total_seconds()
         self._on_cancel = on_cancel
         self._queues = {q.name for q in options.queues}
@@ -99,11 +100,20 @@ class PollingAcquirer:
                 break
             assert q.concurrency_limit is not None
             claimed += self._storage.run_claim_bounded(
-                self._environment, q.name, q.concurrency_limit, room, self._lease
+                self._environment,
+                q.name,
+                q.concurrency_limit,
+                room,
+                self._lease,
+                worker_id=self._worker_id,
             )
         if self._unbounded and len(claimed) < want:
             claimed += self._storage.run_claim(
-                self._environment, self._unbounded, want - len(claimed), self._lease
+                self._environment,
+                self._unbounded,
+                want - len(claimed),
+                self._lease,
+                worker_id=self._worker_id,
             )
         return claimed
 

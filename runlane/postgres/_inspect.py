@@ -86,6 +86,8 @@ class InspectMethods:
                         error=run_error(row["error"]),
                         started_at=row["started_at"],
                         finished_at=row["finished_at"],
+                        worker_id=row["worker_id"],
+                        host=row["host"],
                     )
                     for row in cur.fetchall()
                 )

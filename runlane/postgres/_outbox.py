@@ -183,6 +183,7 @@ class OutboxMethods:
         *,
         queue: str | None = None,
         concurrency_limit: int | None = None,
+        worker_id: uuid.UUID | None = None,
     ) -> list[ClaimedRun]:
         """Claim the named runs that are queued and due, with the same fenced claim as
         ``run_claim``; for a bounded ``queue`` (all ids of that queue) at most as many as
@@ -196,6 +197,7 @@ class OutboxMethods:
             "concurrency_limit": concurrency_limit,
             "lease_seconds": lease.total_seconds(),
             "lock_scope": f"runlane:{self.schema}:{environment}",
+            "worker_id": worker_id,
         }
 
         def claim(conn: Conn) -> list[ClaimedRun]:

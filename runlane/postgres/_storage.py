@@ -46,6 +46,7 @@ from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
 from runlane.postgres._queues import QueueMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
+from runlane.postgres._workers import WorkerMethods
 from runlane.storage import (
     ClaimedRun,
     Completion,
@@ -64,6 +65,7 @@ from runlane.storage import (
     ScheduleState,
     StepStored,
     SuspendResult,
+    WorkerBeat,
 )
 
 __all__ = ["PostgresStorage", "notify_channel"]
@@ -91,7 +93,7 @@ class _SchemaGate:
         self.checked = False
 
 
-class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods):
+class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods, WorkerMethods):
     """Storage in one Postgres schema.
 
     The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a
@@ -473,7 +475,13 @@ class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods):
         return self._with_conn(get)
 
     def run_claim(
-        self, environment: str, queues: Sequence[str], limit: int, lease: timedelta
+        self,
+        environment: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
     ) -> list[ClaimedRun]:
         params = {
             "environment": environment,
@@ -481,6 +489,7 @@ class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods):
             "limit": limit,
             "lease_seconds": lease.total_seconds(),
             "concurrency_limit": None,
+            "worker_id": worker_id,
         }
         return self._with_conn(
             lambda conn: _claimed(conn.execute(self._sql["run_claim"], params).fetchall())
@@ -493,6 +502,8 @@ class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods):
         concurrency_limit: int,
         limit: int,
         lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
     ) -> list[ClaimedRun]:
         params = {
             "environment": environment,
@@ -501,6 +512,7 @@ class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods):
             "concurrency_limit": concurrency_limit,
             "limit": limit,
             "lease_seconds": lease.total_seconds(),
+            "worker_id": worker_id,
             "lock_scope": f"runlane:{self.schema}:{environment}",
         }
 
@@ -560,11 +572,15 @@ class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods):
         )
 
     def run_extend_leases(
-        self, leases: Sequence[LeaseRef], lease: timedelta
+        self, leases: Sequence[LeaseRef], lease: timedelta, *, beat: WorkerBeat | None = None
     ) -> dict[LeaseRef, RunStatus]:
-        if not leases:
+        if not leases and beat is None:
             return {}
-        params = {**_lease_params(leases), "lease_seconds": lease.total_seconds()}
+        params = {
+            **_lease_params(leases),
+            **_beat_params(beat),
+            "lease_seconds": lease.total_seconds(),
+        }
 
         def extend(conn: Conn) -> dict[LeaseRef, RunStatus]:
             rows = conn.execute(self._sql["run_extend_leases"], params).fetchall()
@@ -946,6 +962,36 @@ def _array_literal(values: Iterable[uuid.UUID | int]) -> str:
     """A Postgres array literal of uuids or integers (their text needs no quoting): much
     cheaper to make than psycopg's element-by-element array dumping, on the hot paths."""
     return "{" + ",".join(map(str, values)) + "}"
+
+
+def _beat_params(beat: WorkerBeat | None) -> dict[str, Any]:
+    """The heartbeat's parameters of run_extend_leases (all None: no heartbeat)."""
+    if beat is None:
+        return dict.fromkeys(_BEAT_FIELDS)
+    return {
+        "worker_id": beat.worker_id,
+        "environment": beat.environment,
+        "host": beat.host,
+        "pid": beat.pid,
+        "runlane_version": beat.runlane_version,
+        "queues": list(beat.queues),
+        "concurrency": beat.concurrency,
+        "heartbeat_seconds": beat.heartbeat_seconds,
+        "worker_state": beat.state.value,
+    }
+
+
+_BEAT_FIELDS = (
+    "worker_id",
+    "environment",
+    "host",
+    "pid",
+    "runlane_version",
+    "queues",
+    "concurrency",
+    "heartbeat_seconds",
+    "worker_state",
+)
 
 
 def _lease_params(leases: Sequence[LeaseRef]) -> dict[str, Any]:

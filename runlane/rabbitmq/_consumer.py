@@ -96,6 +96,7 @@ class RabbitAcquirer:
     ) -> None:
         self._environment = options.environment
         self._lease = options.lease
+        self._worker_id = options.worker_id
         self._queues = {q.name: q for q in options.queues}
         # unacknowledged deliveries the broker sends ahead: the worker's claim batch, at
         # most 4 x concurrency (the broker hands them over whatever the handlers' length,
@@ -187,6 +188,7 @@ class RabbitAcquirer:
                 self._lease,
                 queue=name if limit is not None else None,
                 concurrency_limit=limit,
+                worker_id=self._worker_id,
             )
         self.stats.claimed += len(claimed)
         taken = {c.id for c in claimed}

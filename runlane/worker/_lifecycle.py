@@ -11,11 +11,18 @@ gives up at its deadline (cancelling a statement still blocked then), and an att
 write was never made is recovered by maintenance when its lease expires. A write submitted
 after the final flush (a handler or a claim that outlived close) is made at once on
 ``late_storage``.
+
+A delivery worker's heartbeat (``beat``, its registration in ``workers``) rides in the lease
+extension statement; when no extension went out for a heartbeat interval (no leases held, or
+leases claimed too recently to extend), the heartbeat goes alone, so it costs one statement
+an interval whatever the number of runs. Its state (``stopping`` once close begins) goes out
+with the next heartbeat, and ``stopped`` after the final flush.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -28,7 +35,16 @@ from runlane._execution import refused_output_failure, timeout_failure
 from runlane._leases import LeaseTracker, Tracked
 from runlane._progress import THROTTLE_SECONDS, AttemptProgress
 from runlane.errors import RunlaneError, StorageUnavailable
-from runlane.storage import Completion, Failure, LeaseRef, OutputRefused, ProgressWrite, Storage
+from runlane.models import WorkerState
+from runlane.storage import (
+    Completion,
+    Failure,
+    LeaseRef,
+    OutputRefused,
+    ProgressWrite,
+    Storage,
+    WorkerBeat,
+)
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
 
@@ -51,6 +67,8 @@ class LifecycleStats:
     stale: int = 0
     batches: int = 0
     progress: int = 0  # progress writes applied
+    beats_alone: int = 0  # heartbeats sent in a statement of their own
+    beats_with_extensions: int = 0  # heartbeats carried by a lease extension
 
 
 @attrs.define
@@ -79,6 +97,7 @@ class LifecycleWriter:
         on_written: Callable[[], None] | None = None,
         on_tick: Callable[[], None] | None = None,
         late_storage: Storage | None = None,
+        beat: WorkerBeat | None = None,
         tick: float = 0.02,
         batch_size: int = 500,
         max_backlog: int = 10_000,
@@ -92,6 +111,11 @@ class LifecycleWriter:
         self._on_written = on_written
         self._on_tick = on_tick
         self._late_storage = late_storage or storage
+        self._beat = beat
+        # time.monotonic() of the last heartbeat sent: the first (the worker's registration)
+        # is the thread's first work
+        self._last_beat = -math.inf
+        self.registered = threading.Event()  # set once a heartbeat was written
         tracker.on_change = self._poke
         self._tick = tick
         self._batch_size = batch_size
@@ -191,6 +215,15 @@ class LifecycleWriter:
         with self._cond:
             self._cond.notify_all()
 
+    def set_worker_state(self, state: WorkerState) -> None:
+        """The worker's state changed (``stopping``): send it with a heartbeat at once."""
+        with self._cond:
+            if self._beat is None or self._beat.state is state:
+                return
+            self._beat = attrs.evolve(self._beat, state=state)
+            self._last_beat = -math.inf
+            self._cond.notify_all()
+
     def backlog(self) -> int:
         with self._cond:
             return len(self._pending) + self._in_flight
@@ -216,8 +249,12 @@ class LifecycleWriter:
     # -- the thread ------------------------------------------------------------------------
 
     def _lease_wait(self) -> float:
-        """Seconds until lease work (an extension or a timeout) is due; at most one."""
+        """Seconds until lease work (an extension, a timeout, a heartbeat) is due; at most
+        one."""
         deadline = self._tracker.next_deadline()
+        if self._beat is not None:
+            beat_at = self._last_beat + self._beat.heartbeat_seconds
+            deadline = beat_at if deadline is None else min(deadline, beat_at)
         if deadline is None:
             return 1.0
         return min(1.0, max(0.0, deadline - time.monotonic()))
@@ -249,9 +286,12 @@ class LifecycleWriter:
             with self._cond:
                 self._in_flight = 0
                 self._cond.notify_all()
-                if closing and not self._pending:
+                finished = closing and not self._pending
+                if finished:
                     self._finished = True
-                    return
+            if finished:
+                self._beat_stopped()
+                return
             if batch.applied_any and self._on_written is not None:
                 self._on_written()
             self._keep_leases()
@@ -264,11 +304,55 @@ class LifecycleWriter:
             with self._cond:
                 self._pending.failures.append(timeout_failure(item.claimed, item.task))
             self._on_timeout(item)
+        beat = self._beat
         if self._tracker.extension_due(now):
             try:
-                self._tracker.extend(self._storage)
+                sent = self._tracker.extend(self._storage, beat=beat)
+                if sent and beat is not None and self._beat is beat:  # not changed meanwhile
+                    self._last_beat = now
+                    self.stats.beats_with_extensions += 1
+                    self.registered.set()
             except StorageUnavailable as exc:
                 log.warning("runlane: extending leases failed (%s); retrying next tick", exc)
+                return
+        if beat is not None and now - self._last_beat >= beat.heartbeat_seconds:
+            try:
+                self._send_beat()
+            except StorageUnavailable as exc:
+                # like a claim or an extension: logged, retried, never fatal
+                log.warning(
+                    "runlane: %s: %s failed (%s); retrying in %.1fs",
+                    self._name,
+                    "the heartbeat" if self.registered.is_set() else "registering the worker",
+                    exc,
+                    beat.heartbeat_seconds,
+                )
+
+    def _send_beat(self) -> None:
+        """The heartbeat alone (no lease to extend): one statement. A failure counts as
+        sent, so the next try waits an interval."""
+        assert self._beat is not None
+        self._last_beat = time.monotonic()
+        self._storage.run_extend_leases([], self._tracker.lease, beat=self._beat)
+        self.stats.beats_alone += 1
+        self.registered.set()
+
+    def _beat_stopped(self) -> None:
+        """After the final flush: the worker's row says ``stopped`` (not if close's deadline
+        passed; the row shows the worker lost once its heartbeats are missed)."""
+        if self._beat is None or self._past_deadline():
+            return
+        with self._cond:
+            self._beat = attrs.evolve(self._beat, state=WorkerState.STOPPED)
+        try:
+            self._send_beat()
+        except RunlaneError as exc:
+            log.warning(
+                "runlane: %s could not mark itself stopped (%s); it is shown as lost once "
+                "three heartbeats are missed",
+                self._name,
+                exc,
+            )
 
     def _past_deadline(self) -> bool:
         with self._cond:

@@ -45,9 +45,11 @@ from runlane import _telemetry
 from runlane._backoff import Backoff
 from runlane._execution import Write, execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
+from runlane._workers import new_beat
 from runlane.context import ContextBackend, RunContext
 from runlane.errors import ConfigurationError, StopReason, StorageUnavailable, WorkerFailed
 from runlane.lanes import AcquirerOptions, Lane
+from runlane.models import WorkerState
 from runlane.storage import ClaimedRun, LeaseRef, Storage
 from runlane.tasks import Queue, Task
 from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
@@ -172,6 +174,16 @@ class Worker:
         # test hook: set when a claim found nothing due
         self.idle_signal = threading.Event()
         self._tracker = LeaseTracker(options.lease)
+        # a delivery worker's row in workers (drain registers nothing); its heartbeat rides
+        # with the writer's lease extensions, one interval apart
+        beat = (
+            None
+            if options.drain
+            else new_beat(
+                environment, [q.name for q in queues], options.concurrency, self._tracker.interval
+            )
+        )
+        self.worker_id: uuid.UUID | None = None if beat is None else beat.worker_id
         self._writer_storage = (
             storage if options.drain else storage.dedicated(f"{self.name}-writer")
         )
@@ -185,6 +197,7 @@ class Worker:
                 drain=options.drain,
                 concurrency=options.concurrency,
                 claim_batch=options.claim_batch,
+                worker_id=self.worker_id,
             ),
             self._on_cancel,
         )
@@ -199,6 +212,7 @@ class Worker:
             on_written=self._acquirer.interrupt if self._bounded else None,
             on_tick=self._on_tick,
             late_storage=storage,
+            beat=beat,
         )
 
         self._watch = None if options.drain else MaintenanceWatch(self._writer_storage, environment)
@@ -206,7 +220,8 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the writer, the lane's delivery path and the slot threads."""
+        """Start the writer (whose first work is the worker's registration), the lane's
+        delivery path and the slot threads."""
         self._writer.start()
         self._acquirer.start()
         if self._options.drain:
@@ -312,6 +327,7 @@ class Worker:
         ``Runlane.close()`` calls it on every worker first, so a run one worker hands back
         is not claimed by another worker of the same closing runtime."""
         self._stopping.set()
+        self._writer.set_worker_state(WorkerState.STOPPING)
         self._acquirer.interrupt()
         with self._cond:
             self._cond.notify_all()

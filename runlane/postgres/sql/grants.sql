@@ -69,6 +69,15 @@ grant insert (id, environment, status, idempotency_key, timeout_at)
 -- completing tokens, and the row lock a suspension takes on the awaited token
 grant update (status, output, resolved_at) on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};
+-- a delivery worker's row: registered and kept fresh by its heartbeat (an upsert that reads
+-- the row's state), the worker_id its claims set and its attempts record
+grant select on {schema}.workers to {role};
+grant insert (id, environment, host, pid, runlane_version, queues, concurrency,
+              heartbeat_seconds, state, stopped_at)
+    on {schema}.workers to {role};
+grant update (last_seen_at, state, stopped_at) on {schema}.workers to {role};
+grant update (worker_id) on {schema}.runs to {role};
+grant insert (worker_id) on {schema}.attempts to {role};
 
 -- name: grant_maintenance
 -- run_maintenance_once and start_services: maintenance leases (bands and fences),
@@ -99,6 +108,9 @@ grant insert (environment, band, owner, fencing, expires_at, acquired_at)
     on {schema}.maintenance_leases to {role};
 grant update (owner, fencing, expires_at, acquired_at)
     on {schema}.maintenance_leases to {role};
+-- expired attempts record their worker; cleanup deletes stopped and lost workers' rows
+grant insert (worker_id) on {schema}.attempts to {role};
+grant select, delete on {schema}.workers to {role};
 
 -- name: grant_operator
 -- list_runs, get_run, get_run_history, status (and `runlane status`, `runlane runs ...`),
@@ -115,6 +127,8 @@ grant select, delete on {schema}.attempts to {role};
 grant select on {schema}.steps to {role};
 grant select on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};
+-- list_workers, and the host of each attempt in get_run_history
+grant select on {schema}.workers to {role};
 
 -- name: grant_publisher
 -- The RabbitMQ lane, whatever the job: every runtime enables the outbox of its environment

@@ -48,10 +48,13 @@ limit %(limit)s;
 set transaction isolation level repeatable read, read only;
 
 -- name: run_attempt_list
--- Finished attempts of a run (the attempt still holding a lease is not here yet).
-select a.attempt, a.outcome, a.error, a.started_at, a.finished_at
+-- Finished attempts of a run (the attempt still holding a lease is not here yet), with the
+-- host of the worker that ran each while its row is kept (cleanup removes stopped and lost
+-- workers after their retention).
+select a.attempt, a.outcome, a.error, a.started_at, a.finished_at, a.worker_id, w.host
 from {schema}.attempts as a
 join {schema}.runs as r on r.id = a.run_id
+left join {schema}.workers as w on w.id = a.worker_id
 where a.run_id = %(id)s and r.environment = %(environment)s
 order by a.attempt;
 

@@ -32,10 +32,10 @@ with input as (
       and r.attempt = i.attempt
       and r.lease_token = i.lease_token
       and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at
+    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at, r.worker_id
 ), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
-    select id, attempt, lease_token, status, attempt_started_at from done
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
+    select id, attempt, lease_token, status, attempt_started_at, worker_id from done
 )
 select id from done;
 
@@ -70,10 +70,12 @@ with input as (
       and r.attempt = i.attempt
       and r.lease_token = i.lease_token
       and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at
+    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at,
+              r.worker_id
 ), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at)
-    select id, attempt, lease_token, status, error, attempt_started_at from done
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at,
+                                   worker_id)
+    select id, attempt, lease_token, status, error, attempt_started_at, worker_id from done
 )
 select id, status from done;
 
@@ -98,18 +100,36 @@ with input as (
       and r.attempt = i.attempt
       and r.lease_token = i.lease_token
       and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at
+    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at, r.worker_id
 ), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
     select id, attempt, lease_token,
-           case when status = 'queued' then 'released' else status end, attempt_started_at
+           case when status = 'queued' then 'released' else status end, attempt_started_at,
+           worker_id
     from done
 )
 select id from done;
 
 -- name: run_extend_leases
 -- An expired lease is not revived: its queue slot may already belong to another attempt.
-with input as (
+-- A delivery worker's heartbeat rides along (worker_id not null; no leases for a heartbeat
+-- alone): its row is written as registered, or made again if missing (a registration that
+-- failed at start, a row cleaned up while the worker was frozen), last seen now, in the
+-- state the worker is in. A stopped row stays stopped.
+with beat as (
+    insert into {schema}.workers as w (
+        id, environment, host, pid, runlane_version, queues, concurrency, heartbeat_seconds,
+        state, stopped_at)
+    select %(worker_id)s::uuid, %(environment)s, %(host)s, %(pid)s, %(runlane_version)s,
+           %(queues)s::text[], %(concurrency)s, %(heartbeat_seconds)s, %(worker_state)s,
+           case when %(worker_state)s = 'stopped' then now() end
+    where %(worker_id)s::uuid is not null
+    on conflict (id) do update
+    set last_seen_at = now(),
+        state = excluded.state,
+        stopped_at = excluded.stopped_at
+    where w.state <> 'stopped'
+), input as (
     select *
     from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
         as i(id, attempt, lease_token)

@@ -142,10 +142,12 @@ with input as (
       and r.lease_token = i.lease_token
       and r.status in ('running', 'cancellation_requested')
       and r.lease_expires_at < now()
-    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at
+    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at,
+              r.worker_id
 ), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at)
-    select id, attempt, lease_token, 'expired', error, attempt_started_at
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at,
+                                   worker_id)
+    select id, attempt, lease_token, 'expired', error, attempt_started_at, worker_id
     from done
 )
 select id, status from done;

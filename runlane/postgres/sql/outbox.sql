@@ -175,6 +175,7 @@ set status = 'running',
     lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
     attempt_started_at = now(),
     started_at = coalesce(r.started_at, now()),
+    worker_id = %(worker_id)s::uuid,
     updated_at = now()
 from candidates as c
 where r.id = c.id

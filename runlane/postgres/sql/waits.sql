@@ -71,11 +71,12 @@ with token_target as (
     from target
     where r.id = %(id)s and r.attempt = %(attempt)s and r.lease_token = %(lease_token)s
       and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, r.status, r.attempt_started_at
+    returning r.id, r.attempt, r.status, r.attempt_started_at, r.worker_id
 ), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
     select id, attempt, %(lease_token)s,
-           case when status = 'waiting' then 'suspended' else status end, attempt_started_at
+           case when status = 'waiting' then 'suspended' else status end, attempt_started_at,
+           worker_id
     from suspended
 )
 select (select count(*) from target) as target_open,
@@ -96,10 +97,10 @@ with done as (
         updated_at = now()
     where r.id = %(id)s and r.attempt = %(attempt)s and r.lease_token = %(lease_token)s
       and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, r.status, r.attempt_started_at
+    returning r.id, r.attempt, r.status, r.attempt_started_at, r.worker_id
 ), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at)
-    select id, attempt, %(lease_token)s, status, attempt_started_at from done
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
+    select id, attempt, %(lease_token)s, status, attempt_started_at, worker_id from done
 )
 select count(*) from done;
 
