@@ -44,7 +44,19 @@ def unhealthy(report: StatusReport) -> list[str]:
         problems.append(f"the oldest pending outbox item is {age:.0f}s old")
     if report.broker is not None and report.broker.startswith("unreachable"):
         problems.append(f"broker {report.broker}")
+    if report.late_schedules:
+        problems.append(
+            f"{len(report.late_schedules)} schedules are late, their next fire time long past "
+            f"({_listed(report.late_schedules)}): is maintenance running with the application "
+            "that defines them? A schedule no application defines any more stays late until "
+            "paused (`runlane schedules pause ID`)"
+        )
     return problems
+
+
+def _listed(names: tuple[str, ...], shown: int = 5) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def format_report(report: StatusReport) -> list[str]:
@@ -66,6 +78,7 @@ def format_report(report: StatusReport) -> list[str]:
         rows.append(("oldest pending outbox item", f"{report.outbox_oldest_age_seconds:.1f}s old"))
     if report.broker is not None:
         rows.append(("broker", report.broker))
+    rows.append(("late schedules", _listed(report.late_schedules) or 0))
     lines = [f"environment {report.environment!r}"]
     lines += [f"  {label:<34} {value}" for label, value in rows]
     if report.oldest_deferred_due_at is not None:

@@ -248,6 +248,9 @@ class StatusReport:
     outbox_pending: int | None = None  # items not yet published (0 for the polling lane)
     outbox_oldest_age_seconds: float | None = None  # age of the oldest pending item
     broker: str | None = None  # "reachable at host:port" or "unreachable at host:port (...)"
+    # unpaused schedules whose awaited slot is long past (database time): maintenance is not
+    # firing them (at most 100 ids, the most overdue first)
+    late_schedules: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from runlane import _queue_admin, _telemetry, _workers
+from runlane import _queue_admin, _schedule_admin, _telemetry, _workers
 from runlane._backend import Backend
 from runlane._bulk import bulk_action, bulk_filter
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
@@ -54,6 +54,7 @@ from runlane.models import (
     RunPage,
     RunSnapshot,
     RunStatus,
+    ScheduleInfo,
     StatusReport,
     WaitToken,
     WorkerInfo,
@@ -716,6 +717,63 @@ class Runlane:
         self._ensure_started()
         return _workers.list_workers(self._storage, self.environment, include_stopped)
 
+    # -- schedules -----------------------------------------------------------------------
+
+    def list_schedules(self) -> list[ScheduleInfo]:
+        """Every schedule stored in this environment and every one this runtime defines, by
+        id, with its task, queue, ``paused``, and the slot of its last run
+        (``last_fired_at``, in the schedule's time zone) and that run's id.
+
+        ``next_fire_at`` is the slot the schedule awaits (computed with its cron expression
+        in its time zone, and shown in that zone): a time in the past means maintenance has
+        not fired it yet (see ``status().late_schedules``). It is None while the schedule is
+        paused: a paused schedule fires nothing, and resuming it awaits the first slot after
+        the resume. Schedules this runtime defines that no maintenance pass has stored yet
+        are listed with the slot their first pass will await. ``defined`` is False for a
+        schedule only the database knows (defined by another application, or removed from
+        the code). Works on a runtime built with no tasks."""
+        self._check_open()
+        self._ensure_started()
+        return _schedule_admin.list_schedules(self._storage, self.environment, self._schedules)
+
+    def pause_schedule(self, id: str) -> bool:
+        """Pause schedule ``id`` in this environment: from the moment the pause commits no
+        maintenance replica fires it (a slot being fired at that moment finishes first), until
+        ``resume_schedule``. Durable (stored in Postgres) and idempotent; a run it already
+        created is not touched. Returns True when it was not paused before. An id no
+        schedule has (stored, or defined by this runtime) raises ConfigurationError; list
+        them with ``runlane schedules list``."""
+        self._check_open()
+        self._ensure_started()
+        return _schedule_admin.pause_schedule(self._storage, self.environment, self._schedules, id)
+
+    def resume_schedule(self, id: str) -> bool:
+        """Resume a paused schedule: it awaits the first slot after the database's time of
+        the resume; the slots it missed while paused are not caught up (whatever its
+        ``catch_up``). Idempotent (resuming a schedule that is not paused changes nothing).
+        Returns True when it was paused. Unknown ids as for ``pause_schedule``."""
+        self._check_open()
+        self._ensure_started()
+        return _schedule_admin.resume_schedule(self._storage, self.environment, self._schedules, id)
+
+    def trigger_schedule_now(self, id: str, *, idempotency_key: str | None = None) -> RunHandle:
+        """Create one run of schedule ``id`` now, as one of its slots would: its task, queue,
+        payload, priority and attempt budget. The schedule's slots, last fire and pause are
+        not touched (a paused schedule can be run this way).
+
+        The run is made from this runtime's definition when it defines the schedule, else
+        from the one stored with the schedule's state (so a runtime built from a database
+        URL alone, with no tasks, can run it); a stored payload is not validated again: it
+        was validated against the task's schema by the application that stored it. Each
+        call creates a new run ("run now"); with ``idempotency_key`` a repeated call returns
+        the run the first one created (``created`` is then False), for safe retries of the
+        request. Unknown ids as for ``pause_schedule``."""
+        self._check_open()
+        self._ensure_started()
+        return _schedule_admin.trigger_schedule_now(
+            self._storage, self.environment, self._schedules, id, idempotency_key
+        )
+
     # -- wait tokens ---------------------------------------------------------------------
 
     def create_wait_token(
@@ -946,6 +1004,7 @@ class Runlane:
                 MaintenanceLeaseStatus(r.band, r.owner, r.fencing, r.expires_at, r.live)
                 for r in leases
             ),
+            late_schedules=_schedule_admin.late_schedules(self._storage, self.environment),
             **counts,
         )
 

@@ -39,10 +39,12 @@ __all__ = [
     "PruneResult",
     "RetryOutcome",
     "RunListQuery",
+    "ScheduleDefinition",
     "ScheduleState",
     "ScheduledRun",
     "StepStored",
     "Storage",
+    "StoredSchedule",
     "SuspendResult",
     "WorkerBeat",
 ]
@@ -184,10 +186,45 @@ class Expiration:
 
 @attrs.frozen
 class ScheduleState:
+    """A schedule's row as maintenance reads it: the slot it awaits, whether it is paused, and
+    a digest of its stored definition (None where not read)."""
+
     schedule_id: str
     cron: str
     timezone: str
     next_slot_at: datetime
+    paused: bool = False
+    definition_digest: bytes | None = None
+
+
+@attrs.frozen
+class ScheduleDefinition:
+    """What a schedule's runs are made of, stored with its state so that operators can fire
+    it from a database URL alone."""
+
+    task_id: str
+    queue: str
+    payload: str  # JSON text, validated against the task's schema when it was defined
+    priority: int
+    max_attempts: int
+
+
+@attrs.frozen
+class StoredSchedule:
+    """A stored schedule as operators see it. ``task_id``/``queue`` are None for a row that
+    no runtime of schema version 6 has stored a definition in yet; ``definition`` is read
+    only by ``schedule_get``."""
+
+    schedule_id: str
+    cron: str
+    timezone: str
+    next_slot_at: datetime
+    paused: bool
+    task_id: str | None
+    queue: str | None
+    last_fired_at: datetime | None
+    last_run_id: uuid.UUID | None
+    definition: ScheduleDefinition | None = None
 
 
 @attrs.frozen
@@ -447,8 +484,12 @@ class Storage(Protocol):
         environment: str,
         state: ScheduleState,
         *,
+        definition: ScheduleDefinition | None = None,
         fence: MaintenanceFence | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Store a schedule first seen, or whose cron or timezone changed, awaiting
+        ``state.next_slot_at``, with ``definition`` (None keeps the stored one); a row with
+        the same cron and timezone is left alone. Never changes ``paused``."""
 
     def schedule_fire(
         self,
@@ -458,8 +499,10 @@ class Storage(Protocol):
         *,
         fence: MaintenanceFence | None = None,
     ) -> bool:
-        """Record the slot and create its run (False when another pass already did), and
-        advance the schedule's next slot if it still expects ``expected_slot_at``."""
+        """Record the slot and create its run (False when another pass already did, or the
+        schedule is paused or no longer awaits ``expected_slot_at``), remember it as the
+        schedule's last fire, and advance the schedule's next slot if it still expects
+        ``expected_slot_at``."""
 
     def maintenance_lease_acquire(
         self, environment: str, band: str, owner: uuid.UUID, lease: timedelta
@@ -601,3 +644,48 @@ class Storage(Protocol):
         """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
         ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
         its value, and ``oldest_queued_age`` in seconds of database time (None: none due)."""
+
+    # -- schedules: definitions and operator actions ---------------------------------------
+
+    def schedule_define(
+        self,
+        environment: str,
+        schedule_id: str,
+        definition: ScheduleDefinition,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> bytes | None:
+        """Store ``definition`` in the schedule's row unless it already holds it; returns
+        the digest of the stored definition (as ``schedule_state_list`` reads it), or None
+        when there is no such row."""
+
+    def schedule_list(self, environment: str) -> list[StoredSchedule]:
+        """Every stored schedule of the environment, by id."""
+
+    def schedule_get(self, environment: str, schedule_id: str) -> StoredSchedule | None:
+        """One stored schedule with its ``definition`` (when one is stored)."""
+
+    def schedule_pause(self, environment: str, schedule_id: str) -> bool | None:
+        """Pause the schedule (idempotent): whether it was paused already, None when it is
+        not stored."""
+
+    def schedule_resume(
+        self, environment: str, schedule_id: str, cron: str, timezone: str, next_slot_at: datetime
+    ) -> bool:
+        """Resume a paused schedule whose cron and timezone are still these, awaiting
+        ``next_slot_at``; False when it was not paused (or not stored, or redefined)."""
+
+    def schedule_run_now(
+        self,
+        environment: str,
+        schedule_id: str,
+        run_id: uuid.UUID,
+        idempotency_key: str | None,
+        trace_context: str | None,
+    ) -> InsertedRun | None:
+        """A run made from the schedule's stored definition, due now (or the run holding
+        ``idempotency_key``); None when the schedule or its stored definition is missing."""
+
+    def schedule_list_late(self, environment: str, late: timedelta, limit: int) -> list[str]:
+        """Ids of unpaused schedules whose awaited slot is more than ``late`` past (database
+        time), most overdue first, at most ``limit``."""

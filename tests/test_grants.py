@@ -935,3 +935,61 @@ def test_workers_register_under_the_worker_role_and_are_listed_and_pruned_by_the
     assert maintenance.run_maintenance_once().workers_pruned == 1
     assert operator.list_workers(include_stopped=True) == []
 
+
+# -- schedules ----------------------------------------------------------------------------------
+
+
+def test_an_operator_role_lists_pauses_resumes_and_runs_schedules(
+    schema: str, granted: RoleMaker, runtimes: Callable[[Runlane], Runlane], db: Conn
+) -> None:
+    """From a database URL alone (no tasks): the operator runs a schedule as stored, through
+    a function it may execute, and still cannot insert runs of its own making."""
+    hourly = schedule(id="grants.hourly", task=tick, cron="0 * * * *", payload={"n": 1})
+    maintenance = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=granted("maintenance"), schema=schema),
+            queues=QUEUES,
+            tasks=[tick],
+            schedules=[hourly],
+        )
+    )
+    maintenance.run_maintenance_once()  # stores the schedule and its definition
+    conninfo = granted("operator")
+    operator = runtimes(
+        create_runlane(lane=postgres_polling_lane(connection_string=conninfo, schema=schema))
+    )
+    (info,) = operator.list_schedules()
+    assert (info.id, info.task_id, info.paused) == ("grants.hourly", "grants.tick", False)
+    assert operator.pause_schedule("grants.hourly") is True
+    assert operator.status().late_schedules == ()
+    assert operator.resume_schedule("grants.hourly") is True
+    handle = operator.trigger_schedule_now("grants.hourly", idempotency_key="k")
+    assert handle.created is True
+    assert operator.trigger_schedule_now("grants.hourly", idempotency_key="k").id == handle.id
+    data = SchemaDb(db, schema)
+    assert data.one("select task_id, payload from {schema}.runs where id = %s", handle.id) == (
+        "grants.tick",
+        {"n": 1},
+    )
+    # nothing else: no runs of its own, no schedule definitions, no slots
+    s = sql.Identifier(schema)
+    denied(
+        conninfo,
+        sql.SQL(
+            "insert into {}.runs (id, environment, task_id, queue, status, priority, payload, "
+            "max_attempts, due_at) values (gen_random_uuid(), 'default', 'grants.tick', "
+            "'default', 'queued', 0, '{{}}', 1, now())"
+        ).format(s),
+    )
+    denied(conninfo, sql.SQL("update {}.schedules set payload = '{{}}'").format(s))
+    denied(conninfo, sql.SQL("update {}.schedules set last_run_id = null").format(s))
+    denied(conninfo, sql.SQL("delete from {}.schedule_slots").format(s))
+    # and the function is not for every role: a worker may not execute it
+    worker_conninfo = granted("worker")
+    denied(
+        worker_conninfo,
+        sql.SQL(
+            "select * from {}.runlane_run_schedule('default', 'grants.hourly', "
+            "gen_random_uuid(), null, null)"
+        ).format(s),
+    )

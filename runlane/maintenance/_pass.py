@@ -28,6 +28,7 @@ from runlane.storage import (
     Expiration,
     ExpiredAttempt,
     MaintenanceFence,
+    ScheduleDefinition,
     ScheduledRun,
     ScheduleState,
     Storage,
@@ -48,6 +49,17 @@ class ScheduleEntry:
     payload: str  # JSON text, validated against the task's schema
     max_attempts: int
 
+    @property
+    def definition(self) -> ScheduleDefinition:
+        """What is stored with the schedule's state (and what its runs are made of)."""
+        return ScheduleDefinition(
+            task_id=self.schedule.task.id,
+            queue=self.queue,
+            payload=self.payload,
+            priority=self.schedule.priority,
+            max_attempts=self.max_attempts,
+        )
+
 
 @attrs.frozen
 class MaintenanceScope:
@@ -61,6 +73,9 @@ class MaintenanceScope:
     # the lane's DELIVERY_RECOVERY work: (environment, limit, fence) -> records changed
     # (the polling lane announces queues whose delayed runs came due)
     recover_delivery: Callable[[str, MaintenanceLimits, MaintenanceFence | None], dict[str, int]]
+    # schedule id -> digest of a stored definition found equal to this runtime's: while the
+    # row's digest stays the same the definition is not compared (nor written) again
+    stored_definitions: dict[str, bytes] = attrs.field(factory=dict)
 
 
 def _schedules(scope: MaintenanceScope, limit: int, fence: MaintenanceFence | None) -> int:
@@ -79,10 +94,13 @@ def _schedules(scope: MaintenanceScope, limit: int, fence: MaintenanceFence | No
         if state is None or (state.cron, state.timezone) != (sched.cron, sched.timezone):
             # first sighting, or the definition changed: wait for the next slot
             fresh = ScheduleState(sched.id, sched.cron, sched.timezone, following)
-            storage.schedule_state_reset(scope.environment, fresh, fence=fence)
+            storage.schedule_state_reset(
+                scope.environment, fresh, definition=entry.definition, fence=fence
+            )
             continue
-        if state.next_slot_at > now:
-            continue
+        _store_definition(scope, entry, state, fence)
+        if state.paused or state.next_slot_at > now:
+            continue  # a paused schedule fires nothing (resuming skips what it missed)
         slots = due_slots(sched.cron, zone, state.next_slot_at, now, 1 + sched.catch_up)
         for index, slot in enumerate(slots):
             if created >= limit:
@@ -106,6 +124,24 @@ def _schedules(scope: MaintenanceScope, limit: int, fence: MaintenanceFence | No
                 fence=fence,
             )
     return created
+
+
+def _store_definition(
+    scope: MaintenanceScope,
+    entry: ScheduleEntry,
+    state: ScheduleState,
+    fence: MaintenanceFence | None,
+) -> None:
+    """Store the schedule's definition when the row may hold another one: once per runtime
+    and schedule, and again only after the row's definition changed (another deploy)."""
+    known = scope.stored_definitions.get(entry.schedule.id)
+    if known is not None and known == state.definition_digest:
+        return
+    digest = scope.storage.schedule_define(
+        scope.environment, entry.schedule.id, entry.definition, fence=fence
+    )
+    if digest is not None:
+        scope.stored_definitions[entry.schedule.id] = digest
 
 
 _DEFAULT_POLICY = RetryPolicy()

@@ -45,6 +45,7 @@ from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
 from runlane.postgres._queues import QueueMethods
+from runlane.postgres._schedules import ScheduleMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
 from runlane.postgres._workers import WorkerMethods
 from runlane.storage import (
@@ -61,8 +62,6 @@ from runlane.storage import (
     NewRuns,
     OutputRefused,
     PruneResult,
-    ScheduledRun,
-    ScheduleState,
     StepStored,
     SuspendResult,
     WorkerBeat,
@@ -93,7 +92,9 @@ class _SchemaGate:
         self.checked = False
 
 
-class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods, WorkerMethods):
+class PostgresStorage(
+    OutboxMethods, InspectMethods, BulkMethods, QueueMethods, WorkerMethods, ScheduleMethods
+):
     """Storage in one Postgres schema.
 
     The runtime's instance borrows connections from a psycopg pool; ``dedicated()`` makes a
@@ -699,47 +700,6 @@ class PostgresStorage(OutboxMethods, InspectMethods, BulkMethods, QueueMethods, 
             return PruneResult(deleted=row[0], tombstoned=row[1])
 
         return self._fenced(fence, prune)
-
-    def schedule_state_list(
-        self, environment: str, schedule_ids: Sequence[str]
-    ) -> list[ScheduleState]:
-        params = {"environment": environment, "schedule_ids": list(schedule_ids)}
-        return self._with_conn(
-            lambda conn: [
-                ScheduleState(*row)
-                for row in conn.execute(self._sql["schedule_state_list"], params)
-            ]
-        )
-
-    def schedule_state_reset(
-        self, environment: str, state: ScheduleState, *, fence: MaintenanceFence | None = None
-    ) -> None:
-        params = {"environment": environment, **attrs.asdict(state)}
-        self._fenced(fence, lambda conn: conn.execute(self._sql["schedule_state_reset"], params))
-
-    def schedule_fire(
-        self,
-        run: ScheduledRun,
-        next_slot_at: datetime,
-        expected_slot_at: datetime,
-        *,
-        fence: MaintenanceFence | None = None,
-    ) -> bool:
-        params = attrs.asdict(run)
-        advance = {
-            "environment": run.environment,
-            "schedule_id": run.schedule_id,
-            "next_slot_at": next_slot_at,
-            "expected_slot_at": expected_slot_at,
-        }
-
-        def fire(conn: Conn) -> bool:
-            with conn.transaction():
-                created = conn.execute(self._sql["schedule_fire"], params).fetchone() is not None
-                conn.execute(self._sql["schedule_advance"], advance)
-            return created
-
-        return self._fenced(fence, fire)
 
     def maintenance_lease_acquire(
         self, environment: str, band: str, owner: uuid.UUID, lease: timedelta

@@ -69,6 +69,8 @@ grant insert (id, environment, status, idempotency_key, timeout_at)
 -- completing tokens, and the row lock a suspension takes on the awaited token
 grant update (status, output, resolved_at) on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};
+-- status(), which `runlane worker` reads before starting, lists the late schedules
+grant select on {schema}.schedules to {role};
 -- a delivery worker's row: registered and kept fresh by its heartbeat (an upsert that reads
 -- the row's state), the worker_id its claims set and its attempts record
 grant select on {schema}.workers to {role};
@@ -98,9 +100,12 @@ grant insert (run_id, attempt, lease_token, outcome, error, started_at)
 grant select on {schema}.wait_tokens to {role};
 grant update (status, resolved_at) on {schema}.wait_tokens to {role};
 grant select on {schema}.schedules to {role};
-grant insert (environment, schedule_id, cron, timezone, next_slot_at)
+grant insert (environment, schedule_id, cron, timezone, next_slot_at, task_id, queue, payload,
+              priority, max_attempts)
     on {schema}.schedules to {role};
-grant update (cron, timezone, next_slot_at, updated_at) on {schema}.schedules to {role};
+grant update (cron, timezone, next_slot_at, updated_at, task_id, queue, payload, priority,
+              max_attempts, last_fired_at, last_run_id)
+    on {schema}.schedules to {role};
 grant select on {schema}.schedule_slots to {role};
 grant insert (environment, schedule_id, slot_at, run_id) on {schema}.schedule_slots to {role};
 grant select on {schema}.maintenance_leases to {role};
@@ -129,6 +134,13 @@ grant select on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};
 -- list_workers, and the host of each attempt in get_run_history
 grant select on {schema}.workers to {role};
+-- list_schedules, pause_schedule, resume_schedule, the late schedules of status, and
+-- trigger_schedule_now: a run made from the stored definition by a SECURITY DEFINER
+-- function, so the role runs schedules as defined without inserting runs of its own
+grant select on {schema}.schedules to {role};
+grant update (paused, next_slot_at, updated_at) on {schema}.schedules to {role};
+grant execute on function {schema}.runlane_run_schedule(text, text, uuid, text, jsonb)
+    to {role};
 
 -- name: grant_publisher
 -- The RabbitMQ lane, whatever the job: every runtime enables the outbox of its environment

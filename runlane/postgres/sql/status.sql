@@ -85,3 +85,14 @@ select exists (
        and not exists (
            select 1 from {schema}.maintenance_leases
            where environment = %(environment)s and expires_at > clock_timestamp());
+
+-- name: status_late_schedules
+-- Schedules whose awaited slot is more than ``late_seconds`` past (database time) and that
+-- are not paused: maintenance is not firing them. The primary key serves the environment.
+select schedule_id
+from {schema}.schedules
+where environment = %(environment)s
+  and not paused
+  and next_slot_at < now() - make_interval(secs => %(late_seconds)s)
+order by next_slot_at, schedule_id
+limit %(limit)s;

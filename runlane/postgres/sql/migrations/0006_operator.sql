@@ -58,3 +58,48 @@ alter table {schema}.schedules add column max_attempts integer;
 alter table {schema}.schedules add column paused boolean not null default false;
 alter table {schema}.schedules add column last_fired_at timestamptz;
 alter table {schema}.schedules add column last_run_id uuid;
+
+-- trigger_schedule_now from a database URL: one run made from a schedule's stored
+-- definition, due now. SECURITY DEFINER, and not executable by PUBLIC: the operator role
+-- (granted EXECUTE) runs schedules as they are defined without being allowed to insert
+-- runs of its own making. No row: no such schedule; a row of nulls: no stored definition.
+create function {schema}.runlane_run_schedule(
+    p_environment text, p_schedule_id text, p_run_id uuid, p_idempotency_key text,
+    p_trace_context jsonb)
+returns table (run_id uuid, task_id text, queue text, created boolean)
+language plpgsql
+security definer
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+    d record;
+begin
+    select s.task_id, s.queue, s.payload, s.priority, s.max_attempts into d
+    from {schema}.schedules as s
+    where s.environment = p_environment and s.schedule_id = p_schedule_id;
+    if not found then
+        return;
+    end if;
+    if d.task_id is null or d.queue is null or d.payload is null or d.priority is null
+       or d.max_attempts is null then
+        return query select null::uuid, null::text, null::text, null::boolean;
+        return;
+    end if;
+    insert into {schema}.runs (
+        id, environment, task_id, queue, status, priority, payload, max_attempts,
+        idempotency_key, due_at, trace_context)
+    values (p_run_id, p_environment, d.task_id, d.queue, 'queued', d.priority, d.payload,
+            d.max_attempts, p_idempotency_key, now(), p_trace_context)
+    on conflict do nothing;
+    -- an idempotency key already used, or this statement retried after its answer was lost
+    return query
+        select r.id, r.task_id, r.queue, r.id = p_run_id
+        from {schema}.runs as r
+        where r.environment = p_environment and r.task_id = d.task_id
+          and (r.id = p_run_id or r.idempotency_key = p_idempotency_key);
+end;
+$$;
+
+revoke execute on function {schema}.runlane_run_schedule(text, text, uuid, text, jsonb)
+    from public;
