@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ from runlane import (
     queue,
     task,
 )
-from runlane.postgres import PostgresStorage, postgres_polling_lane
+from runlane.postgres import PostgresStorage, _queues, postgres_polling_lane
 from tests.helpers import wait_until
 
 ONCE = RetryPolicy(max_attempts=1)
@@ -139,7 +140,7 @@ _OTHER_WORKER = textwrap.dedent(
     import sys
     from datetime import timedelta
     from runlane import RetryPolicy, RunContext, create_runlane, queue, task
-    from runlane.postgres import PostgresStorage, postgres_polling_lane
+    from runlane.postgres import PostgresStorage, _queues, postgres_polling_lane
 
     @task(id="pause.mark", queue="held", retry=RetryPolicy(max_attempts=1))
     def mark(payload, context: RunContext) -> str:
@@ -274,8 +275,12 @@ def test_list_queues_shows_queues_known_only_from_the_database(
 def test_an_unknown_queue_is_refused_and_nothing_is_stored(
     make_runlane: Any, db: Conn, schema: str
 ) -> None:
-    rl = make_runlane(tasks=[mark], queues=QUEUES)
-    for call in (lambda: rl.pause_queue("helld"), lambda: rl.resume_queue("helld")):
+    rl: Runlane = make_runlane(tasks=[mark], queues=QUEUES)
+    calls: list[Callable[[], bool]] = [
+        lambda: rl.pause_queue("helld"),
+        lambda: rl.resume_queue("helld"),
+    ]
+    for call in calls:
         with pytest.raises(ConfigurationError, match="queue 'helld' is unknown") as info:
             call()
         assert "runlane queues list" in str(info.value)
@@ -311,8 +316,12 @@ def test_bad_names_and_reasons_are_refused(
 # -- the RabbitMQ lane ---------------------------------------------------------------------
 
 
-def test_a_rabbitmq_consumer_acknowledges_a_paused_queues_delivery_and_resume_delivers_it(
-    rabbit_runtime: Any, rabbitmq_url: str, db: Conn, schema: str
+def test_a_rabbitmq_consumer_acknowledges_a_paused_queues_deliveries_and_resume_delivers_them(
+    rabbit_runtime: Any,
+    rabbitmq_url: str,
+    db: Conn,
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     queue_name = f"held{uuid.uuid4().hex[:8]}"
 
@@ -332,16 +341,18 @@ def test_a_rabbitmq_consumer_acknowledges_a_paused_queues_delivery_and_resume_de
         stats = worker.acquirer.stats
         wait_until(worker.acquirer.consuming.is_set, timeout=15, what="the consumer")
         rl.pause_queue(queue_name)
-        handle = rl.trigger(rabbit, None)
-        wait_until(lambda: stats.paused >= 1, timeout=15, what="the paused delivery")
-        assert rl.get_run(handle.id).status is RunStatus.QUEUED
+        handles = rl.trigger_many(rabbit, [None] * 8)
+        wait_until(lambda: stats.paused >= 8, timeout=15, what="the paused deliveries")
+        assert {rl.get_run(h.id).status for h in handles} == {RunStatus.QUEUED}
         assert stats.deferred == 0
         assert outbox() == 0
         # maintenance's recovery leaves it alone while paused (threshold passed at once)
         storage = rl._storage
         assert isinstance(storage, PostgresStorage)
         assert storage.outbox_recover(rl.environment, timedelta(microseconds=1), 100) == 0
-        assert rl.get_run(handle.id).status is RunStatus.QUEUED
+        assert {rl.get_run(h.id).status for h in handles} == {RunStatus.QUEUED}
+        monkeypatch.setattr(_queues, "RESUME_BATCH", 3)  # several batches: 3 + 3 + 2
         assert rl.resume_queue(queue_name) is True
-        assert rl.wait_for_run(handle.id, timeout=15).output == "ran"
-    assert stats.paused == 1
+        for h in handles:
+            assert rl.wait_for_run(h.id, timeout=15).output == "ran"
+    assert stats.paused == 8
