@@ -380,17 +380,16 @@ def test_a_bulk_retry_killed_half_way_is_finished_by_a_re_run(
         child.wait(timeout=30)
         said = child.stderr.read()
     assert first == ["500", str(total)], said
-    # the server ends the dead client's session; a batch in flight committed or not at all
+    # the server ends the dead client's sessions once their statement is over (a batch in
+    # flight committed whole or not at all); its pool's connections carry the schema's name
     wait_until(
         lambda: (
             not runs.all(
-                "select 1 from pg_stat_activity where datname = current_database()"
-                " and query like %s and state = 'active' and pid <> pg_backend_pid()",
-                "%run_bulk%",
+                "select 1 from pg_stat_activity where application_name = %s", f"runlane-{schema}"
             )
         ),
-        timeout=10,
-        what="the killed process's statement to end",
+        timeout=30,
+        what="the killed process's connections to end",
     )
     counts = runs.counts()
     done = counts.get("queued", 0)

@@ -1,0 +1,189 @@
+"""A bulk retry beside a working worker: how long claims stall while ``retry_runs`` touches
+``--runs`` failed runs (issue 19: the longest claim under 100 ms with 1,000,000).
+
+    python -m benchmarks.bulk_stall [--runs 1000000] [--window 10] [--feed-rate 1000]
+                                    [--bulk-queue bulk] [--bulk-environment default]
+                                    [--database-url URL]
+
+``--runs`` failed runs are inserted in SQL (generate_series, every index in place, then
+analysed), in queue ``--bulk-queue`` of ``--bulk-environment``. A delivery worker
+(concurrency 8) serves queue ``default`` of environment ``default``, fed ``--feed-rate``
+runs/s by ``trigger_many`` calls every 50 ms; every ``run_claim`` call is timed. After a
+``--window`` of seconds without the bulk action (the baseline), an operator runtime with no
+tasks calls ``retry_runs(status="failed", queue=...)`` until it returns. The table gives
+the longest claim and the claim p99 during the bulk action beside the baseline, the
+trigger-to-start latency of the fed runs, the longest batch, and the bulk rate.
+
+By default the retried runs become queued in another queue of the worker's environment:
+its claims then walk past the ones already due (the claim index is the environment's, by
+priority and due time); ``--bulk-environment other`` keeps them out of its way, which
+isolates what the bulk action's batches themselves cost a claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import timedelta
+
+import psycopg
+
+from benchmarks._common import (
+    CONCURRENCY,
+    Row,
+    add_database_argument,
+    fresh_schema,
+    log,
+    pct,
+    print_table,
+    server_url,
+)
+from benchmarks.scale import Feeder, Window, _waits, timed_claims, timed_run
+from runlane import create_runlane
+from runlane.postgres import postgres_polling_lane
+
+CHUNK = 250_000
+
+
+def insert_failed(url: str, schema: str, count: int, queue: str, environment: str) -> float:
+    """``count`` failed runs (attempt 3 of 3, an error stored) created over the last day,
+    as a worker leaves them; returns seconds."""
+    began = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for start in range(0, count, CHUNK):
+            end = min(count, start + CHUNK)
+            conn.execute(
+                f"""
+                insert into {schema}.runs (
+                    id, environment, task_id, queue, status, priority, payload, error,
+                    attempt, releases, max_attempts, due_at, created_at, updated_at,
+                    started_at, finished_at)
+                select gen_random_uuid(), %(environment)s, 'bench.timed', %(queue)s,
+                       'failed', 0, 'null'::jsonb,
+                       '{{"type": "RuntimeError", "message": "upstream down"}}'::jsonb,
+                       3, 0, 3, ts, ts, ts, ts, ts + interval '5 ms'
+                from (select now() - interval '1 day'
+                             + (g::float8 / %(total)s) * interval '23 hours' as ts
+                      from generate_series(%(start)s::bigint, %(end)s::bigint - 1) as g) as s
+                """,
+                {
+                    "environment": environment,
+                    "queue": queue,
+                    "total": count,
+                    "start": start,
+                    "end": end,
+                },
+            )
+            log(f"failed runs: {end:,} of {count:,} ({time.perf_counter() - began:.0f} s)")
+        conn.execute(f"analyze {schema}.runs")
+    return time.perf_counter() - began
+
+
+def _compare(label: str, during: list[float], quiet: list[float], q: float | None) -> Row:
+    d = max(during) if q is None else pct(during, q)
+    b = max(quiet) if q is None else pct(quiet, q)
+    return Row(label, d, ",.1f", "no bulk action", b, d / b if b else None)
+
+
+def measure(url: str, args: argparse.Namespace) -> list[Row]:
+    schema = fresh_schema(url)
+    took = insert_failed(url, schema, args.runs, args.bulk_queue, args.bulk_environment)
+    log(f"{args.runs:,} failed runs inserted in {took:.0f} s")
+    _waits.clear()
+    lane = postgres_polling_lane(
+        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
+    )
+    operator_lane = postgres_polling_lane(connection_string=url, schema=schema)
+    batches: list[tuple[float, float]] = []
+    with (
+        create_runlane(lane=lane, tasks=[timed_run]) as runlane,
+        create_runlane(lane=operator_lane, environment=args.bulk_environment) as operator,
+        timed_claims() as claims,
+    ):
+        runlane.trigger(timed_run, {"t": time.perf_counter()})  # connect first
+        operator.retry_runs(status="failed", dry_run=True)  # and the operator's pool
+        feeder = Feeder(runlane, args.feed_rate)
+        worker = runlane.create_delivery_worker(concurrency=CONCURRENCY, queues=["default"])
+        feeder.start()
+        try:
+            time.sleep(2)  # warm up
+            quiet = Window(time.perf_counter(), time.perf_counter() + args.window)
+            time.sleep(args.window)
+            began = time.perf_counter()
+            last = [began]
+
+            def on_batch(done: int, matched: int) -> None:
+                now = time.perf_counter()
+                batches.append((last[0], now - last[0]))
+                last[0] = now
+                if len(batches) % 200 == 0:
+                    log(f"bulk retry: {done:,} of {matched:,} ({now - began:.0f} s)")
+
+            result = operator.retry_runs(status="failed", queue=args.bulk_queue, on_batch=on_batch)
+            during = Window(began, time.perf_counter())
+        finally:
+            feeder.stop.set()
+            worker.close()
+            feeder.join(30)
+    longest = max(during.of(claims))
+    quiet_longest = max(quiet.of(claims))
+    log(
+        f"bulk retry: {result.changed:,} of {result.matched:,} in {during.seconds:.1f} s over "
+        f"{len(batches)} batches; claims: {len(quiet.of(claims))} without, "
+        f"{len(during.of(claims))} during; {len(during.of(_waits)):,} fed runs started during"
+    )
+    where = (
+        f"another queue ({args.bulk_queue})"
+        if args.bulk_environment == "default"
+        else f"another environment ({args.bulk_environment})"
+    )
+    return [
+        Row(
+            f"retry_runs of {args.runs:,} failed runs in {where} (runs/s; {during.seconds:.0f} s)",
+            result.changed / during.seconds,
+        ),
+        Row("bulk retry: longest batch of 500 (ms)", max(d for _, d in batches) * 1000, ",.1f"),
+        Row(
+            f"longest claim during the bulk retry, {args.feed_rate:,} runs/s fed (ms)",
+            longest,
+            ",.1f",
+            "no bulk action",
+            quiet_longest,
+            longest / quiet_longest,
+            "< 100 ms",
+            longest < 100,
+        ),
+        _compare("claim p99 during the bulk retry (ms)", during.of(claims), quiet.of(claims), 0.99),
+        _compare(
+            "trigger-to-start p99 during the bulk retry (ms)",
+            during.of(_waits),
+            quiet.of(_waits),
+            0.99,
+        ),
+        _compare(
+            "trigger-to-start, longest during the bulk retry (ms)",
+            during.of(_waits),
+            quiet.of(_waits),
+            None,
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bulk_stall", description=__doc__)
+    add_database_argument(parser)
+    parser.add_argument("--runs", type=int, default=1_000_000)
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--feed-rate", type=int, default=1000)
+    parser.add_argument("--bulk-queue", default="bulk")
+    parser.add_argument("--bulk-environment", default="default")
+    args = parser.parse_args(argv)
+    with server_url(args.database_url) as url:
+        rows: list[Row] = measure(url, args)
+    print_table(rows, compare="baseline")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
