@@ -31,6 +31,7 @@ from runlane import (
     RunContext,
     Runlane,
     RunStatus,
+    Task,
     WorkerInfo,
     WorkerState,
     create_runlane,
@@ -81,7 +82,7 @@ def stuck(payload: Any, context: RunContext) -> None:
     raise AssertionError("runs only in the killed subprocess")
 
 
-TASKS = [quick, blocked, flaky, stuck]
+TASKS: list[Task[Any, Any]] = [quick, blocked, flaky, stuck]
 
 
 def _runtime(make_runlane: RunlaneFactory, **kwargs: Any) -> Runlane:

@@ -22,8 +22,10 @@ order by started_at, id;
 -- name: worker_prune
 -- Cleanup: rows of workers stopped, or lost (unseen for three heartbeat intervals), and
 -- last seen more than the retention ago, oldest first, at most limit of them. A stopped
--- worker's last heartbeat is its stop. Rows another transaction holds are skipped.
-with gone as (
+-- worker's last heartbeat is its stop. The conditions are repeated on the deleted row, so
+-- a worker whose heartbeat landed meanwhile is re-checked and kept.
+delete from {schema}.workers as w
+where w.id in (
     select id
     from {schema}.workers
     where environment = %(environment)s
@@ -31,9 +33,7 @@ with gone as (
       and (state = 'stopped'
            or last_seen_at < now() - 3 * heartbeat_seconds * interval '1 second')
     order by last_seen_at
-    limit %(limit)s
-    for update skip locked
-)
-delete from {schema}.workers as w
-using gone
-where w.id = gone.id;
+    limit %(limit)s)
+  and w.last_seen_at < now() - %(retention_seconds)s * interval '1 second'
+  and (w.state = 'stopped'
+       or w.last_seen_at < now() - 3 * w.heartbeat_seconds * interval '1 second');
