@@ -1,4 +1,7 @@
-"""The ``runlane runs list|show|retry|cancel`` and ``runlane trigger`` commands.
+"""The ``runlane runs list|show|retry|cancel|delete`` and ``runlane trigger`` commands.
+
+Every ``runs`` command takes ``APP`` or ``--database-url`` (:mod:`runlane._cli_target`);
+``trigger`` needs ``APP``, whose task validates the payload.
 
 Registered on the ``runlane`` parser by :mod:`runlane.cli`; errors are raised as runlane
 errors and printed there as one line (a bad argument, an invalid payload or an unknown task
@@ -8,16 +11,14 @@ exits 2, a run that is not found or in the wrong status exits 1).
 from __future__ import annotations
 
 import argparse
-import enum
 import json
 import sys
-import uuid
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
-import attrs
-
+from runlane._cli_bulk import add_filter_options, run_bulk
+from runlane._cli_operator import dump_json, using, when
+from runlane._cli_target import TARGET_HELP, add_target_options, split_targets
 from runlane._codec import MAX_DEPTH
 from runlane._display import shown
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
@@ -29,37 +30,9 @@ __all__ = ["add_run_commands"]
 LoadApp = Callable[[str], Runlane]
 
 
-def _plain(value: Any) -> Any:
-    """JSON-ready: datetimes in ISO 8601, UUIDs and enums as strings."""
-    if attrs.has(type(value)):
-        return _plain(attrs.asdict(value, recurse=False))
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    return value
-
-
-def _dump(value: Any) -> None:
-    print(json.dumps(_plain(value), indent=2, ensure_ascii=False))
-
-
-def _when(value: datetime | None) -> str:
-    return "-" if value is None else value.isoformat(timespec="seconds")
-
-
-def _using(load_app: LoadApp, spec: str, use: Callable[[Runlane], int]) -> int:
-    runlane = load_app(spec)
-    try:
-        return use(runlane)
-    finally:
-        runlane.close()
+def _open(load_app: LoadApp, args: argparse.Namespace, use: Callable[[Runlane], int]) -> int:
+    """Open APP, or the runtime of --database-url, for ``use``; close it afterwards."""
+    return using(load_app, args, use)
 
 
 # -- runs list ---------------------------------------------------------------------------------
@@ -74,7 +47,7 @@ def _table(runs: tuple[RunSnapshot, ...]) -> list[str]:
             r.queue,
             r.status.value,
             f"{r.attempt}/{r.max_attempts}",
-            _when(r.created_at),
+            when(r.created_at),
         )
         for r in runs
     ]
@@ -95,7 +68,7 @@ def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
             cursor=args.cursor,
         )
         if args.json:
-            _dump(page)
+            dump_json(page)
             return 0
         if not page.runs:
             print("no runs")
@@ -105,7 +78,7 @@ def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
             print(f"more: --cursor {page.next_cursor}")
         return 0
 
-    return _using(load_app, args.app, use)
+    return _open(load_app, args, use)
 
 
 # -- runs show ---------------------------------------------------------------------------------
@@ -140,10 +113,10 @@ def _show_text(history: RunHistory) -> None:
         ("priority", str(run.priority)),
         ("idempotency key", run.idempotency_key or "-"),
         ("parent run", "-" if run.parent_run_id is None else str(run.parent_run_id)),
-        ("created", _when(run.created_at)),
-        ("due", _when(run.due_at)),
-        ("started", _when(run.started_at)),
-        ("finished", _when(run.finished_at)),
+        ("created", when(run.created_at)),
+        ("due", when(run.due_at)),
+        ("started", when(run.started_at)),
+        ("finished", when(run.finished_at)),
         ("payload", json.dumps(run.payload, ensure_ascii=False)),
         ("output", json.dumps(run.output, ensure_ascii=False)),
     ]
@@ -160,59 +133,94 @@ def _show_text(history: RunHistory) -> None:
         error = "" if a.error is None else f"  {a.error.type}: {a.error.message}"
         took = (a.finished_at - a.started_at).total_seconds()
         print(
-            f"  #{a.number:<3} {a.outcome:<10} {_when(a.started_at)}  {took:.3f}s"
-            f"{_ran_by(a)}{error}"
+            f"  #{a.number:<3} {a.outcome:<10} {when(a.started_at)}  {took:.3f}s{_ran_by(a)}{error}"
         )
     print("steps")
     if not history.steps:
         print("  (none stored)")
     for s in history.steps:
         output = json.dumps(s.output, ensure_ascii=False)
-        print(f"  {s.name}  (attempt {s.attempt}, {_when(s.created_at)})  {output}")
+        print(f"  {s.name}  (attempt {s.attempt}, {when(s.created_at)})  {output}")
+
+
+def _one_run(args: argparse.Namespace) -> str:
+    """``[APP] RUN_ID``: sets ``args.app``, returns the run id."""
+    args.app, run_ids = split_targets(args.targets, want_run_ids=True)
+    if len(run_ids) != 1:
+        raise ConfigurationError(
+            f"give one RUN_ID (a UUID, as `runlane runs list` prints it), got {len(run_ids)}"
+        )
+    return run_ids[0]
 
 
 def _show(load_app: LoadApp, args: argparse.Namespace) -> int:
+    run_id = _one_run(args)
+
     def use(runlane: Runlane) -> int:
-        history = runlane.get_run_history(args.run_id)
+        history = runlane.get_run_history(run_id)
         if args.json:
-            _dump(history)
+            dump_json(history)
         else:
             _show_text(history)
         return 0
 
-    return _using(load_app, args.app, use)
+    return _open(load_app, args, use)
 
 
 # -- runs retry, runs cancel --------------------------------------------------------------------
 
 
-def _retry(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        run = runlane.retry_run(args.run_id)
+def _retry_one(runlane: Runlane, run_id: str) -> None:
+    run = runlane.retry_run(run_id)
+    print(
+        f"run {run.id} is queued again (next attempt #{run.attempt + 1}, "
+        f"up to {run.max_attempts} more)"
+    )
+
+
+def _cancel_one(runlane: Runlane, run_id: str) -> None:
+    result = runlane.cancel(run_id)
+    if not result.changed:
+        print(f"run {result.run_id} is {result.status.value}: nothing to cancel")
+    elif result.status is RunStatus.CANCELLATION_REQUESTED:
         print(
-            f"run {run.id} is queued again (next attempt #{run.attempt + 1}, "
-            f"up to {run.max_attempts} more)"
+            f"run {result.run_id}: cancellation requested; its handler is asked to stop "
+            "and the run ends cancelled"
         )
-        return 0
+    else:
+        print(f"run {result.run_id}: {result.previous.value} -> {result.status.value}")
 
-    return _using(load_app, args.app, use)
+
+_ONE: dict[str, Callable[[Runlane, str], None]] = {"retry": _retry_one, "cancel": _cancel_one}
+_FILTERS = ("status", "task", "queue", "created_after", "created_before", "limit")
 
 
-def _cancel(load_app: LoadApp, args: argparse.Namespace) -> int:
+def _action(load_app: LoadApp, action: str, args: argparse.Namespace) -> int:
+    """``runs retry|cancel [APP] RUN_ID...`` acts on those runs; without RUN_ID, on every
+    run the filters match (see :mod:`runlane._cli_bulk`); ``runs delete`` only by filter."""
+    args.app, run_ids = split_targets(args.targets, want_run_ids=action in _ONE)
+    filtered = args.all or any(getattr(args, name) is not None for name in _FILTERS)
+    if run_ids and (filtered or args.dry_run):
+        raise ConfigurationError(
+            "give RUN_IDs or filters (--status, --task, ...), not both: RUN_IDs act on those "
+            "runs alone"
+        )
+    if not run_ids and not filtered:
+        raise ConfigurationError(
+            f"runs {action} needs "
+            + ("RUN_IDs, or " if action in _ONE else "")
+            + "filters (--status, --task, --queue, --created-after, --created-before, "
+            "--limit), or --all for every run it applies to"
+        )
+
     def use(runlane: Runlane) -> int:
-        result = runlane.cancel(args.run_id)
-        if not result.changed:
-            print(f"run {result.run_id} is {result.status.value}: nothing to cancel")
-        elif result.status is RunStatus.CANCELLATION_REQUESTED:
-            print(
-                f"run {result.run_id}: cancellation requested; its handler is asked to stop "
-                "and the run ends cancelled"
-            )
-        else:
-            print(f"run {result.run_id}: {result.previous.value} -> {result.status.value}")
+        if not run_ids:
+            return run_bulk(runlane, action, args)
+        for run_id in run_ids:
+            _ONE[action](runlane, run_id)
         return 0
 
-    return _using(load_app, args.app, use)
+    return _open(load_app, args, use)
 
 
 # -- trigger -------------------------------------------------------------------------------------
@@ -250,7 +258,7 @@ def _trigger(load_app: LoadApp, args: argparse.Namespace) -> int:
             print(f"run {handle.id} already exists ({handle.task_id} on queue {handle.queue})")
         return 0
 
-    return _using(load_app, args.app, use)
+    return _open(load_app, args, use)
 
 
 def _seconds(text: str) -> float:
@@ -264,11 +272,13 @@ def add_run_commands(commands: Any, load_app: LoadApp) -> None:
     """Add ``runs`` (with list, show, retry, cancel) and ``trigger`` to ``commands``, the
     subparsers of the ``runlane`` parser."""
     app_help = "module:attribute naming a Runlane"
-    runs = commands.add_parser("runs", help="list and inspect runs, retry or cancel one")
+    runs = commands.add_parser(
+        "runs", help="list and inspect runs; retry, cancel or delete one or many"
+    )
     actions = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
 
     listing = actions.add_parser("list", help="runs newest first, a page at a time")
-    listing.add_argument("app", metavar="APP", help=app_help)
+    listing.add_argument("app", metavar="APP", nargs="?", default=None, help=TARGET_HELP)
     listing.add_argument(
         "--status",
         help=f"only runs in this status ({', '.join(s.value for s in RunStatus)})",
@@ -280,25 +290,31 @@ def add_run_commands(commands: Any, load_app: LoadApp) -> None:
     )
     listing.add_argument("--cursor", help="the next page, as printed after the previous one")
     listing.add_argument("--json", action="store_true", help="print one JSON document")
+    add_target_options(listing)
     listing.set_defaults(handler=lambda args: _list(load_app, args))
 
     show = actions.add_parser("show", help="a run with its attempts and stored steps")
-    show.add_argument("app", metavar="APP", help=app_help)
-    show.add_argument("run_id", metavar="RUN_ID")
+    show.add_argument("targets", metavar="[APP] RUN_ID", nargs="+", help=TARGET_HELP)
     show.add_argument("--json", action="store_true", help="print one JSON document")
+    add_target_options(show)
     show.set_defaults(handler=lambda args: _show(load_app, args))
 
-    retry = actions.add_parser(
-        "retry", help="queue a failed or cancelled run again with a fresh attempt budget"
-    )
-    retry.add_argument("app", metavar="APP", help=app_help)
-    retry.add_argument("run_id", metavar="RUN_ID")
-    retry.set_defaults(handler=lambda args: _retry(load_app, args))
-
-    cancel = actions.add_parser("cancel", help="cancel a run (a running one is asked to stop)")
-    cancel.add_argument("app", metavar="APP", help=app_help)
-    cancel.add_argument("run_id", metavar="RUN_ID")
-    cancel.set_defaults(handler=lambda args: _cancel(load_app, args))
+    for action, help_text in (
+        ("retry", "queue failed or cancelled runs again with a fresh attempt budget"),
+        ("cancel", "cancel runs (running ones are asked to stop)"),
+        ("delete", "delete terminal runs by filter (parents keep tombstones, as cleanup does)"),
+    ):
+        parser = actions.add_parser(action, help=help_text)
+        parser.add_argument(
+            "targets",
+            metavar="[APP] RUN_ID..." if action in _ONE else "[APP]",
+            nargs="*",
+            help=TARGET_HELP
+            + ("; RUN_IDs act on those runs, none on the filters" if action in _ONE else ""),
+        )
+        add_filter_options(parser)
+        add_target_options(parser)
+        parser.set_defaults(handler=lambda args, action=action: _action(load_app, action, args))
 
     trigger = commands.add_parser(
         "trigger", help="trigger a run; the payload is validated like Runlane.trigger()"

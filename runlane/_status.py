@@ -94,7 +94,7 @@ def format_report(report: StatusReport) -> list[str]:
         limit = "-" if q.concurrency_limit is None else str(q.concurrency_limit)
         lines.append(
             f"  {q.name:<20} {q.queued:>8} {q.running:>8} {q.retrying:>9} {q.waiting:>8} "
-            f"{f'{q.live_leases}/{limit}':>13}"
+            f"{f'{q.live_leases}/{limit}':>13}" + ("  PAUSED" if q.paused else "")
         )
     lines.append("maintenance bands")
     if not report.maintenance_leases:

@@ -32,10 +32,13 @@ from typing import Any
 
 import attrs
 
+from runlane._cli_operator import add_operator_commands, format_workers, plain
 from runlane._cli_runs import add_run_commands
+from runlane._cli_target import TARGET_HELP, Target, add_target_options, target_runtime
 from runlane._codec import exception_text
 from runlane._demo import DEMO_LANES, run_demo
 from runlane._display import clipped, shown
+from runlane._limits import MAX_DURATION
 from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
@@ -388,7 +391,7 @@ def _describe(result: MaintenanceResult) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    runlane = load_app(args.app)
+    runlane = target_runtime(Target(args.app, args), load_app)
     if args.watch is None:
         try:
             return _show_status(runlane, args.json)
@@ -410,11 +413,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _show_status(runlane: Runlane, as_json: bool) -> int:
     """Print one report; 1 (with each failing check on stderr) when a check is unhealthy."""
     report = runlane.status()
+    workers = runlane.list_workers()
     problems = unhealthy(report)
     if as_json:
-        print(json.dumps({**attrs.asdict(report), "unhealthy": problems}, default=str, indent=2))
+        document = {**attrs.asdict(report), "workers": plain(workers), "unhealthy": problems}
+        print(json.dumps(document, default=str, indent=2))
     else:
-        print("\n".join(format_report(report)), flush=True)
+        print("\n".join([*format_report(report), *format_workers(workers)]), flush=True)
     for problem in problems:
         _print(f"unhealthy: {problem}")
     return EXIT_FAILURE if problems else 0
@@ -453,6 +458,22 @@ def _positive_seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
     if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _shutdown_seconds(value: str) -> float:
+    """--shutdown-timeout: a finite number of seconds from 0 to 100 years. -1 and nan made
+    close() refuse it only at the stop signal (the process then hung until SIGKILL), inf
+    made it fail with a traceback, leaving its runs running."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not 0 <= seconds <= MAX_DURATION.total_seconds():  # False for nan
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds from 0 to {MAX_DURATION.total_seconds():.0f} "
+            f"(100 years), got {value!r}"
+        )
     return seconds
 
 
@@ -654,7 +675,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--queues", default=None, help="comma-separated queue names (default: all)")
     worker.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=_shutdown_seconds,
         default=30.0,
         help="seconds handlers get to return after a stop signal (default 30)",
     )
@@ -673,12 +694,16 @@ def _parser() -> argparse.ArgumentParser:
         "--once", action="store_true", help="run one bounded pass, print what it changed, exit"
     )
     maintenance.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="seconds to wait for the bands"
+        "--shutdown-timeout",
+        type=_shutdown_seconds,
+        default=30.0,
+        help="seconds to wait for the bands",
     )
     maintenance.set_defaults(handler=_cmd_maintenance)
 
     status = commands.add_parser("status", help="print the progress signals to alert on")
-    status.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
+    status.add_argument("app", metavar="APP", nargs="?", default=None, help=TARGET_HELP)
+    add_target_options(status)
     status.add_argument("--json", action="store_true", help="print JSON")
     status.add_argument(
         "--watch",
@@ -720,7 +745,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_cmd_demo)
 
-    add_run_commands(commands, load_app)  # runs list|show|retry|cancel, trigger
+    add_run_commands(commands, load_app)  # runs list|show|retry|cancel|delete, trigger
+    add_operator_commands(commands, load_app)  # queues, workers, schedules
     return parser
 
 

@@ -1,0 +1,155 @@
+"""Bulk ``runlane runs retry|cancel|delete`` by filter.
+
+Without run ids, ``runs retry``, ``runs cancel`` and ``runs delete`` act on every run the
+filters match (``--status``, ``--task``, ``--queue``, ``--created-after``, ``--created-before``,
+``--limit``; ``--all`` instead of any filter). They count first and say how many runs match;
+``--dry-run`` stops there. On a terminal they ask before acting unless ``--yes`` is given;
+without a terminal ``--yes`` is required. While acting, a terminal shows ``done of matched``;
+Ctrl-C stops between two batches, every batch before it committed, and says how far it got
+(run the same command again to finish: it finds only what is left).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+from runlane._display import shown
+from runlane.errors import ConfigurationError
+from runlane.models import BulkResult
+from runlane.runtime import Runlane
+
+__all__ = ["add_filter_options", "run_bulk"]
+
+EXIT_INTERRUPTED = 130
+
+_VERB = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time with its offset (e.g. 2026-12-01T09:00:00+00:00), "
+            f"got {shown(text)}"
+        ) from None
+    if value.utcoffset() is None:
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} has no UTC offset: add one (e.g. +00:00 or Z)"
+        )
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shown(text)}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def add_filter_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("bulk (without RUN_ID)")
+    group.add_argument(
+        "--status", action="append", default=None, help="runs in this status (repeatable)"
+    )
+    group.add_argument("--task", default=None, help="runs of this task id")
+    group.add_argument("--queue", default=None, help="runs of this queue")
+    group.add_argument(
+        "--created-after", type=_timestamp, default=None, metavar="TIME", help="ISO 8601"
+    )
+    group.add_argument(
+        "--created-before", type=_timestamp, default=None, metavar="TIME", help="ISO 8601"
+    )
+    group.add_argument("--limit", type=_count, default=None, metavar="N", help="at most N runs")
+    group.add_argument(
+        "--all", action="store_true", help="no filter: every run the action applies to"
+    )
+    group.add_argument("--dry-run", action="store_true", help="count the matching runs only")
+    group.add_argument("--yes", action="store_true", help="act without asking")
+
+
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "status": args.status,
+        "task": args.task,
+        "queue": args.queue,
+        "created_after": args.created_after,
+        "created_before": args.created_before,
+        "limit": args.limit,
+        "all": args.all,
+    }
+
+
+class _Progress:
+    """``done of matched`` on stderr, rewritten at most ten times a second (a terminal)."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+        self.done = 0
+        self.matched = 0
+        self._shown = 0.0
+        self._tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, matched: int) -> None:
+        self.done, self.matched = done, matched
+        now = time.monotonic()
+        if not self._tty or now - self._shown < 0.1:
+            return
+        self._shown = now
+        sys.stderr.write(f"\rrunlane: {_VERB[self.action]} {done:,} of {matched:,}")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self._tty and self._shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _act(runlane: Runlane, action: str, **filters: Any) -> BulkResult:
+    method = {
+        "retry": runlane.retry_runs,
+        "cancel": runlane.cancel_runs,
+        "delete": runlane.delete_runs,
+    }[action]
+    result: BulkResult = method(**filters)
+    return result
+
+
+def run_bulk(runlane: Runlane, action: str, args: argparse.Namespace) -> int:
+    """Count, confirm, then act in batches; returns the exit code."""
+    filters = _filters(args)
+    counted = _act(runlane, action, dry_run=True, **filters)
+    print(f"{counted.matched:,} runs match")
+    if args.dry_run or counted.matched == 0:
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigurationError(
+                f"runs {action} by filter changes {counted.matched:,} runs: pass --yes to "
+                "confirm (or --dry-run to count only)"
+            )
+        answer = input(f"{action} {counted.matched:,} runs? [y/N] ")
+        if answer.strip().lower() not in {"y", "yes"}:
+            print("nothing changed")
+            return 0
+    progress = _Progress(action)
+    try:
+        result = _act(runlane, action, on_batch=progress, **filters)
+    except KeyboardInterrupt:
+        progress.finish()
+        print(
+            f"interrupted: {progress.done:,} of {progress.matched:,} runs "
+            f"{_VERB[action]}; every finished batch is committed; run the same command again "
+            "to finish"
+        )
+        return EXIT_INTERRUPTED
+    progress.finish()
+    print(f"{result.changed:,} of {result.matched:,} matching runs {_VERB[action]}")
+    return 0

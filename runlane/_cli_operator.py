@@ -1,0 +1,359 @@
+"""The operator commands: ``runlane queues list|pause|resume``, ``runlane workers`` and
+``runlane schedules list|pause|resume|run``.
+
+Each takes ``APP`` or ``--database-url`` (see :mod:`runlane._cli_target`); reads print aligned
+text, or one JSON document with ``--json``; actions are idempotent and say what they did.
+Registered on the ``runlane`` parser by :mod:`runlane.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
+from runlane.models import WorkerInfo
+from runlane.runtime import Runlane
+
+__all__ = [
+    "add_operator_commands",
+    "aligned",
+    "dump_json",
+    "format_workers",
+    "plain",
+    "using",
+    "when",
+]
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready: attrs records as objects, datetimes in ISO 8601, UUIDs and enums as strings."""
+    if attrs.has(type(value)):
+        return plain(attrs.asdict(value, recurse=False))
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def dump_json(value: Any) -> None:
+    print(json.dumps(plain(value), indent=2, ensure_ascii=False, default=str))
+
+
+def when(value: datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell; the last column is not padded."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def using(load_app: LoadApp, args: argparse.Namespace, use: Callable[[Runlane], int]) -> int:
+    """Open the command's runtime (``APP`` or the URL options), run ``use``, close it."""
+    runlane = target_runtime(Target(getattr(args, "app", None), args), load_app)
+    try:
+        return use(runlane)
+    finally:
+        runlane.close()
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+def _queues_list(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        queues = runlane.list_queues()
+        if args.json:
+            dump_json(queues)
+            return 0
+        rows = []
+        for q in queues:
+            counts = q.counts
+            limit = "-" if q.concurrency_limit is None else str(q.concurrency_limit)
+            state = "paused" if q.paused else "running"
+            if q.paused and q.paused_reason:
+                state += f" ({q.paused_reason})"
+            rows.append(
+                [
+                    q.name + ("" if q.defined else " *"),
+                    state,
+                    str(counts.get("queued", 0)),
+                    str(counts.get("running", 0)),
+                    str(counts.get("retrying", 0) + counts.get("released", 0)),
+                    str(counts.get("waiting", 0)),
+                    limit,
+                    _age(q.oldest_queued_age),
+                ]
+            )
+        header = [
+            "QUEUE",
+            "STATE",
+            "QUEUED",
+            "RUNNING",
+            "RETRYING",
+            "WAITING",
+            "LIMIT",
+            "OLDEST QUEUED",
+        ]
+        print("\n".join(aligned(header, rows)))
+        if any(not q.defined for q in queues):
+            print("* known from the database only (no code of this runtime defines it)")
+        return 0
+
+    return using(load_app, args, use)
+
+
+def _queue_pause(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        runlane.pause_queue(args.queue, reason=args.reason)
+        print(
+            f"queue {args.queue!r} is paused: no attempt of it starts until "
+            "`runlane queues resume`; running attempts finish, triggers are still accepted"
+        )
+        return 0
+
+    return using(load_app, args, use)
+
+
+def _queue_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        runlane.resume_queue(args.queue)
+        print(f"queue {args.queue!r} is running: its queued runs are claimed again")
+        return 0
+
+    return using(load_app, args, use)
+
+
+# -- workers --------------------------------------------------------------------------------
+
+
+def _worker_rows(workers: Sequence[WorkerInfo]) -> list[str]:
+    rows = [
+        [
+            str(w.worker_id),
+            w.state.value,
+            w.host,
+            str(w.pid),
+            str(w.concurrency),
+            ",".join(w.queues),
+            when(w.started_at),
+            when(w.last_seen_at),
+            w.runlane_version,
+        ]
+        for w in workers
+    ]
+    header = [
+        "WORKER ID",
+        "STATE",
+        "HOST",
+        "PID",
+        "SLOTS",
+        "QUEUES",
+        "STARTED",
+        "LAST SEEN",
+        "VERSION",
+    ]
+    return aligned(header, rows)
+
+
+def format_workers(workers: Sequence[WorkerInfo]) -> list[str]:
+    """The workers section of ``runlane status``."""
+    if not workers:
+        return ["workers", "  (no delivery worker is running)"]
+    return ["workers", *(f"  {line}" for line in _worker_rows(workers))]
+
+
+def _workers(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        workers = runlane.list_workers(include_stopped=args.all)
+        if args.json:
+            dump_json(workers)
+        elif not workers:
+            print("no workers" + ("" if args.all else " running (--all shows stopped ones)"))
+        else:
+            print("\n".join(_worker_rows(workers)))
+        return 0
+
+    return using(load_app, args, use)
+
+
+# -- schedules ------------------------------------------------------------------------------
+
+
+def _schedules_list(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        schedules = runlane.list_schedules()
+        if args.json:
+            dump_json(schedules)
+            return 0
+        if not schedules:
+            print("no schedules")
+            return 0
+        rows = [
+            [
+                s.id,
+                "paused" if s.paused else "active",
+                s.cron,
+                s.timezone,
+                s.task_id or "-",
+                s.queue or "-",
+                when(s.next_fire_at),
+                when(s.last_fired_at),
+                "-" if s.last_run_id is None else str(s.last_run_id),
+            ]
+            for s in schedules
+        ]
+        header = [
+            "SCHEDULE",
+            "STATE",
+            "CRON",
+            "TIMEZONE",
+            "TASK",
+            "QUEUE",
+            "NEXT FIRE",
+            "LAST FIRED",
+            "LAST RUN",
+        ]
+        print("\n".join(aligned(header, rows)))
+        return 0
+
+    return using(load_app, args, use)
+
+
+def _schedule_pause(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        runlane.pause_schedule(args.schedule_id)
+        print(f"schedule {args.schedule_id!r} is paused: it fires nothing until resumed")
+        return 0
+
+    return using(load_app, args, use)
+
+
+def _schedule_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        runlane.resume_schedule(args.schedule_id)
+        print(
+            f"schedule {args.schedule_id!r} is active again from its next slot "
+            "(missed slots are not caught up)"
+        )
+        return 0
+
+    return using(load_app, args, use)
+
+
+def _schedule_run(load_app: LoadApp, args: argparse.Namespace) -> int:
+    def use(runlane: Runlane) -> int:
+        handle = runlane.trigger_schedule_now(args.schedule_id)
+        print(
+            f"run {handle.id} triggered from schedule {args.schedule_id!r} "
+            f"({handle.task_id} on queue {handle.queue})"
+        )
+        return 0
+
+    return using(load_app, args, use)
+
+
+# -- the parser -----------------------------------------------------------------------------
+
+
+def _command(
+    actions: Any, name: str, help_text: str, handler: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
+    parser.add_argument("app", metavar="APP", nargs="?", default=None, help=TARGET_HELP)
+    add_target_options(parser)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
+    """Add ``queues``, ``workers`` and ``schedules`` to ``commands``, the subparsers of the
+    ``runlane`` parser."""
+    queues = commands.add_parser("queues", help="list queues; pause or resume one")
+    queue_actions = queues.add_subparsers(dest="queues_command", required=True, metavar="ACTION")
+    listing = _command(
+        queue_actions,
+        "list",
+        "every queue: state, runs by status, limit, oldest queued run",
+        lambda args: _queues_list(load_app, args),
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON document")
+    pause = _command(
+        queue_actions,
+        "pause",
+        "stop new attempts of a queue on every worker (running ones finish)",
+        lambda args: _queue_pause(load_app, args),
+    )
+    pause.add_argument("queue", metavar="QUEUE")
+    pause.add_argument("--reason", default=None, help="shown by `runlane queues list`")
+    resume = _command(
+        queue_actions,
+        "resume",
+        "let a paused queue's runs start again",
+        lambda args: _queue_resume(load_app, args),
+    )
+    resume.add_argument("queue", metavar="QUEUE")
+
+    workers = _command(
+        commands,
+        "workers",
+        "delivery workers: host, pid, queues, state (running, stopping, lost)",
+        lambda args: _workers(load_app, args),
+    )
+    workers.add_argument("--all", action="store_true", help="include stopped workers")
+    workers.add_argument("--json", action="store_true", help="print one JSON document")
+
+    schedules = commands.add_parser(
+        "schedules", help="list schedules; pause, resume or run one now"
+    )
+    schedule_actions = schedules.add_subparsers(
+        dest="schedules_command", required=True, metavar="ACTION"
+    )
+    listing = _command(
+        schedule_actions,
+        "list",
+        "every stored schedule with its next fire time",
+        lambda args: _schedules_list(load_app, args),
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON document")
+    for name, help_text, handler in (
+        ("pause", "a paused schedule fires nothing", _schedule_pause),
+        ("resume", "fire again from the next slot (no catching up)", _schedule_resume),
+        ("run", "trigger the schedule's run now (its slots are left alone)", _schedule_run),
+    ):
+        parser = _command(
+            schedule_actions,
+            name,
+            help_text,
+            lambda args, handler=handler: handler(load_app, args),
+        )
+        parser.add_argument("schedule_id", metavar="SCHEDULE_ID")
