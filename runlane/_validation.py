@@ -10,7 +10,7 @@ from typing import Any
 
 from runlane._codec import exception_text
 from runlane._display import clipped, shown
-from runlane._limits import INT32_MAX, MAX_DURATION, MAX_TEXT_BYTES, MAX_TEXT_CHARS
+from runlane._limits import INT32_MAX, MAX_DURATION, MAX_TEXT_BYTES, MAX_TEXT_CHARS, as_int32
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
 from runlane.tasks import Queue
 
@@ -102,15 +102,6 @@ def _tzinfo_failed(value: datetime, exc: Exception) -> ConfigurationError:
         f"({type(exc).__name__}: {clipped(exception_text(exc))}); use datetime.UTC, "
         "datetime.timezone(timedelta(hours=...)) or zoneinfo.ZoneInfo(...)"
     )
-
-
-def as_int32(name: str, value: object, minimum: int = -INT32_MAX - 1) -> int:
-    """An int (not a bool) from ``minimum`` to 2**31 - 1: the range of the integer column."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= INT32_MAX:
-        raise ConfigurationError(
-            f"{name} must be an integer from {minimum} to {INT32_MAX}, got {shown(value)}"
-        )
-    return value
 
 
 def check_text(name: str, value: object, max_chars: int = MAX_TEXT_CHARS) -> str:

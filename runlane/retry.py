@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import attrs
 
-from runlane._limits import MAX_DURATION
+from runlane._limits import MAX_DURATION, as_int32
 from runlane.errors import ConfigurationError
 
 __all__ = ["RetryPolicy", "next_retry_delay"]
@@ -18,9 +18,9 @@ _random = random.Random()
 
 
 def _check_types(policy: RetryPolicy) -> None:
-    attempts = policy.max_attempts
-    if isinstance(attempts, bool) or not isinstance(attempts, int):
-        raise ConfigurationError(f"RetryPolicy.max_attempts must be an integer, got {attempts!r}")
+    # the attempts column is an integer: past 2**31 - 1 every run of the task (a schedule's
+    # too, on every maintenance pass) would be refused by the database
+    as_int32("RetryPolicy.max_attempts", policy.max_attempts, minimum=1)
     for name in ("initial_delay", "max_delay"):
         value = getattr(policy, name)
         if not isinstance(value, timedelta):
@@ -37,10 +37,6 @@ def _check_types(policy: RetryPolicy) -> None:
 
 def _check_policy(policy: RetryPolicy) -> None:
     _check_types(policy)
-    if policy.max_attempts < 1:
-        raise ConfigurationError(
-            f"RetryPolicy.max_attempts must be at least 1, got {policy.max_attempts}"
-        )
     if policy.initial_delay < timedelta(0):
         raise ConfigurationError(
             f"RetryPolicy.initial_delay must not be negative, got {policy.initial_delay}"

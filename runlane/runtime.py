@@ -13,11 +13,22 @@ from typing import Any
 from runlane import _queue_admin, _schedule_admin, _telemetry, _workers
 from runlane._backend import Backend
 from runlane._bulk import bulk_action, bulk_filter
+from runlane._closing import Closing
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._display import shown
 from runlane._ids import new_run_id, new_run_ids
 from runlane._inspect import list_query, retry_conflict, run_page
-from runlane._limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES, check_limit
+from runlane._limits import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_CLAIM_BATCH,
+    MAX_LEASE,
+    MIN_LEASE,
+    as_int,
+    as_timedelta,
+    as_wait_timeout,
+    check_limit,
+)
 from runlane._reads import PointReads
 from runlane._validation import (
     as_duration,
@@ -34,10 +45,10 @@ from runlane.errors import (
     ConfigurationError,
     PayloadValidationError,
     RunlaneClosed,
-    RunlaneError,
     RunNotFound,
     TaskNotFound,
     WaitTokenNotFound,
+    WorkerFailed,
 )
 from runlane.lanes import Lane
 from runlane.maintenance._pass import MaintenanceScope, ScheduleEntry, run_maintenance_pass
@@ -63,13 +74,15 @@ from runlane.schedules import Schedule
 from runlane.storage import NewRuns
 from runlane.tasks import Queue, Task, _check_name
 from runlane.worker import Worker
-from runlane.worker._worker import WorkerOptions, check_close_timeout, check_worker_arguments
+from runlane.worker._worker import WorkerOptions, check_worker_arguments
 
 __all__ = ["Runlane", "create_runlane"]
 
 log = logging.getLogger("runlane")
 
 _EAGER_RESUME_LIMIT = 100
+# a worker whose threads could not all start: what its started slots get to stop
+_START_FAILED_CLOSE_SECONDS = 10.0
 
 
 class Runlane:
@@ -189,7 +202,7 @@ class Runlane:
         """Close the workers and services this runtime created (each asked to stop, their
         unfinished runs handed back), then flush and close connections, within ``timeout``
         seconds plus a small constant; idempotent."""
-        limit = check_close_timeout(timeout)
+        limit = as_wait_timeout("timeout", timeout)
         deadline = None if limit is None else time.monotonic() + limit
         with self._lock:
             if self._closed:
@@ -197,16 +210,19 @@ class Runlane:
             self._closed = True
             self._started = False
             owned, self._owned = self._owned, []
+        # every part runs even when one raises; the first error is raised at the end
+        closing = Closing(f"the runtime of environment {self.environment!r}")
         for item in owned:
             if isinstance(item, Worker):
-                item.stop_acquiring()  # first everywhere: no worker takes another's hand-back
+                with closing.part(item.name):
+                    item.stop_acquiring()  # first everywhere: none takes another's hand-back
         for item in owned:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
+            with closing.part(item.name):
                 item.close(remaining)
-            except RunlaneError:
-                log.warning("runlane: closing %r failed", item, exc_info=True)
-        self._storage.close()
+        with closing.part("its connections"):
+            self._storage.close()
+        closing.raise_first()
 
     def _own(self, item: Worker | Services) -> None:
         """Register a worker or services for close(); refuses once closed."""
@@ -868,10 +884,8 @@ class Runlane:
         ``on_progress(result_so_far)`` is called after each attempt.
         """
         self._check_open()
-        if max_runs is not None and (
-            isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 0
-        ):
-            raise ConfigurationError(f"max_runs must be a non-negative integer, got {max_runs!r}")
+        if max_runs is not None:
+            as_int("max_runs", max_runs, 0)
         names = self._queue_filter(queues)
         unsupported = self._lane.drain_unsupported
         if unsupported is not None:
@@ -936,8 +950,7 @@ class Runlane:
         self._check_open()
         polled = check_worker_arguments(concurrency, queues, self._queues)
         batch = _default_claim_batch(concurrency) if claim_batch is None else claim_batch
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ConfigurationError(f"claim_batch must be a positive integer, got {batch!r}")
+        as_int("claim_batch", batch, 1, MAX_CLAIM_BATCH)
         self._ensure_started()
         worker = self._new_worker(
             polled,
@@ -948,7 +961,20 @@ class Runlane:
                 prefetch=max(0, batch - concurrency),
             ),
         )
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError as exc:  # "can't start new thread": the process is out of them
+            # the slots already started would run on unowned: stop them and hand back what
+            # they claimed (a close error is logged; the thread limit is the news)
+            try:
+                worker.close(_START_FAILED_CLOSE_SECONDS)
+            except Exception:
+                log.warning("runlane: closing %s failed", worker.name, exc_info=True)
+            raise WorkerFailed(
+                f"{worker.name} could not start its {concurrency} threads ({exc}): the "
+                "process is out of threads; lower concurrency, or raise the limit on threads "
+                "(ulimit -u, the container's pids limit)"
+            ) from exc
         return worker
 
     # -- maintenance ---------------------------------------------------------------------
@@ -977,8 +1003,7 @@ class Runlane:
         self._check_open()
         if limits is not None and not isinstance(limits, MaintenanceLimits):
             raise ConfigurationError(f"limits must be MaintenanceLimits, got {limits!r}")
-        if not isinstance(lease_duration, timedelta):
-            raise ConfigurationError(f"lease_duration must be a timedelta, got {lease_duration!r}")
+        as_timedelta("lease_duration", lease_duration, MIN_LEASE, MAX_LEASE)
         self._ensure_started()
         services = Services(
             self._scope,

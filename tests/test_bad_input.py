@@ -24,13 +24,16 @@ from psycopg import sql
 
 from runlane import (
     ConfigurationError,
+    MaintenanceLimits,
     PayloadValidationError,
+    RetentionPolicy,
     RetryPolicy,
     RunContext,
     Runlane,
     RunlaneError,
     RunNotFound,
     RunStateConflict,
+    RunStatus,
     TaskNotFound,
     WaitTokenNotFound,
     create_runlane,
@@ -38,8 +41,18 @@ from runlane import (
     schedule,
     task,
 )
+from runlane._limits import (
+    INT32_MAX,
+    MAX_CLAIM_BATCH,
+    MAX_CONNECT_TIMEOUT,
+    MAX_DURATION,
+    MAX_LEASE,
+    MAX_POLL_INTERVAL,
+    MAX_POOL_SIZE,
+)
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
+from tests.conftest import RunlaneFactory
 
 
 @attrs.frozen
@@ -127,6 +140,14 @@ def _runtime(url: str, **options: Any) -> Runlane:
     return create_runlane(
         lane=postgres_polling_lane(connection_string=url, schema="unused_schema"), **options
     )
+
+
+def _lane(url: str, **options: Any) -> Any:
+    return postgres_polling_lane(connection_string=url, schema="unused_schema", **options)
+
+
+def _huge_limit(name: str) -> Callable[[Env], object]:
+    return lambda e: MaintenanceLimits(**{name: 10**20})
 
 
 def _every_schedule(**options: Any) -> Any:
@@ -821,6 +842,130 @@ CASES: list[Case] = [
         ConfigurationError,
         "max_attempts",
     ),
+    # -- durations, counts and limits: each bounded where it is given (issue 26) ----------
+    api(
+        "retry-max-attempts-over-int32",
+        lambda e: RetryPolicy(max_attempts=10**10),
+        ConfigurationError,
+        "RetryPolicy.max_attempts must be an integer from 1 to 2147483647, got 10000000000",
+    ),
+    api(
+        "task-retry-max-attempts-over-int32",
+        lambda e: task(id="bad.retrying", retry=RetryPolicy(max_attempts=2**31))(free.fn),
+        ConfigurationError,
+        "RetryPolicy.max_attempts must be an integer from 1 to 2147483647",
+    ),
+    api(
+        "retry-max-attempts-huge-integer",
+        lambda e: RetryPolicy(max_attempts=10**5000),
+        ConfigurationError,
+        "got an integer of",
+    ),
+    api(
+        "lane-lease-duration-max",
+        lambda e: _lane(e.url, lease_duration=timedelta.max),
+        ConfigurationError,
+        "lease_duration must be a timedelta from 1 second to 1 day",
+    ),
+    api(
+        "lane-lease-duration-half-a-second",
+        lambda e: _lane(e.url, lease_duration=timedelta(milliseconds=500)),
+        ConfigurationError,
+        "lease_duration must be a timedelta from 1 second to 1 day, got 0.5 seconds",
+    ),
+    api(
+        "lane-poll-interval-max",
+        lambda e: _lane(e.url, poll_interval=timedelta.max),
+        ConfigurationError,
+        "poll_interval must be a timedelta from 0.001 seconds to 1 day",
+    ),
+    api(
+        "lane-poll-interval-seconds",
+        lambda e: _lane(e.url, poll_interval=1),
+        ConfigurationError,
+        "poll_interval must be a timedelta",
+    ),
+    api(
+        "lane-connect-timeout-inf",
+        lambda e: _lane(e.url, connect_timeout=math.inf),
+        ConfigurationError,
+        "connect_timeout must be a number of seconds above 0 and at most 3600, got inf",
+    ),
+    api(
+        "lane-connect-timeout-nan",
+        lambda e: _lane(e.url, connect_timeout=math.nan),
+        ConfigurationError,
+        "connect_timeout must be a number of seconds above 0 and at most 3600, got nan",
+    ),
+    api(
+        "lane-pool-min-size-string",
+        lambda e: _lane(e.url, pool_min_size="1"),
+        ConfigurationError,
+        "pool_min_size must be an integer from 0 to 1000, got '1'",
+    ),
+    api(
+        "lane-pool-max-size-float",
+        lambda e: _lane(e.url, pool_max_size=2.0),
+        ConfigurationError,
+        "pool_max_size must be an integer from 1 to 1000, got 2.0",
+    ),
+    api(
+        "lane-pool-max-size-huge",
+        lambda e: _lane(e.url, pool_max_size=10**6),
+        ConfigurationError,
+        "pool_max_size must be an integer from 1 to 1000",
+    ),
+    api(
+        "lane-pool-max-below-min",
+        lambda e: _lane(e.url, pool_min_size=5, pool_max_size=2),
+        ConfigurationError,
+        "pool_max_size (2) must be at least pool_min_size (5)",
+    ),
+    api(
+        "services-lease-duration-max",
+        lambda e: e.rl.start_services(lease_duration=timedelta.max),
+        ConfigurationError,
+        "lease_duration must be a timedelta from 1 second to 1 day",
+    ),
+    api(
+        "retention-over-a-century",
+        lambda e: RetentionPolicy(completed=timedelta.max),
+        ConfigurationError,
+        "RetentionPolicy.completed must be a timedelta from 0 to 100 years",
+    ),
+    *[
+        api(
+            f"maintenance-limit-{field.name.replace('_', '-')}-huge",
+            _huge_limit(field.name),
+            ConfigurationError,
+            f"MaintenanceLimits.{field.name} must be an integer from",
+        )
+        for field in attrs.fields(MaintenanceLimits)
+    ],
+    api(
+        "worker-concurrency-over-the-maximum",
+        lambda e: e.rl.create_delivery_worker(concurrency=10**6),
+        ConfigurationError,
+        "concurrency must be an integer from 1 to 1024, got 1000000",
+    ),
+    api(
+        "worker-claim-batch-over-the-maximum",
+        lambda e: e.rl.create_delivery_worker(concurrency=1, claim_batch=10**9),
+        ConfigurationError,
+        "claim_batch must be an integer from 1 to 10000",
+    ),
+    api(
+        "drain-max-runs-float",
+        lambda e: e.rl.drain(max_runs=1.5),  # type: ignore[arg-type]
+        ConfigurationError,
+        "max_runs must be an integer of at least 0, got 1.5",
+    ),
+    api(
+        "close-timeout-nan",
+        lambda e: e.rl.close(timeout=math.nan),
+        ConfigurationError,
+        "timeout must be None (wait as long as it takes) or a number of seconds >= 0",
+    ),
     # -- the CLI ---------------------------------------------------------------------------
     cli(
         "cli-payload-not-json",
@@ -1017,3 +1162,43 @@ def test_the_docs_list_every_case() -> None:
     page = (Path(__file__).parent.parent / "docs" / "bad-input.md").read_text()
     missing = [case.id for case in CASES if f"`{case.id}`" not in page]
     assert not missing, f"docs/bad-input.md does not list {missing}"
+
+
+def test_the_largest_value_each_bound_allows_works(make_runlane: RunlaneFactory) -> None:
+    """Each bound is a value that still works against the database, not only a refusal past
+    it: before, a retry budget, a retention, a lease or a maintenance limit this large was
+    accepted and failed later, on every maintenance pass or claim."""
+
+    @task(id="bound.echo", retry=RetryPolicy(max_attempts=INT32_MAX))
+    def echo(payload: Any, context: RunContext) -> Any:
+        return payload
+
+    century = MAX_DURATION
+    rl = make_runlane(
+        tasks=[echo],
+        schedules=[schedule(id="bound.every-minute", task=echo, cron="* * * * *")],
+        retention=RetentionPolicy(completed=century, failed=century, cancelled=century),
+        lane_options={
+            "lease_duration": MAX_LEASE,
+            "poll_interval": MAX_POLL_INTERVAL,  # LISTEN wakes the worker
+            "connect_timeout": MAX_CONNECT_TIMEOUT,
+            "pool_max_size": MAX_POOL_SIZE,
+        },
+    )
+    limits = MaintenanceLimits(**{f.name: INT32_MAX for f in attrs.fields(MaintenanceLimits)})
+    rl.run_maintenance_once(limits)
+    services = rl.start_services(limits=limits, lease_duration=MAX_LEASE)
+    worker = rl.create_delivery_worker(concurrency=2, claim_batch=MAX_CLAIM_BATCH)
+    handle = rl.trigger(echo, {"n": 1})
+    done = rl.wait_for_run(handle.id, timeout=30)
+    assert (done.status, done.output, done.max_attempts) == (
+        RunStatus.COMPLETED,
+        {"n": 1},
+        INT32_MAX,
+    )
+    assert services.wait_for(lambda: sum(services.passes.values()) > 0, timeout=30)
+    assert not services.closed
+    assert not worker.closed
+    rl.close(timeout=math.inf)
+    assert worker.closed
+    assert services.closed

@@ -189,7 +189,9 @@ def test_bad_limits_and_claim_durations_are_refused_and_write_nothing(
     before = _rows(db, schema)
     limits: list[Any] = [0, -1, True, 1.5]
     for limit in limits:
-        with pytest.raises(ConfigurationError, match="outbox_publish_limit must be a positive"):
+        with pytest.raises(
+            ConfigurationError, match="outbox_publish_limit must be an integer from 1 to"
+        ):
             rl.run_maintenance_once(MaintenanceLimits(outbox_publish_limit=limit))
     for claim, publish in ((1, 2), (2, 2), (0.5, 10)):
         with pytest.raises(ConfigurationError, match="must be longer than publish_timeout"):

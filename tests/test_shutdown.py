@@ -8,10 +8,19 @@ queue's claim in flight; a row lock stops a completion write.
 
 from __future__ import annotations
 
+import math
+import os
+import signal
+import sys
+import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
+from subprocess import DEVNULL, PIPE, Popen
 from typing import Any
 
 import attrs
@@ -25,11 +34,12 @@ from runlane import (
     RunlaneClosed,
     RunStatus,
     StopReason,
+    WorkerFailed,
     queue,
     task,
 )
 from runlane.errors import RunInterrupted
-from tests.conftest import RunlaneFactory
+from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import attempt_rows, count_runs, q, run_row, wait_for_status, wait_until
 
 
@@ -397,3 +407,229 @@ def test_drain_records_results_through_the_writer(make_runlane: RunlaneFactory) 
     assert rl.get_run(good.id).output == 6
     assert rl.get_run(bad.id).status is RunStatus.RETRYING
     assert _no_runlane_threads()
+
+
+# -- close timeouts and closing in parts (issue 26) ---------------------------------------------
+
+
+def _nothing_left(*, with_pool: bool = True) -> None:
+    wait_until(
+        lambda: not _runlane_threads(with_pool=with_pool),
+        timeout=10,
+        what="runlane threads to end",
+        state=lambda: _runlane_threads(with_pool=with_pool),
+    )
+
+
+@pytest.mark.parametrize("timeout", [math.inf, 1e12, sys.float_info.max])
+def test_close_with_an_infinite_or_huge_timeout_waits_and_closes_everything(
+    make_runlane: RunlaneFactory, timeout: float
+) -> None:
+    """Before: a raw OverflowError from the first join past threading.TIMEOUT_MAX, part-way
+    through close, left the writer, the listener and the pool's threads running."""
+
+    @task(id="noop", schema=Item)
+    def noop(payload: Item, context: RunContext) -> None:
+        pass
+
+    rl = make_runlane(tasks=[noop])
+    worker = rl.create_delivery_worker(concurrency=2)
+    services = rl.start_services()
+    assert services.wait_until_closed(0) is False
+    worker.close(timeout=timeout)
+    assert worker.wait_until_closed(timeout) is True
+    services.close(timeout=timeout)
+    assert services.wait_until_closed(timeout) is True
+    assert services.wait_for(lambda: True, timeout=timeout) is True
+    other = rl.create_delivery_worker(concurrency=1)
+    rl.close(timeout=timeout)
+    assert other.wait_until_closed(0) is True
+    _nothing_left()
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.001, math.nan, -math.inf, "30", True])
+def test_a_bad_close_timeout_is_refused_before_anything_closes(
+    make_runlane: RunlaneFactory, timeout: Any
+) -> None:
+    """One rule and one message for every close and wait timeout (the worker's and the
+    services' said it two ways)."""
+    rl = make_runlane()
+    worker = rl.create_delivery_worker(concurrency=1)
+    services = rl.start_services()
+    needle = r"timeout must be None \(wait as long as it takes\) or a number of seconds >= 0"
+    for close in (rl.close, worker.close, services.close, services.wait_until_closed):
+        with pytest.raises(ConfigurationError, match=needle):
+            close(timeout=timeout)
+    assert not worker.closed
+    assert not services.closed
+    rl.close(timeout=10)
+    _nothing_left()
+
+
+def test_close_finishes_every_part_when_one_raises(
+    make_runlane: RunlaneFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part of a worker's close that raises (here its lifecycle writer, after closing)
+    must not leave the parts after it running: before, the listener and the writer's
+    connection of that worker, the other worker, the services and the runtime's pool all
+    stayed open. The first error is raised once every part ran."""
+    rl = make_runlane()
+    failing = rl.create_delivery_worker(concurrency=2)
+    other = rl.create_delivery_worker(concurrency=1)
+    services = rl.start_services()
+    writer = failing._writer
+    real_close = writer.close
+
+    def close_then_fail(timeout: float | None) -> None:
+        real_close(timeout)
+        raise RuntimeError("the writer failed to close")
+
+    monkeypatch.setattr(writer, "close", close_then_fail)
+    with pytest.raises(RuntimeError, match="the writer failed to close"):
+        rl.close(timeout=10)
+    assert failing.closed
+    assert other.closed
+    assert services.closed
+    _nothing_left()
+
+
+def test_a_worker_that_cannot_start_its_threads_stops_those_it_started(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: ``create_delivery_worker(concurrency=10**6)`` raised a raw "can't start new
+    thread" and the slots already started kept running (claiming runs for a worker nobody
+    held). Concurrency is now bounded (1024), and when the process runs out of threads
+    anyway (simulated here at the third slot, as the OS refuses it) the started threads are
+    stopped and a WorkerFailed says what to do."""
+
+    @task(id="noop", schema=Item)
+    def noop(payload: Item, context: RunContext) -> None:
+        pass
+
+    rl = make_runlane(tasks=[noop])
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name.endswith("-slot-3"):
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(WorkerFailed, match="out of threads; lower concurrency"):
+        rl.create_delivery_worker(concurrency=4)
+    monkeypatch.undo()
+    _nothing_left(with_pool=False)
+    wait_until(
+        lambda: _worker_connections(db) == 0,
+        timeout=10,
+        what="the worker's connections to close",
+        state=lambda: _worker_connections(db),
+    )
+    # the runtime is fine: a worker that can start its threads runs runs
+    worker = rl.create_delivery_worker(concurrency=2)
+    run = rl.trigger(noop, Item(1))
+    wait_for_status(rl, run.id, RunStatus.COMPLETED)
+    worker.close(timeout=10)
+
+
+def _worker_connections(db: psycopg.Connection[Any]) -> int:
+    row = db.execute(
+        "select count(*) from pg_stat_activity where application_name like 'runlane-worker-%'"
+    ).fetchone()
+    return -1 if row is None else int(row[0])
+
+
+def test_rabbitmq_consumer_close_finishes_every_part_when_one_raises(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The RabbitMQ consumer's close: its Postgres listener failing to close must not leave
+    the consumer thread and the claims' connection open."""
+    rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[])
+    worker = rl.create_delivery_worker(concurrency=1)
+    acquirer: Any = worker.acquirer
+    listener = acquirer._listener
+    real_close = listener.close
+
+    def close_then_fail(timeout: float | None = None) -> None:
+        real_close(timeout)
+        raise RuntimeError("the listener failed to close")
+
+    monkeypatch.setattr(listener, "close", close_then_fail)
+    with pytest.raises(RuntimeError, match="the listener failed to close"):
+        worker.close(timeout=10)
+    assert worker.closed
+
+    def mine() -> list[str]:
+        return [n for n in _runlane_threads() if n.startswith(f"{worker.name}-")]
+
+    wait_until(lambda: not mine(), timeout=10, what="the worker's threads to end", state=mine)
+    rl.close(timeout=10)  # the runtime's publisher
+    _nothing_left()
+
+
+# -- the CLI's --shutdown-timeout ---------------------------------------------------------------
+
+CLI_APP = textwrap.dedent(
+    """
+    import os
+    from runlane import create_runlane
+    from runlane.postgres import postgres_polling_lane
+
+    runlane = create_runlane(
+        lane=postgres_polling_lane(
+            connection_string=os.environ["APP_DATABASE_URL"], schema=os.environ["APP_SCHEMA"]
+        )
+    )
+    """
+)
+
+
+@contextmanager
+def _cli(tmp_path: Path, database_url: str, schema: str, *args: str) -> Iterator[Popen[str]]:
+    (tmp_path / "shutdownapp.py").write_text(CLI_APP)
+    env = {**os.environ, "APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
+    with Popen(
+        [sys.executable, "-m", "runlane.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=DEVNULL,
+        stderr=PIPE,
+        text=True,
+    ) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+@pytest.mark.parametrize("command", ["worker", "maintenance"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e12", "soon"])
+def test_a_bad_shutdown_timeout_is_refused_before_the_command_starts(
+    tmp_path: Path, database_url: str, schema: str, command: str, value: str
+) -> None:
+    """Before: -1 and nan were accepted, and the stop signal then hung the process until
+    SIGKILL (close() refused them only then); inf exited 1 with a traceback, its runs left
+    running."""
+    args = (command, "shutdownapp:runlane", f"--shutdown-timeout={value}")
+    with _cli(tmp_path, database_url, schema, *args) as proc:
+        assert proc.wait(timeout=60) == 2
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    assert "argument --shutdown-timeout: expected a number of seconds" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_zero_shutdown_timeout_is_accepted(
+    tmp_path: Path, database_url: str, schema: str
+) -> None:
+    args = ("worker", "shutdownapp:runlane", "--shutdown-timeout=0")
+    with _cli(tmp_path, database_url, schema, *args) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "SIGTERM or Ctrl-C stops it" in line:
+                break
+        else:
+            pytest.fail("the worker did not start")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0

@@ -33,8 +33,8 @@ from datetime import timedelta
 
 import attrs
 
+from runlane._limits import MAX_LEASE, MIN_LEASE, as_timedelta, as_wait_timeout
 from runlane.errors import (
-    ConfigurationError,
     IncompatibleSchema,
     RunlaneClosed,
     SchemaNotMigrated,
@@ -229,16 +229,6 @@ class _BandLoop:
             )
 
 
-def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ConfigurationError(
-            f"timeout must be None or a number of seconds >= 0, got {timeout!r}"
-        )
-    return float(timeout)
-
-
 class Services:
     """Maintenance loops in background threads; make them with ``Runlane.start_services``."""
 
@@ -251,8 +241,7 @@ class Services:
         on_service_error: ServiceErrorCallback | None,
         bands: tuple[Band, ...] = BANDS,
     ) -> None:
-        if lease < timedelta(seconds=1):
-            raise ConfigurationError(f"maintenance lease must be at least 1 second, got {lease}")
+        as_timedelta("lease_duration", lease, MIN_LEASE, MAX_LEASE)
         self.name = f"runlane-services-{next(_numbers)}"
         self.scope = scope
         self.limits = limits
@@ -305,7 +294,7 @@ class Services:
         a band, band lost, reported failure and stop: a signal for tests and health checks
         instead of polling. It runs in the calling thread, without any lock of the services
         held."""
-        timeout = _check_timeout(timeout)
+        timeout = as_wait_timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._progress:
@@ -375,7 +364,7 @@ class Services:
         a band failed fatally: a missing or incompatible schema, a closed runtime, or an
         error raised by ``on_service_error`` that is not an ``Exception``. Other storage
         failures are reported to ``on_service_error`` and retried, not fatal."""
-        timeout = _check_timeout(timeout)
+        timeout = as_wait_timeout("timeout", timeout)
         if not self._closed.wait(timeout):
             return False
         failure = self._failure
@@ -391,7 +380,7 @@ class Services:
         as long as it takes); idempotent, safe from any thread. A band thread still busy
         (a statement in flight) when the timeout passes is named in a warning and left to
         finish in the background; its lease then lapses if it cannot release it."""
-        timeout = _check_timeout(timeout)
+        timeout = as_wait_timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._close_lock:
             first = not self._close_started
@@ -400,26 +389,28 @@ class Services:
             self._closed.wait(timeout)
             return
         self._stop.set()
-        with self._progress:
-            self._changed()
-        stuck: list[str] = []
-        for loop in self._loops:
-            thread = loop.thread
-            if thread is threading.current_thread() or thread.ident is None:
-                continue
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            thread.join(remaining)
-            if thread.is_alive():
-                stuck.append(thread.name)
-        if stuck:
-            log.warning(
-                "runlane: %s closed after %.1fs without waiting for %s (still in a "
-                "statement); its band leases lapse if they cannot be released",
-                self.name,
-                timeout,
-                ", ".join(stuck),
-            )
-        self._closed.set()
+        try:
+            with self._progress:
+                self._changed()
+            stuck: list[str] = []
+            for loop in self._loops:
+                thread = loop.thread
+                if thread is threading.current_thread() or thread.ident is None:
+                    continue
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                thread.join(remaining)
+                if thread.is_alive():
+                    stuck.append(thread.name)
+            if stuck:
+                log.warning(
+                    "runlane: %s closed after %.1fs without waiting for %s (still in a "
+                    "statement); its band leases lapse if they cannot be released",
+                    self.name,
+                    timeout,
+                    ", ".join(stuck),
+                )
+        finally:
+            self._closed.set()
 
     def __enter__(self) -> Services:
         return self

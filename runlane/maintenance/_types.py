@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from datetime import timedelta
 
 import attrs
 
-from runlane.errors import ConfigurationError
+from runlane._limits import MAX_DURATION, as_int32, as_timedelta
 
 __all__ = [
     "MaintenanceLimits",
@@ -29,18 +30,17 @@ class MaintenancePhase(enum.StrEnum):
     CLEANUP = "cleanup"
 
 
-def _non_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(
-            f"MaintenanceLimits.{attribute.name} must be a non-negative integer, got {value!r}"
-        )
+def _count(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        # at most what an integer column counts: a limit is bound as a query parameter,
+        # and 10**20 failed every pass with "bigint out of range"
+        as_int32(f"MaintenanceLimits.{attribute.name}", value, minimum)
+
+    return check
 
 
-def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(
-            f"MaintenanceLimits.{attribute.name} must be a positive integer, got {value!r}"
-        )
+_non_negative = _count(0)
+_positive = _count(1)
 
 
 def _limit(default: int) -> int:
@@ -92,10 +92,9 @@ class MaintenanceResult:
 
 
 def _retention(instance: object, attribute: attrs.Attribute[timedelta], value: timedelta) -> None:
-    if not isinstance(value, timedelta) or value < timedelta(0):
-        raise ConfigurationError(
-            f"RetentionPolicy.{attribute.name} must be a non-negative timedelta, got {value!r}"
-        )
+    # cleanup compares finished_at with now() - retention: past 100 years that date leaves
+    # what Postgres holds, and every cleanup pass failed
+    as_timedelta(f"RetentionPolicy.{attribute.name}", value, timedelta(0), MAX_DURATION)
 
 
 @attrs.frozen

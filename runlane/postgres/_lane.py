@@ -9,6 +9,16 @@ from typing import Any
 
 import attrs
 
+from runlane._limits import (
+    MAX_CONNECT_TIMEOUT,
+    MAX_LEASE,
+    MAX_POLL_INTERVAL,
+    MAX_POOL_SIZE,
+    MIN_LEASE,
+    as_int,
+    as_seconds,
+    as_timedelta,
+)
 from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
@@ -23,6 +33,8 @@ __all__ = ["PostgresPollingLane", "postgres_polling_lane"]
 
 # delivery recovery announces queues whose delayed runs came due within this window
 WAKE_WINDOW = timedelta(minutes=1)
+# the shortest poll interval: below it an idle worker polls the database in a busy loop
+_MIN_POLL_INTERVAL = timedelta(milliseconds=1)
 
 
 @attrs.frozen
@@ -124,23 +136,18 @@ def check_storage_options(
     """The checks every lane keeping its runs in Postgres makes of its storage options."""
     check_conninfo(connection_string)
     validate_schema_name(schema)
-    if pool_min_size < 0 or pool_max_size < max(pool_min_size, 1):
+    as_int("pool_min_size", pool_min_size, 0, MAX_POOL_SIZE)
+    as_int("pool_max_size", pool_max_size, 1, MAX_POOL_SIZE)
+    if pool_max_size < pool_min_size:
         raise ConfigurationError(
-            f"pool sizes must satisfy 0 <= pool_min_size <= pool_max_size and pool_max_size >= 1, "
-            f"got {pool_min_size} and {pool_max_size}"
+            f"pool_max_size ({pool_max_size}) must be at least pool_min_size ({pool_min_size})"
         )
-    if not isinstance(lease_duration, timedelta) or lease_duration < timedelta(seconds=1):
-        raise ConfigurationError(
-            f"lease_duration must be at least one second, got {lease_duration}"
-        )
-    if not isinstance(poll_interval, timedelta) or poll_interval <= timedelta(0):
-        raise ConfigurationError(f"poll_interval must be positive, got {poll_interval}")
-    if (
-        isinstance(connect_timeout, bool)
-        or not isinstance(connect_timeout, int | float)
-        or (connect_timeout <= 0)
-    ):
-        raise ConfigurationError(f"connect_timeout must be positive, got {connect_timeout}")
+    # a lease's expiry is now() + lease_duration in Postgres, and a worker waits a fraction
+    # of it between extensions: beyond a day a crashed worker's runs wait that long too
+    as_timedelta("lease_duration", lease_duration, MIN_LEASE, MAX_LEASE)
+    as_timedelta("poll_interval", poll_interval, _MIN_POLL_INTERVAL, MAX_POLL_INTERVAL)
+    # libpq counts connect_timeout in whole seconds, the pool waits it for a connection
+    as_seconds("connect_timeout", connect_timeout, MAX_CONNECT_TIMEOUT)
 
 
 def postgres_polling_lane(

@@ -35,6 +35,7 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 from pika.spec import Basic, BasicProperties
 
 from runlane._backoff import Backoff
+from runlane._closing import Closing
 from runlane.errors import StorageUnavailable
 from runlane.lanes import AcquirerOptions
 from runlane.models import RunStatus
@@ -235,14 +236,21 @@ class RabbitAcquirer:
         self._claims.interrupt()
 
     def close(self, timeout: float | None) -> None:
+        """Every part runs even when one raises; the first error is raised at the end."""
         self._stop.set()
         self._arrived.set()
-        self._listener.close(timeout)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("runlane: %s did not stop in time; giving up on it", self._thread.name)
-        self._watchdog.stop()
-        self._claims.close()
+        closing = Closing(self._thread.name)
+        with closing.part("the listener"):
+            self._listener.close(timeout)
+        with closing.part("the consumer thread"):
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("runlane: %s did not stop in time; giving up on it", self._thread.name)
+        with closing.part("the watchdog"):
+            self._watchdog.stop()
+        with closing.part("the claims' connection"):
+            self._claims.close()
+        closing.raise_first()
 
     # -- signals from Postgres -----------------------------------------------------------
 

@@ -29,6 +29,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
+from runlane._closing import Closing
 from runlane.errors import RunlaneClosed, RunlaneError
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
@@ -183,11 +184,14 @@ class OutboxPublisher:
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Publish what eager triggers handed over (within ``timeout``), release what could
-        not be published for another publisher, and close the connection."""
+        not be published for another publisher, and close the connection. Every part runs
+        even when one raises; the first error is raised at the end."""
+        closing = Closing(self.name)
         for listener in self._listeners:
             close = getattr(listener, "close", None)
             if close is not None:
-                close(timeout)
+                with closing.part(f"{self.name}'s listener"):
+                    close(timeout)
         with self._cond:
             if self._closing:
                 thread = self._thread
@@ -197,10 +201,13 @@ class OutboxPublisher:
                 self._deadline = None if timeout is None else time.monotonic() + timeout
                 self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-            if thread.is_alive():
-                log.warning("runlane: %s did not stop within %ss", self.name, timeout)
-        self._watchdog.stop()
+            with closing.part(f"{self.name}'s thread"):
+                thread.join(timeout)
+                if thread.is_alive():
+                    log.warning("runlane: %s did not stop within %ss", self.name, timeout)
+        with closing.part(f"{self.name}'s watchdog"):
+            self._watchdog.stop()
+        closing.raise_first()
 
     # -- the thread ----------------------------------------------------------------------
 

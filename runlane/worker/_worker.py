@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import threading
 import time
 import uuid
@@ -43,8 +42,10 @@ import attrs
 
 from runlane import _telemetry
 from runlane._backoff import Backoff
+from runlane._closing import Closing
 from runlane._execution import Write, execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
+from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout
 from runlane._workers import new_beat
 from runlane.context import ContextBackend, RunContext
 from runlane.errors import ConfigurationError, StopReason, StorageUnavailable, WorkerFailed
@@ -55,7 +56,7 @@ from runlane.tasks import Queue, Task
 from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
 from runlane.worker._watch import MaintenanceWatch
 
-__all__ = ["Worker", "WorkerOptions", "check_close_timeout", "check_worker_arguments"]
+__all__ = ["Worker", "WorkerOptions", "check_worker_arguments"]
 
 log = logging.getLogger("runlane.worker")
 
@@ -66,6 +67,9 @@ _PREFETCH_BELOW_SECONDS = 0.02
 _PREFETCH_MAX_WAIT_SECONDS = 1.0
 # after close's deadline: how long an aborted claim in flight gets to return its runs
 _ABORT_GRACE_SECONDS = 0.5
+_CONCURRENCY_HINT = (
+    " (a thread and a database connection each); for more, run more worker processes"
+)
 
 
 @attrs.frozen
@@ -94,16 +98,6 @@ class _Slot:
     def close_storage(self) -> None:
         if not self.inline:
             self.storage.close()
-
-
-def check_close_timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
-        raise ConfigurationError(f"close timeout must be a number of seconds, got {timeout!r}")
-    if timeout < 0:
-        raise ConfigurationError(f"close timeout must not be negative, got {timeout!r}")
-    return float(timeout)
 
 
 def _remaining(deadline: float | None, floor: float = 0.0) -> float | None:
@@ -232,8 +226,12 @@ class Worker:
 
     def _start_slot(self) -> None:
         slot = _Slot(self, next(self._slot_numbers))
-        self._slots.append(slot)
-        slot.thread.start()
+        try:
+            slot.thread.start()  # RuntimeError when the process is out of threads
+        except BaseException:
+            slot.close_storage()
+            raise
+        self._slots.append(slot)  # only a started thread: close() joins every slot
 
     def run_inline(
         self,
@@ -308,7 +306,7 @@ class Worker:
         they are asked to stop; runs still executing then are handed back with their attempt
         unspent. Returns within ``timeout`` plus about a second whatever blocks.
         """
-        limit = check_close_timeout(timeout)
+        limit = as_wait_timeout("timeout", timeout)
         with self._close_lock:
             first = not self._close_started
             self._close_started = True
@@ -335,43 +333,56 @@ class Worker:
             item.cancel(StopReason.SHUTDOWN)
 
     def _shutdown(self, timeout: float | None) -> None:
+        """Every part runs even when one before it raised (the first error is raised at
+        the end): a part that failed must not leave the writer, the lane's threads or the
+        connections behind."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.stop_acquiring()
+        closing = Closing(self.name)
+        with closing.part("asking to stop"):
+            self.stop_acquiring()
         with self._cond:
             slots = list(self._slots)
         me = threading.current_thread()
-        alive = self._join([s for s in slots if s.thread is not me], deadline)
-        with self._cond:
-            executing = {id(entry[1]) for entry in self._running.values()}
-        claiming = [s for s in alive if id(s) not in executing]
-        if claiming:
-            # a claim in flight (blocked by a lock, a slow server): abort it; runs it still
-            # returns are handed back by its thread. A handler that ignores the stop gets
-            # no grace: its run is handed back now.
-            self._acquirer.abort()
-            self._join(claiming, time.monotonic() + _ABORT_GRACE_SECONDS)
-            alive = [s for s in alive if s.thread.is_alive()]
+        alive: list[_Slot] = [s for s in slots if s.thread is not me]
+        with closing.part("joining the slots"):
+            alive = self._join(alive, deadline)
+            with self._cond:
+                executing = {id(entry[1]) for entry in self._running.values()}
+            claiming = [s for s in alive if id(s) not in executing]
+            if claiming:
+                # a claim in flight (blocked by a lock, a slow server): abort it; runs it
+                # still returns are handed back by its thread. A handler that ignores the
+                # stop gets no grace: its run is handed back now.
+                self._acquirer.abort()
+                self._join(claiming, time.monotonic() + _ABORT_GRACE_SECONDS)
+                alive = [s for s in alive if s.thread.is_alive()]
         with self._cond:
             unfinished = [claimed for claimed, _, _ in self._running.values()]
             waiting = list(self._handoff)
             self._handoff.clear()
-        self._hand_back(waiting, "claimed ahead and not started")
-        self._hand_back(unfinished, "still executing at close")
+        with closing.part("handing back runs"):
+            self._hand_back(waiting, "claimed ahead and not started")
+            self._hand_back(unfinished, "still executing at close")
         for slot in alive:
             log.warning(
                 "runlane: %s did not stop within the close timeout; giving up on it (its run "
                 "was handed back, its result will be discarded)",
                 slot.name,
             )
-        self._writer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
-        self._acquirer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
+        with closing.part("the lifecycle writer"):
+            self._writer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
+        with closing.part("the lane's delivery path"):
+            self._acquirer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
         if self._writer_storage is not self.storage:
-            self._writer_storage.close()
+            with closing.part("the writer's connection"):
+                self._writer_storage.close()
         with self._cond:
             abandoned, self._abandoned = self._abandoned, []
         for slot in slots + abandoned:
             if slot not in alive:
-                slot.close_storage()
+                with closing.part(f"{slot.name}'s connection"):
+                    slot.close_storage()
+        closing.raise_first()
 
     @staticmethod
     def _join(slots: list[_Slot], deadline: float | None) -> list[_Slot]:
@@ -685,8 +696,7 @@ def check_worker_arguments(
     concurrency: object, queues: object, registered: dict[str, Queue]
 ) -> list[Queue]:
     """Validate create_delivery_worker's arguments; returns the queues to poll."""
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigurationError(f"concurrency must be a positive integer, got {concurrency!r}")
+    as_int("concurrency", concurrency, 1, MAX_CONCURRENCY, _CONCURRENCY_HINT)
     if queues is None:
         return list(registered.values())
     if isinstance(queues, str) or not isinstance(queues, Sequence):
