@@ -689,3 +689,21 @@ class Storage(Protocol):
     def schedule_list_late(self, environment: str, late: timedelta, limit: int) -> list[str]:
         """Ids of unpaused schedules whose awaited slot is more than ``late`` past (database
         time), most overdue first, at most ``limit``."""
+
+    # -- web console reads (runlane.web) ----------------------------------------------------
+
+    def web_throughput(self, environment: str, cap: int) -> dict[str, Any]:
+        """Runs finished per minute over the last hour (database time), newest ``cap``
+        finishes at most: ``now_minute``, ``read`` (finishes read), ``oldest`` (the oldest
+        read) and ``minutes``, a list of (minute, completed, failed, cancelled)."""
+
+    def web_run_extras(
+        self, environment: str, run_id: uuid.UUID, children_limit: int
+    ) -> dict[str, Any] | None:
+        """A run's ``wait_kind``, ``wait_token_id``, ``wait_run_id``, ``trace_context``,
+        ``worker_id``, ``pruned_at``, ``remaining_children`` and up to ``children_limit`` of
+        its ``children`` newest first (mappings: id, task_id, queue, status, created_at,
+        finished_at); None when there is no such run."""
+
+    def web_runs_estimate(self) -> int:
+        """The planner's estimate of the rows of runs, all environments (no scan)."""
