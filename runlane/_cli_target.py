@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import uuid
 from collections.abc import Callable, Sequence
 
 from runlane.errors import ConfigurationError
@@ -64,8 +63,9 @@ class Target:
 
 
 def split_targets(values: Sequence[str], *, want_run_ids: bool) -> tuple[str | None, list[str]]:
-    """Tell ``APP`` from run ids among positional words: ``APP`` holds a colon, a run id is a
-    UUID. Returns (APP or None, run ids)."""
+    """Tell ``APP`` from run ids among positional words: ``APP`` holds a colon, a run id
+    (a UUID) does not; a word that is neither is refused by the run's lookup, naming it.
+    Returns (APP or None, run ids)."""
     app: str | None = None
     run_ids: list[str] = []
     for value in values:
@@ -79,13 +79,6 @@ def split_targets(values: Sequence[str], *, want_run_ids: bool) -> tuple[str | N
                 f"{value[:80]!r} is not an APP (module:attribute): give APP, or "
                 "--database-url URL without APP"
             )
-        try:
-            uuid.UUID(value)
-        except ValueError:
-            raise ConfigurationError(
-                f"{value[:80]!r} is neither APP (module:attribute) nor a run id (a UUID, as "
-                "`runlane runs list` prints it)"
-            ) from None
         run_ids.append(value)
     return app, run_ids
 

@@ -203,8 +203,8 @@ def test_runs_show_prints_the_run_its_attempts_and_steps(cli: Cli, producer: Any
     assert code == EXIT_FAILURE
     _one_error_line(err, "no run")
     code, _, err = cli("runs", "show", APP_SPEC, "not-a-uuid")
-    assert code == EXIT_CONFIGURATION
-    _one_error_line(err, "'not-a-uuid' is neither APP (module:attribute) nor a run id")
+    assert code == EXIT_FAILURE
+    _one_error_line(err, "'not-a-uuid' is not a run id")
 
 
 def test_runs_retry_and_cancel(cli: Cli, producer: Any, db: Conn, schema: str) -> None:
