@@ -53,8 +53,10 @@ class Invoice:
     total: Decimal
 
 
-class Rows(list[int]):
-    def __iter__(self) -> Any:
+class Rows(dict[str, int]):
+    """A mapping read through items(), as the JSON encoder reads a dict subclass."""
+
+    def items(self) -> Any:
         raise RuntimeError("cursor closed")
 
 
@@ -107,7 +109,7 @@ def test_a_handler_that_stops_itself_consumes_its_attempts(make_runlane: Runlane
     ("returned", "cause"),
     [
         (lambda: Invoice(total=5), "NameError"),  # type: ignore[arg-type]  # an annotation imported for type checkers
-        (lambda: Rows([1]), "RuntimeError: cursor closed"),
+        (lambda: Rows(a=1), "RuntimeError: cursor closed"),
     ],
     ids=["unresolved-annotation", "iteration-fails"],
 )
