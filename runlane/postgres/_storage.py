@@ -47,6 +47,7 @@ from runlane.postgres._outbox import EagerPublisher, OutboxMethods
 from runlane.postgres._queues import QueueMethods
 from runlane.postgres._schedules import ScheduleMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
+from runlane.postgres._web_reads import WebReadMethods
 from runlane.postgres._workers import WorkerMethods
 from runlane.storage import (
     ClaimedRun,
@@ -93,7 +94,13 @@ class _SchemaGate:
 
 
 class PostgresStorage(
-    OutboxMethods, InspectMethods, BulkMethods, QueueMethods, WorkerMethods, ScheduleMethods
+    OutboxMethods,
+    InspectMethods,
+    BulkMethods,
+    QueueMethods,
+    WorkerMethods,
+    ScheduleMethods,
+    WebReadMethods,
 ):
     """Storage in one Postgres schema.
 

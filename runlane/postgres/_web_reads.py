@@ -1,0 +1,72 @@
+"""The Postgres storage's reads for the web console (:mod:`runlane.web`): throughput over
+the last hour, a run's wait, trace context and children, and the estimated size of runs.
+Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in
+``sql/web.sql``. Each is served by an index (or the catalog) whatever the table's size.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from psycopg.rows import dict_row
+
+from runlane.postgres._connections import Conn
+
+__all__ = ["WebReadMethods"]
+
+T = TypeVar("T")
+
+
+class WebReadMethods:
+    """Console reads; expects the attributes PostgresStorage has."""
+
+    _sql: dict[str, str]
+
+    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
+        raise NotImplementedError
+
+    def web_throughput(self, environment: str, cap: int) -> dict[str, Any]:
+        params = {"environment": environment, "cap": cap}
+
+        def read(conn: Conn) -> dict[str, Any]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["web_throughput"], params)
+                row = cur.fetchone()
+            assert row is not None
+            minutes = [
+                (datetime.fromisoformat(m), int(c), int(f), int(x)) for m, c, f, x in row["minutes"]
+            ]
+            return {
+                "now_minute": row["now_minute"],
+                "read": int(row["read"]),
+                "oldest": row["oldest"],
+                "minutes": minutes,
+            }
+
+        return self._with_conn(read)
+
+    def web_run_extras(
+        self, environment: str, run_id: uuid.UUID, children_limit: int
+    ) -> dict[str, Any] | None:
+        params = {"environment": environment, "id": run_id, "limit": children_limit}
+
+        def read(conn: Conn) -> dict[str, Any] | None:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["web_run_extras"], params)
+                row = cur.fetchone()
+                if row is None:
+                    return None
+                cur.execute(self._sql["web_run_children"], params)
+                return {**row, "children": cur.fetchall()}
+
+        return self._with_conn(read)
+
+    def web_runs_estimate(self) -> int:
+        def read(conn: Conn) -> int:
+            row = conn.execute(self._sql["web_runs_estimate"]).fetchone()
+            return 0 if row is None else int(row[0])
+
+        return self._with_conn(read)

@@ -1,0 +1,141 @@
+"""The console's guards: who may act (``authorize``), the CSRF token every POST carries, and
+the security headers of every response.
+
+CSRF: a random value is kept in a cookie of the console's own (HttpOnly, SameSite=Strict, on
+the console's path); every form carries an HMAC of it. A POST whose token is missing or does
+not match its cookie is refused with 403. Another site can neither read the cookie nor
+compute the token, and a token copied from one browser is worthless with another's cookie.
+The HMAC key is the Flask application's ``secret_key`` when one is set (set it when several
+processes serve one console), else a random key made when the console is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Callable
+
+from flask import Request, Response, current_app, g, request
+
+from runlane.errors import ConfigurationError
+
+__all__ = [
+    "ACTIONS",
+    "CONTENT_SECURITY_POLICY",
+    "CSRF_COOKIE",
+    "CSRF_FIELD",
+    "Authorize",
+    "Guard",
+]
+
+log = logging.getLogger("runlane.web")
+
+Authorize = Callable[[Request, str], bool]
+
+# every action the console can take; authorize(request, action) is asked with one of these
+ACTIONS = (
+    "retry",
+    "cancel",
+    "bulk_retry",
+    "bulk_cancel",
+    "pause_queue",
+    "resume_queue",
+    "pause_schedule",
+    "resume_schedule",
+    "trigger_schedule",
+)
+
+CSRF_COOKIE = "runlane_csrf"
+CSRF_FIELD = "csrf_token"
+
+# no inline script or style, nothing from another origin, no framing
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+
+_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+class Guard:
+    """The authorize callable, and the CSRF key of one console."""
+
+    def __init__(self, authorize: Authorize | None) -> None:
+        if authorize is not None and not callable(authorize):
+            raise ConfigurationError(
+                f"authorize must be a callable (request, action) -> bool, or None for a "
+                f"read-only console; got a {type(authorize).__name__}"
+            )
+        self._authorize = authorize
+        self._own_key = secrets.token_bytes(32)
+
+    def allows(self, action: str) -> bool:
+        """Whether this request may take ``action`` (answered once per request and action).
+        An authorize callable that raises denies, and is logged."""
+        if self._authorize is None:
+            return False
+        asked: dict[str, bool] = g.setdefault("runlane_allowed", {})
+        if action not in asked:
+            try:
+                asked[action] = self._authorize(request, action) is True
+            except Exception:
+                log.exception("authorize(request, %r) raised: the action is refused", action)
+                asked[action] = False
+        return asked[action]
+
+    def read_only(self) -> bool:
+        return self._authorize is None
+
+    # -- CSRF ------------------------------------------------------------------------------
+
+    def _key(self) -> bytes:
+        configured = current_app.secret_key
+        if isinstance(configured, str) and configured:
+            return configured.encode()
+        if isinstance(configured, bytes) and configured:
+            return configured
+        return self._own_key
+
+    def _seed(self) -> str:
+        seed = g.get("runlane_csrf_seed")
+        if seed is None:
+            given = request.cookies.get(CSRF_COOKIE, "")
+            seed = given if 20 <= len(given) <= 100 else secrets.token_urlsafe(32)
+            g.runlane_csrf_seed = seed
+        return str(seed)
+
+    def token(self) -> str:
+        """The token this browser's forms carry."""
+        return hmac.new(self._key(), self._seed().encode(), hashlib.sha256).hexdigest()
+
+    def token_valid(self) -> bool:
+        given = request.form.get(CSRF_FIELD, "")
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        if not given or not cookie:
+            return False
+        expected = hmac.new(self._key(), cookie.encode(), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(given, expected)
+
+    def finish(self, response: Response, cookie_path: str) -> Response:
+        """Security headers on every response; the CSRF cookie when this request made one."""
+        for name, value in _HEADERS.items():
+            response.headers.setdefault(name, value)
+        seed = g.get("runlane_csrf_seed")
+        if seed is not None and request.cookies.get(CSRF_COOKIE) != seed:
+            response.set_cookie(
+                CSRF_COOKIE,
+                seed,
+                path=cookie_path,
+                httponly=True,
+                samesite="Strict",
+                secure=request.is_secure,
+            )
+        return response

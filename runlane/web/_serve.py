@@ -1,0 +1,84 @@
+"""``runlane web [APP | --database-url URL] [--bind 127.0.0.1:8080]``: the console served by
+waitress.
+
+waitress is a pure-Python production WSGI server (no C extension, runs on every platform
+runlane runs on, no dependency of its own), maintained by the Pylons project; it serves each
+request on a thread of a fixed pool, the model runlane's threaded runtime and its connection
+pool are built for. It binds to loopback unless ``--bind`` says otherwise: the console is
+read-only from this command (no ``authorize``), and still shows payloads and errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
+from runlane.errors import ConfigurationError
+
+__all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind"]
+
+DEFAULT_BIND = "127.0.0.1:8080"
+
+log = logging.getLogger("runlane.web")
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) as (host, port); a ConfigurationError says
+    what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigurationError(
+            f"--bind must be HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:8080, or "
+            f"[::1]:8080), got {value[:80]!r}"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
+    host, port = parse_bind(args.bind)
+    if args.threads < 1 or args.threads > 256:
+        raise ConfigurationError(f"--threads must be from 1 to 256, got {args.threads}")
+    try:
+        import waitress  # noqa: PLC0415 - the web extra is optional
+    except ImportError:
+        raise ConfigurationError(
+            "the web console needs its extra: pip install 'runlane[web]'"
+        ) from None
+    from runlane.web import create_app  # noqa: PLC0415 - needs flask, of the web extra
+
+    runlane = target_runtime(Target(args.app, args), load_app)
+    try:
+        app = create_app(runlane)
+        shown_host = f"[{host}]" if ":" in host else host
+        print(f"runlane web console on http://{shown_host}:{port}/ (read-only; Ctrl-C stops)")
+        waitress.serve(app, host=host, port=port, threads=args.threads, ident="runlane")
+    finally:
+        runlane.close()
+    return 0
+
+
+def add_web_command(commands: Any, load_app: LoadApp) -> None:
+    """Add ``web`` to ``commands``, the subparsers of the ``runlane`` parser."""
+    web = commands.add_parser(
+        "web",
+        help="serve the web console (read-only) with waitress",
+        description=(
+            "Serve the web console on HOST:PORT (loopback by default). The console is "
+            "read-only here; to allow actions mount runlane.web.blueprint(runlane, "
+            "authorize=...) in your own Flask app (docs/console.md)."
+        ),
+    )
+    web.add_argument("app", metavar="APP", nargs="?", default=None, help=TARGET_HELP)
+    add_target_options(web)
+    web.add_argument(
+        "--bind",
+        default=DEFAULT_BIND,
+        metavar="HOST:PORT",
+        help=f"address to listen on (default {DEFAULT_BIND}: this machine only)",
+    )
+    web.add_argument("--threads", type=int, default=8, help="request threads (default 8)")
+    web.set_defaults(handler=lambda args: _serve(load_app, args))
