@@ -12,7 +12,9 @@ Ctrl-C stops between two batches, every batch before it committed, and says how 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -88,17 +90,42 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class _Progress:
-    """``done of matched`` on stderr, rewritten at most ten times a second (a terminal)."""
+    """``done of matched`` on stderr, rewritten at most ten times a second (a terminal).
+
+    While acting, the first Ctrl-C (SIGINT) is held until the batch under way commits, so
+    ``done`` is exactly what committed; a second one interrupts at once (``forced``: the
+    batch under way may or may not have committed)."""
 
     def __init__(self, action: str) -> None:
         self.action = action
         self.done = 0
         self.matched = 0
+        self.requested = False
+        self.forced = False
         self._shown = 0.0
         self._tty = sys.stderr.isatty()
+        self._previous: Any = None
+
+    def __enter__(self) -> _Progress:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            self.forced = True
+            raise KeyboardInterrupt
+        self.requested = True
 
     def __call__(self, done: int, matched: int) -> None:
         self.done, self.matched = done, matched
+        if self.requested:
+            raise KeyboardInterrupt  # between two batches: every one so far committed
         now = time.monotonic()
         if not self._tty or now - self._shown < 0.1:
             return
@@ -141,11 +168,13 @@ def run_bulk(runlane: Runlane, action: str, args: argparse.Namespace) -> int:
             return 0
     progress = _Progress(action)
     try:
-        result = _act(runlane, action, on_batch=progress, **filters)
+        with progress:
+            result = _act(runlane, action, on_batch=progress, **filters)
     except KeyboardInterrupt:
         progress.finish()
+        done = f"at least {progress.done:,}" if progress.forced else f"{progress.done:,}"
         print(
-            f"interrupted: {progress.done:,} of {progress.matched:,} runs "
+            f"interrupted: {done} of {progress.matched or counted.matched:,} runs "
             f"{_VERB[action]}; every finished batch is committed; run the same command again "
             "to finish"
         )

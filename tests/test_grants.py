@@ -8,6 +8,7 @@ connects as them with a conninfo built from the test URL, and drops them at tear
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import threading
@@ -214,9 +215,12 @@ def test_the_sql_only_grants(job: str, lane: str) -> None:
         return any(re.match(r"grant [^(]*\bdelete\b", s) and target in s for s in statements_)
 
     assert deletes("outbox") is (lane == "rabbitmq")
-    assert deletes("runs") is (job == "maintenance")
-    # cleanup deletes a run's attempts with it (schema version 5 has no cascading key there)
-    assert deletes("attempts") is (job == "maintenance")
+    # cleanup, and the operator's delete_runs, delete a run's attempts with it (schema
+    # version 5 has no cascading key there)
+    assert deletes("runs") is (job in ("maintenance", "operator"))
+    assert deletes("attempts") is (job in ("maintenance", "operator"))
+    assert deletes("workers") is (job == "maintenance")
+    assert not deletes("queue_states")
     assert not any(deletes(t) for t in ("steps", "wait_tokens", "schedules"))
 
 
@@ -299,6 +303,7 @@ def test_a_producer_cannot_claim_complete_or_delete_runs(
             "limit": 10,
             "lease_seconds": 30,
             "concurrency_limit": None,
+            "worker_id": None,
         },
     )
     # owner claims, so a completion would have a lease to match
@@ -846,48 +851,6 @@ def test_cli_grant_and_print(
     assert main(["grant", "worker", 'x"; drop table runs', "--print"]) == 2
     assert "is not valid" in capsys.readouterr().err
 
-# -- progress and bulk actions (issue 19) --------------------------------------------------------
-
-
-@task(id="grants.reports")
-def reports(payload: dict[str, Any], context: RunContext) -> str:
-    context.report_progress(fraction=1.0, message="all done", data={"n": 1})
-    return "reported"
-
-
-def test_a_worker_reports_progress_and_an_operator_runs_bulk_actions(
-    schema: str, granted: RoleMaker, runtimes: Callable[[Runlane], Runlane]
-) -> None:
-    worker_rl = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("worker"), schema=schema),
-            queues=QUEUES,
-            tasks=[reports, doomed, parent, leaf],
-        )
-    )
-    # what the operator CLI builds: no tasks, queues or schedules
-    operator = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("operator"), schema=schema)
-        )
-    )
-    reported = worker_rl.trigger(reports, {})
-    failed = [worker_rl.trigger(doomed, {}) for _ in range(2)]
-    family = worker_rl.trigger(parent, {"n": 1})
-    while worker_rl.drain().runs_executed:
-        pass
-    progress = operator.get_run(reported.id).progress
-    assert progress == {"fraction": 1.0, "message": "all done", "data": {"n": 1}}
-    assert operator.get_run(family.id).status is RunStatus.COMPLETED
-
-    assert operator.retry_runs(status="failed").changed == 2
-    assert operator.cancel_runs(status="queued").changed == 2
-    assert {operator.get_run(r.id).status for r in failed} == {RunStatus.CANCELLED}
-    # the parent and its child (completed) go in one batch: the parent as a tombstone
-    deleted = operator.delete_runs(status=["completed", "cancelled"])
-    assert (deleted.matched, deleted.changed) == (5, 5)
-    assert operator.list_runs(limit=10).runs[0].id == family.id  # the tombstone
-
 
 # -- delivery workers' rows ------------------------------------------------------------------------
 
@@ -934,6 +897,49 @@ def test_workers_register_under_the_worker_role_and_are_listed_and_pruned_by_the
     denied(worker_conninfo, sql.SQL("update {}.workers set host = 'elsewhere'").format(s))
     assert maintenance.run_maintenance_once().workers_pruned == 1
     assert operator.list_workers(include_stopped=True) == []
+
+
+# -- progress and bulk actions (issue 19) --------------------------------------------------------
+
+
+@task(id="grants.reports")
+def reports(payload: dict[str, Any], context: RunContext) -> str:
+    context.report_progress(fraction=1.0, message="all done", data={"n": 1})
+    return "reported"
+
+
+def test_a_worker_reports_progress_and_an_operator_runs_bulk_actions(
+    schema: str, granted: RoleMaker, runtimes: Callable[[Runlane], Runlane]
+) -> None:
+    worker_rl = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=granted("worker"), schema=schema),
+            queues=QUEUES,
+            tasks=[reports, doomed, parent, leaf],
+        )
+    )
+    # what the operator CLI builds: no tasks, queues or schedules
+    operator = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=granted("operator"), schema=schema)
+        )
+    )
+    reported = worker_rl.trigger(reports, {})
+    failed = [worker_rl.trigger(doomed, {}) for _ in range(2)]
+    family = worker_rl.trigger(parent, {"n": 1})
+    while worker_rl.drain().runs_executed:
+        pass
+    progress = operator.get_run(reported.id).progress
+    assert progress == {"fraction": 1.0, "message": "all done", "data": {"n": 1}}
+    assert operator.get_run(family.id).status is RunStatus.COMPLETED
+
+    assert operator.retry_runs(status="failed").changed == 2
+    assert operator.cancel_runs(status="queued").changed == 2
+    assert {operator.get_run(r.id).status for r in failed} == {RunStatus.CANCELLED}
+    # the parent and its child (completed) go in one batch: the parent as a tombstone
+    deleted = operator.delete_runs(status=["completed", "cancelled"])
+    assert (deleted.matched, deleted.changed) == (5, 5)
+    assert operator.list_runs(limit=10).runs[0].id == family.id  # the tombstone
 
 
 # -- schedules ----------------------------------------------------------------------------------
@@ -993,3 +999,114 @@ def test_an_operator_role_lists_pauses_resumes_and_runs_schedules(
             "gen_random_uuid(), null, null)"
         ).format(s),
     )
+
+
+# -- the operator CLI ---------------------------------------------------------------------------
+
+
+def test_the_operator_cli_runs_under_the_operator_role_alone(
+    *,
+    schema: str,
+    granted: RoleMaker,
+    runtimes: Callable[[Runlane], Runlane],
+    db: Conn,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every operator command, from a database URL of a role granted only ``operator``; the
+    role still cannot trigger runs or claim them."""
+    hourly = schedule(id="grants.hourly", task=tick, cron="0 * * * *", payload={"n": 1})
+    app = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=granted("worker"), schema=schema),
+            queues=QUEUES,
+            tasks=[leaf, doomed, tick],
+        )
+    )
+    maintenance = runtimes(
+        create_runlane(
+            lane=postgres_polling_lane(connection_string=granted("maintenance"), schema=schema),
+            queues=QUEUES,
+            tasks=[tick],
+            schedules=[hourly],
+        )
+    )
+    maintenance.run_maintenance_once()
+    failed = [app.trigger(doomed, {}).id for _ in range(3)]
+    done = app.trigger(leaf, {"n": 1}).id
+    while app.drain().runs_executed:
+        pass
+    queued = [app.trigger(leaf, {"n": 2}).id for _ in range(2)]
+    worker = app.create_delivery_worker(concurrency=1, queues=["default"])
+    worker.close(10)  # its row stays, stopped
+    # the environment delivers through an outbox (as on the RabbitMQ lane): a resume and a
+    # retry under the operator role write outbox items
+    data = SchemaDb(db, schema)
+    data.run(
+        "insert into {schema}.outbox_environments (environment, claim_seconds)"
+        " values ('default', 30)"
+    )
+
+    conninfo = granted("operator")
+
+    def cli(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main([*argv, "--database-url", conninfo, "--schema", schema])
+        captured = capsys.readouterr()
+        assert "lacks a privilege" not in captured.err, captured.err
+        return code, captured.out
+
+    code, out = cli("status")
+    assert code in (0, 1)
+    assert "workers" in out
+    code, out = cli("runs", "list", "--json")
+    assert (code, len(json.loads(out)["runs"])) == (0, 6)
+    code, out = cli("runs", "show", str(done), "--json")
+    assert (code, json.loads(out)["run"]["status"]) == (0, "completed")
+    assert cli("runs", "retry", str(failed[0]))[0] == 0
+    assert cli("runs", "retry", "--status", "failed", "--yes")[1].endswith(
+        "2 of 2 matching runs retried\n"
+    )
+    assert cli("runs", "cancel", "--status", "queued", "--yes")[0] == 0
+    assert {app.get_run(i).status for i in [*failed, *queued]} == {RunStatus.CANCELLED}
+    code, out = cli("runs", "delete", "--status", "cancelled", "--yes")
+    assert (code, out.splitlines()[-1]) == (0, "5 of 5 matching runs deleted")
+    items = data.one("select count(*) from {schema}.outbox")[0]
+    assert items >= 3  # the retried runs became queued in an outbox environment
+
+    app.trigger(leaf, {"n": 3})
+    assert cli("queues", "pause", "default", "--reason", "grants")[0] == 0
+    data.run("delete from {schema}.outbox")  # as a consumer acknowledging a paused delivery
+    assert cli("queues", "resume", "default")[0] == 0
+    assert data.one("select count(*) from {schema}.outbox")[0] == 1  # announced again
+    code, out = cli("queues", "list", "--json")
+    assert (code, [q["paused"] for q in json.loads(out)]) == (0, [False])
+    code, out = cli("workers", "--all", "--json")
+    assert (code, [w["state"] for w in json.loads(out)]) == (0, ["stopped"])
+    code, out = cli("schedules", "list", "--json")
+    assert (code, [s["id"] for s in json.loads(out)]) == (0, ["grants.hourly"])
+    assert cli("schedules", "pause", "grants.hourly")[0] == 0
+    assert cli("schedules", "resume", "grants.hourly")[0] == 0
+    code, out = cli("schedules", "run", "grants.hourly")
+    assert code == 0
+    assert app.get_run(out.split()[1]).task_id == "grants.tick"
+
+    # and nothing more: no runs of its own, no claims, no attempts
+    operator = runtimes(runtime_as(conninfo, schema))
+    with pytest.raises(ConfigurationError, match="lacks a privilege"):
+        operator.trigger(leaf, {"n": 5})
+    with pytest.raises(ConfigurationError, match="lacks a privilege"):
+        operator.drain()
+    s = sql.Identifier(schema)
+    denied(
+        conninfo,
+        sql.SQL("update {}.runs set attempt = attempt + 1, started_at = now()").format(s),
+    )
+    denied(
+        conninfo,
+        sql.SQL(
+            "insert into {}.attempts (run_id, attempt, lease_token, outcome, started_at) "
+            "select id, 1, gen_random_uuid(), 'completed', now() from {}.runs"
+        ).format(s, s),
+    )
+    denied(conninfo, sql.SQL("delete from {}.queue_states").format(s))
+    denied(conninfo, sql.SQL("update {}.workers set state = 'stopped'").format(s))

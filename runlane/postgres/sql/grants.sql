@@ -26,6 +26,10 @@ grant insert (id, environment, run_id, queue, available_at, claim_token, claim_e
     on {schema}.outbox to {role};
 grant execute on function {schema}.runlane_announce(text, text, text) to {role};
 grant execute on function {schema}.runlane_outbox_write(jsonb) to {role};
+-- whether a queue is paused: every claim statement (delivery workers, drain, the RabbitMQ
+-- lane's claim by id), maintenance's recovery, the publisher's outbox reads and status()
+-- leave paused queues out or show them
+grant select on {schema}.queue_states to {role};
 
 -- name: grant_producer
 -- trigger, trigger_many, trigger(connection=...), idempotency keys; get_run, wait_for_run;
@@ -134,6 +138,11 @@ grant select on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};
 -- list_workers, and the host of each attempt in get_run_history
 grant select on {schema}.workers to {role};
+-- pause_queue (an upsert of the queue's row) and resume_queue; resuming a queue of a
+-- transport lane writes outbox items of its queued runs (grant_common's outbox insert)
+grant insert (environment, queue, paused, paused_reason, paused_at, updated_at)
+    on {schema}.queue_states to {role};
+grant update (paused, paused_reason, paused_at, updated_at) on {schema}.queue_states to {role};
 -- list_schedules, pause_schedule, resume_schedule, the late schedules of status, and
 -- trigger_schedule_now: a run made from the stored definition by a SECURITY DEFINER
 -- function, so the role runs schedules as defined without inserting runs of its own
