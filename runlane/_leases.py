@@ -156,6 +156,11 @@ class LeaseTracker:
         with self._lock:
             return len(self._tracked)
 
+    def next_extension_at(self) -> float | None:
+        """The monotonic time the next extension is due, None when nothing is tracked."""
+        with self._lock:
+            return self._last_extension + self.interval if self._tracked else None
+
     def next_deadline(self) -> float | None:
         """The monotonic time of the next extension or timeout, None when nothing is tracked."""
         with self._lock:

@@ -252,8 +252,8 @@ class LifecycleWriter:
         """Seconds until lease work (an extension, a timeout, a heartbeat) is due; at most
         one."""
         deadline = self._tracker.next_deadline()
-        if self._beat is not None:
-            beat_at = self._last_beat + self._beat.heartbeat_seconds
+        beat_at = self._beat_alone_at()
+        if beat_at is not None:
             deadline = beat_at if deadline is None else min(deadline, beat_at)
         if deadline is None:
             return 1.0
@@ -315,7 +315,8 @@ class LifecycleWriter:
             except StorageUnavailable as exc:
                 log.warning("runlane: extending leases failed (%s); retrying next tick", exc)
                 return
-        if beat is not None and now - self._last_beat >= beat.heartbeat_seconds:
+        beat_at = self._beat_alone_at()
+        if beat is not None and beat_at is not None and now >= beat_at:
             try:
                 self._send_beat()
             except StorageUnavailable as exc:
@@ -327,6 +328,19 @@ class LifecycleWriter:
                     exc,
                     beat.heartbeat_seconds,
                 )
+
+    def _beat_alone_at(self) -> float | None:
+        """When the heartbeat is due in a statement of its own (monotonic), None when there
+        is none or a lease extension due within half an interval of it will carry it (late
+        by at most that: the worker shows lost only after three intervals)."""
+        beat = self._beat
+        if beat is None:
+            return None
+        due = self._last_beat + beat.heartbeat_seconds
+        extension_at = self._tracker.next_extension_at()
+        if extension_at is not None and extension_at - due <= beat.heartbeat_seconds / 2:
+            return None
+        return due
 
     def _send_beat(self) -> None:
         """The heartbeat alone (no lease to extend): one statement. A failure counts as
