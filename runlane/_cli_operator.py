@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -354,6 +355,6 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
             schedule_actions,
             name,
             help_text,
-            lambda args, handler=handler: handler(load_app, args),
+            functools.partial(handler, load_app),
         )
         parser.add_argument("schedule_id", metavar="SCHEDULE_ID")
