@@ -230,6 +230,9 @@ def test_a_refused_output_in_a_batch_of_completions_leaves_the_others_written(
         "released": 0,
         "stale": 0,  # a written before the outage is not written (nor counted) again
         "batches": 1,
+        "beats_alone": 0,
+        "beats_with_extensions": 0,
+        "progress": 0,
     }
     assert [runlane.get_run(i).output for i in (a.run_id, c.run_id)] == ["a", "c"]
     failed = runlane.get_run(big.run_id)

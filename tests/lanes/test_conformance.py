@@ -415,7 +415,9 @@ def test_a_paused_queue_takes_triggers_runs_nothing_and_runs_at_once_when_resume
         assert rl.wait_for_run(opened.id, timeout=10).output == "open"
         assert rl.get_run(held.id).status is RunStatus.QUEUED, describe(lane_factory, held.id)
         info = {q.name: q for q in rl.list_queues()}["held"]
-        assert info.paused and info.paused_reason is None and info.counts["queued"] == 1
+        assert info.paused
+        assert info.paused_reason is None
+        assert info.counts["queued"] == 1
         asked = time.monotonic()
         assert rl.resume_queue("held") is True
         assert rl.wait_for_run(held.id, timeout=10).output == "held"
