@@ -585,9 +585,7 @@ class Runlane:
         self._check_open()
         runs, limit = bulk_filter(action, self.environment, **filters)
         self._ensure_started()
-        return bulk_action(
-            self._storage, action, runs, limit, dry_run=dry_run, on_batch=on_batch
-        )
+        return bulk_action(self._storage, action, runs, limit, dry_run=dry_run, on_batch=on_batch)
 
     def retry_runs(
         self,
@@ -697,9 +695,7 @@ class Runlane:
         ConfigurationError. Returns True when the queue was not paused before."""
         self._check_open()
         self._ensure_started()
-        return _queue_admin.pause_queue(
-            self._storage, self.environment, self._queues, name, reason
-        )
+        return _queue_admin.pause_queue(self._storage, self.environment, self._queues, name, reason)
 
     def resume_queue(self, name: str) -> bool:
         """Resume a paused queue: idle workers serving it are woken at once (NOTIFY; their
