@@ -693,9 +693,10 @@ class Storage(Protocol):
     # -- web console reads (runlane.web) ----------------------------------------------------
 
     def web_throughput(self, environment: str, cap: int) -> dict[str, Any]:
-        """Runs finished per minute over the last hour (database time), newest ``cap``
-        finishes at most: ``now_minute``, ``read`` (finishes read), ``oldest`` (the oldest
-        read) and ``minutes``, a list of (minute, completed, failed, cancelled)."""
+        """Runs finished per minute over the last hour (database time): ``now_minute``,
+        ``minutes`` (a list of (minute, completed, failed, cancelled)) and ``edge``: None, or
+        when the hour had more than ``cap`` finishes, the time of the ``cap``-th newest (only
+        finishes after it are counted)."""
 
     def web_run_extras(
         self, environment: str, run_id: uuid.UUID, children_limit: int

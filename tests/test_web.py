@@ -42,7 +42,7 @@ from runlane.postgres import postgres_polling_lane
 from runlane.schedules import schedule
 from runlane.web import ACTIONS, blueprint, create_app
 from runlane.web._serve import parse_bind
-from tests.conftest import RunlaneFactory
+from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import Conn, SchemaDb, closed_port, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -144,7 +144,10 @@ def browser() -> Iterator[WebDriver]:
 
 @contextmanager
 def served(app: Any) -> Iterator[str]:
-    """``app`` served by waitress on a free loopback port, in a thread; its base URL."""
+    """``app`` served by waitress on a free loopback port, in a thread; its base URL. Its
+    pages reload themselves every 10 minutes, not 10 seconds: a reload between two steps of
+    a test would pull the page from under it."""
+    app.config["RUNLANE_REFRESH_SECONDS"] = 600
     server: Any = create_server(app, host="127.0.0.1", port=0, threads=4)
     port = server.effective_port
     thread = threading.Thread(target=server.run, name="web-test-server", daemon=True)
@@ -274,6 +277,8 @@ def test_every_page_and_action_in_the_browser(browser: WebDriver, console: dict[
         assert browser.find_elements(By.CSS_SELECTOR, "#throughput rect.failed")
         assert "running" in text(browser, "table.workers")
         assert text(browser, "table.bands").count("live") >= 1
+        refresh = browser.find_element(By.CSS_SELECTOR, "meta[http-equiv=refresh]")
+        assert refresh.get_attribute("content") == "600"
         # the stylesheet loaded (the CSP allows the console's own files)
         background = browser.execute_script(
             "return getComputedStyle(document.querySelector('header')).backgroundColor"
@@ -503,7 +508,7 @@ def test_headers_and_no_secrets(console: dict[str, Any], database_url: str) -> N
             assert database_url not in body
             assert "postgresql://" not in body
             assert "amqp://" not in body
-        _, headers, _ = http(base + "/")
+        _, headers, _ = http(base + "/queues")  # a page with forms sets the CSRF cookie
         assert "HttpOnly" in headers["Set-Cookie"]
         assert "SameSite=Strict" in headers["Set-Cookie"]
 
@@ -599,6 +604,20 @@ def test_time_filters(console: dict[str, Any]) -> None:
         _, _, after = http(base + "/runs?" + urllib.parse.urlencode({"created_after": stamp}))
         assert str(newest.id)[:8] in after
         assert "older" not in after.split("</table>")[1]
+
+
+def test_overview_shows_the_outbox_on_the_rabbitmq_lane(
+    browser: WebDriver, rabbit_runtime: RabbitRuntimes, rabbitmq_url: str
+) -> None:
+    rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[ok])
+    rl.trigger(ok, {"n": 1})
+    with served(create_app(rl)) as base:
+        browser.get(base + "/")
+        assert "outbox items pending" in text(browser, "#outbox")
+        assert text(browser, "#broker").startswith("reachable at 127.0.0.1:")
+        source = browser.page_source
+        assert rabbitmq_url not in source
+        assert "amqp://" not in source
 
 
 def test_parse_bind() -> None:

@@ -39,12 +39,7 @@ class WebReadMethods:
             minutes = [
                 (datetime.fromisoformat(m), int(c), int(f), int(x)) for m, c, f, x in row["minutes"]
             ]
-            return {
-                "now_minute": row["now_minute"],
-                "read": int(row["read"]),
-                "oldest": row["oldest"],
-                "minutes": minutes,
-            }
+            return {"now_minute": row["now_minute"], "edge": row["edge"], "minutes": minutes}
 
         return self._with_conn(read)
 

@@ -22,6 +22,7 @@ from flask import (
     Flask,
     Response,
     abort,
+    current_app,
     redirect,
     render_template,
     request,
@@ -52,10 +53,10 @@ log = logging.getLogger("runlane.web")
 
 PAGE_SIZE = 50  # runs per page of the runs list
 CHILDREN_SHOWN = 50  # children listed on a run's page
-THROUGHPUT_CAP = 100_000  # finishes the chart reads at most (newest first)
-BULK_COUNT_CAP = 100_000  # a bulk confirmation counts up to this many matches
+THROUGHPUT_CAP = 50_000  # finishes the chart counts at most (the newest)
+BULK_COUNT_CAP = 10_000  # a bulk confirmation counts up to this many matches
 BULK_LIMIT = 10_000  # runs one confirmed bulk action changes at most (newest first)
-REFRESH_SECONDS = 10  # pages reload themselves (meta refresh) this often
+REFRESH_SECONDS = 10  # pages reload themselves this often (app.config RUNLANE_REFRESH_SECONDS)
 
 # the notices an action's redirect may ask a page to show
 NOTICES = {
@@ -241,7 +242,7 @@ class _Console:
             "notice": NOTICES.get(request.args.get("done", "")),
             "environment": self.runlane.environment,
             "statuses": [s.value for s in RunStatus],
-            "refresh": REFRESH_SECONDS,
+            "refresh": current_app.config.get("RUNLANE_REFRESH_SECONDS", REFRESH_SECONDS),
         }
 
     def finish(self, response: Response) -> Response:
@@ -258,9 +259,8 @@ class _Console:
             page="overview",
             report=report,
             problems=unhealthy(report),
-            queues=self.runlane.list_queues(),
             workers=self.runlane.list_workers(),
-            chart=chart(throughput, THROUGHPUT_CAP),
+            chart=chart(throughput),
             runs_estimate=reads.web_runs_estimate(),
         )
 

@@ -107,7 +107,7 @@ CHART_WIDTH = 600
 CHART_HEIGHT = 120
 
 
-def chart(throughput: dict[str, Any], cap: int) -> Chart:
+def chart(throughput: dict[str, Any]) -> Chart:
     """Bars of runs finished per minute over the last hour: completed, with failed on top."""
     now_minute: datetime = throughput["now_minute"]
     by_minute = {m.astimezone(UTC): (c, f, x) for m, c, f, x in throughput["minutes"]}
@@ -134,9 +134,8 @@ def chart(throughput: dict[str, Any], cap: int) -> Chart:
                 ),
             )
         )
-    partial = None
-    if throughput["read"] >= cap and throughput["oldest"] is not None:
-        partial = when(throughput["oldest"])
+    edge = throughput["edge"]
+    partial = None if edge is None else when(edge)
     return Chart(
         width=CHART_WIDTH,
         height=CHART_HEIGHT,
