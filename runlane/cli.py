@@ -35,6 +35,7 @@ import attrs
 from runlane._cli_operator import add_operator_commands, format_workers, plain
 from runlane._cli_runs import add_run_commands
 from runlane._cli_target import TARGET_HELP, Target, add_target_options, target_runtime
+from runlane._cli_web import add_web_command
 from runlane._codec import exception_text
 from runlane._demo import DEMO_LANES, run_demo
 from runlane._display import clipped, shown
@@ -745,8 +746,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_cmd_demo)
 
-    add_run_commands(commands, load_app)  # runs list|show|retry|cancel|delete, trigger
-    add_operator_commands(commands, load_app)  # queues, workers, schedules
+    # runs list|show|retry|cancel|delete and trigger; queues, workers, schedules; web (which
+    # imports Flask only when it runs)
+    for add in (add_run_commands, add_operator_commands, add_web_command):
+        add(commands, load_app)
     return parser
 
 

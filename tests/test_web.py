@@ -38,10 +38,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 from waitress.server import create_server
 
 from runlane import RetryPolicy, RunContext, Runlane, RunStatus, create_runlane, queue, task
+from runlane._cli_web import parse_bind
 from runlane.postgres import postgres_polling_lane
 from runlane.schedules import schedule
 from runlane.web import ACTIONS, blueprint, create_app
-from runlane.web._serve import parse_bind
 from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import Conn, SchemaDb, closed_port, wait_until
 
@@ -631,7 +631,7 @@ def test_parse_bind() -> None:
 SERVE = """
 import argparse, sys
 from runlane.cli import load_app
-from runlane.web._serve import add_web_command
+from runlane._cli_web import add_web_command
 parser = argparse.ArgumentParser()
 add_web_command(parser.add_subparsers(dest="command"), load_app)
 args = parser.parse_args(sys.argv[1:])
