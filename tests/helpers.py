@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 
 from runlane import RetryPolicy, RunContext, Runlane, RunSnapshot, RunStatus
 from runlane.rabbitmq import ConsumerStats
+from runlane.rabbitmq._amqp import queue_name
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.storage import Storage
 from runlane.worker import Worker
@@ -292,7 +293,7 @@ def consumer_ready(worker: Worker, timeout: float = 15.0) -> None:
 
 def amqp_queue(schema: str, queue: str = "default", environment: str = "default") -> str:
     """The AMQP queue the RabbitMQ lane declares for a logical queue."""
-    return f"runlane.{schema}.{environment}.{queue}"
+    return queue_name(schema, environment, queue)
 
 
 def ready_messages(amqp_url: str, name: str) -> int:
