@@ -14,15 +14,18 @@ stops the action there, every batch before it committed and none after it begun.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from typing import Any, TypedDict
 
+from runlane._display import shown
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult, RunStatus
 from runlane.storage import BulkFilter, Storage
+from runlane.tasks import Task
 
-__all__ = ["BATCH_SIZE", "MAX_LIMIT", "BulkProgress", "bulk_action", "bulk_filter"]
+__all__ = ["BATCH_SIZE", "MAX_LIMIT", "BulkFilters", "BulkProgress", "bulk_action", "bulk_filter"]
 
 # runs per batch: measured (benchmarks/bulk_stall.py) to keep a claim's longest stall behind
 # a retry batch well under 100 ms on a 2-core machine
@@ -31,6 +34,26 @@ BATCH_SIZE = 500
 MAX_LIMIT = 1_000_000_000
 
 BulkProgress = Callable[[int, int], None]
+
+
+class BulkFilters(TypedDict, total=False):
+    """The keywords ``retry_runs``, ``cancel_runs`` and ``delete_runs`` take, every one
+    optional: ``status`` (one or a list; the statuses the action applies to by default),
+    ``task`` (a task or its id), ``queue``, ``created_after`` and ``created_before``
+    (timezone-aware: runs created in ``[created_after, created_before)``), ``limit`` (at
+    most this many runs), ``dry_run`` (only count), ``all`` (act with no filter) and
+    ``on_batch(done, matched)``."""
+
+    status: RunStatus | str | Sequence[RunStatus | str] | None
+    task: Task[Any, Any] | str | None
+    queue: str | None
+    created_after: datetime | None
+    created_before: datetime | None
+    limit: int | None
+    dry_run: bool
+    all: bool
+    on_batch: BulkProgress | None
+
 
 # the statuses each action applies to, in the order it walks them
 _ACTIONABLE = {
@@ -69,7 +92,7 @@ def _statuses(action: str, status: object) -> tuple[RunStatus, ...]:
         given = status
     else:
         raise ConfigurationError(
-            f"status must be a run status or a non-empty list of them, got {repr(status)[:100]}"
+            f"status must be a run status or a non-empty list of them, got {shown(status)}"
         )
     valid = ", ".join(s.value for s in RunStatus)
     chosen = []
@@ -78,7 +101,7 @@ def _statuses(action: str, status: object) -> tuple[RunStatus, ...]:
             value = item if isinstance(item, RunStatus) else RunStatus(str(item))
         except ValueError:
             raise ConfigurationError(
-                f"status {repr(item)[:100]} is not a run status; use one of: {valid}"
+                f"status {shown(item)} is not a run status; use one of: {valid}"
             ) from None
         if value not in allowed:
             raise ConfigurationError(
@@ -92,7 +115,7 @@ def _name(what: str, value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"{what} must be a non-empty string (or None), got {value!r}")
+        raise ConfigurationError(f"{what} must be a non-empty string (or None), got {shown(value)}")
     return check_text(what, value)
 
 
@@ -102,7 +125,7 @@ def _moment(name: str, value: object) -> datetime | None:
     if not isinstance(value, datetime) or value.utcoffset() is None:
         raise ConfigurationError(
             f"{name} must be a timezone-aware datetime (e.g. datetime.now(UTC) - "
-            f"timedelta(hours=1)), got {value!r}"
+            f"timedelta(hours=1)), got {shown(value)}"
         )
     return value
 
@@ -113,27 +136,30 @@ def _limit(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
         raise ConfigurationError(
             f"limit must be an integer from 1 to {MAX_LIMIT:,} (or None for no limit), got "
-            f"{value!r}"
+            f"{shown(value)}"
         )
     return value
 
 
 def bulk_filter(
-    action: str,
-    environment: str,
-    *,
-    status: object,
-    task: object,
-    queue: object,
-    created_after: object,
-    created_before: object,
-    limit: object,
-    all: object,
+    action: str, environment: str, filters: BulkFilters
 ) -> tuple[BulkFilter, int | None]:
-    """Check a bulk action's arguments; the filter and the limit. A call without any filter
-    is refused unless ``all=True``."""
+    """Check a bulk action's arguments; the filter and the limit. An unknown keyword is
+    refused, and so is a call without any filter unless ``all=True``."""
+    unknown = sorted(set(filters) - BulkFilters.__optional_keys__)
+    if unknown:
+        raise ConfigurationError(
+            f"{_METHOD[action]}() takes no keyword {', '.join(shown(k) for k in unknown)}; "
+            f"its keywords are {', '.join(BulkFilters.__annotations__)}; nothing was changed"
+        )
+    status = filters.get("status")
+    task = filters.get("task")
+    queue = filters.get("queue")
+    created_after = filters.get("created_after")
+    created_before = filters.get("created_before")
+    all = filters.get("all", False)
     if not isinstance(all, bool):
-        raise ConfigurationError(f"all must be True or False, got {all!r}")
+        raise ConfigurationError(f"all must be True or False, got {shown(all)}")
     task_id = task if isinstance(task, str) or task is None else getattr(task, "id", task)
     runs = BulkFilter(
         environment=environment,
@@ -143,7 +169,7 @@ def bulk_filter(
         created_after=_moment("created_after", created_after),
         created_before=_moment("created_before", created_before),
     )
-    bound = _limit(limit)
+    bound = _limit(filters.get("limit"))
     # limit= bounds how many, not which: alone it is no filter
     filtered = any(v is not None for v in (status, task, queue, created_after, created_before))
     if not filtered and not all:
@@ -161,29 +187,28 @@ def bulk_action(
     action: str,
     runs: BulkFilter,
     limit: int | None,
-    *,
-    dry_run: bool,
-    on_batch: BulkProgress | None,
-    batch_size: int | None = None,
+    filters: BulkFilters,
 ) -> BulkResult:
-    """Count the runs ``runs`` matches, then (unless ``dry_run``) act on them in batches."""
+    """Count the runs ``runs`` matches, then (unless ``filters`` say ``dry_run``) act on them
+    in batches."""
+    dry_run = filters.get("dry_run", False)
+    on_batch = filters.get("on_batch")
     if not isinstance(dry_run, bool):
-        raise ConfigurationError(f"dry_run must be True or False, got {dry_run!r}")
+        raise ConfigurationError(f"dry_run must be True or False, got {shown(dry_run)}")
     if on_batch is not None and not callable(on_batch):
         raise ConfigurationError(
-            f"on_batch must be a callable taking (done, matched), got {on_batch!r}"
+            f"on_batch must be a callable taking (done, matched), got {shown(on_batch)}"
         )
     matched = storage.run_bulk_count(runs, MAX_LIMIT if limit is None else limit)
     if dry_run or matched == 0:
         return BulkResult(matched=matched, changed=0, dry_run=dry_run)
-    size = batch_size or BATCH_SIZE
     left = MAX_LIMIT if limit is None else limit
     changed = 0
     done = 0
     for status in runs.statuses:
         before: tuple[datetime, uuid.UUID] | None = None
         while left > 0:
-            asked = min(size, left)
+            asked = min(BATCH_SIZE, left)
             batch = storage.run_bulk_batch(action, runs, status, before, asked)
             changed += batch.changed
             done += batch.visited

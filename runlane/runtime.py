@@ -8,11 +8,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 from runlane import _queue_admin, _schedule_admin, _telemetry, _workers
 from runlane._backend import Backend
-from runlane._bulk import bulk_action, bulk_filter
+from runlane._bulk import BulkFilters, bulk_action, bulk_filter
 from runlane._closing import Closing
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._display import shown
@@ -574,32 +574,13 @@ class Runlane:
 
     # -- bulk actions --------------------------------------------------------------------
 
-    def _bulk(
-        self,
-        action: str,
-        *,
-        dry_run: bool,
-        on_batch: Callable[[int, int], None] | None,
-        **filters: Any,
-    ) -> BulkResult:
+    def _bulk(self, action: str, filters: BulkFilters) -> BulkResult:
         self._check_open()
-        runs, limit = bulk_filter(action, self.environment, **filters)
+        runs, limit = bulk_filter(action, self.environment, filters)
         self._ensure_started()
-        return bulk_action(self._storage, action, runs, limit, dry_run=dry_run, on_batch=on_batch)
+        return bulk_action(self._storage, action, runs, limit, filters)
 
-    def retry_runs(
-        self,
-        *,
-        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
-        task: Task[Any, Any] | str | None = None,
-        queue: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        limit: int | None = None,
-        dry_run: bool = False,
-        all: bool = False,
-        on_batch: Callable[[int, int], None] | None = None,
-    ) -> BulkResult:
+    def retry_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
         """``retry_run`` for every failed or cancelled run the filters match (``status``:
         failed and/or cancelled; ``task``, ``queue``; created in ``[created_after,
         created_before)``, timezone-aware; at most ``limit`` runs). Refused without a filter
@@ -609,78 +590,21 @@ class Runlane:
         process) leaves every finished batch done and the rest untouched.
         ``on_batch(done, matched)`` is called after each batch; ``dry_run=True`` only
         counts. Returns ``BulkResult(matched, changed)``."""
-        return self._bulk(
-            "retry",
-            status=status,
-            task=task,
-            queue=queue,
-            created_after=created_after,
-            created_before=created_before,
-            limit=limit,
-            dry_run=dry_run,
-            all=all,
-            on_batch=on_batch,
-        )
+        return self._bulk("retry", filters)
 
-    def cancel_runs(
-        self,
-        *,
-        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
-        task: Task[Any, Any] | str | None = None,
-        queue: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        limit: int | None = None,
-        dry_run: bool = False,
-        all: bool = False,
-        on_batch: Callable[[int, int], None] | None = None,
-    ) -> BulkResult:
+    def cancel_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
         """``cancel`` for every queued, retrying, released, waiting or running run the
         filters match (running ones become ``cancellation_requested`` and end cancelled);
         filters, batches and ``on_batch`` as ``retry_runs``."""
-        return self._bulk(
-            "cancel",
-            status=status,
-            task=task,
-            queue=queue,
-            created_after=created_after,
-            created_before=created_before,
-            limit=limit,
-            dry_run=dry_run,
-            all=all,
-            on_batch=on_batch,
-        )
+        return self._bulk("cancel", filters)
 
-    def delete_runs(
-        self,
-        *,
-        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
-        task: Task[Any, Any] | str | None = None,
-        queue: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        limit: int | None = None,
-        dry_run: bool = False,
-        all: bool = False,
-        on_batch: Callable[[int, int], None] | None = None,
-    ) -> BulkResult:
+    def delete_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
         """Delete the terminal runs (completed, failed, cancelled) the filters match, with
         their attempts and steps, as cleanup does: a run that still has children becomes a
         tombstone counting them (cleanup deletes it once they are gone). A non-terminal
         ``status`` raises ConfigurationError, nothing deleted. Filters, batches and
         ``on_batch`` as ``retry_runs``."""
-        return self._bulk(
-            "delete",
-            status=status,
-            task=task,
-            queue=queue,
-            created_after=created_after,
-            created_before=created_before,
-            limit=limit,
-            dry_run=dry_run,
-            all=all,
-            on_batch=on_batch,
-        )
+        return self._bulk("delete", filters)
 
     # -- queues --------------------------------------------------------------------------
 
