@@ -25,6 +25,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from runlane import RetryPolicy, RunContext, Runlane, RunSnapshot, RunStatus
+from runlane.cli import main
 from runlane.rabbitmq import ConsumerStats
 from runlane.rabbitmq._amqp import queue_name
 from runlane.rabbitmq._consumer import RabbitAcquirer
@@ -33,6 +34,8 @@ from runlane.worker import Worker
 
 Conn = psycopg.Connection[Any]
 T = TypeVar("T")
+# ``cli(*argv)``: the exit code, stdout and stderr of ``runlane *argv``
+Cli = Callable[..., tuple[int, str, str]]
 
 HOUR_RETRY = RetryPolicy(
     max_attempts=3, initial_delay=timedelta(hours=1), max_delay=timedelta(hours=1), jitter=0.0
@@ -90,6 +93,21 @@ def importable_app(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def in_process_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
+    """``cli(*argv)`` runs ``runlane *argv`` through ``runlane.cli.main`` in this process, on a
+    fresh import of ``cliapp`` (see ``importable_app``; each command closes the runtime it
+    loaded); returns (exit code, stdout, stderr)."""
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        sys.modules.pop("cliapp", None)
+        capsys.readouterr()
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
 
 
 def q(query: LiteralString, schema: str) -> sql.Composed:

@@ -6,8 +6,6 @@ to do, with nothing written. Against a real Postgres; the CLI runs in-process th
 from __future__ import annotations
 
 import base64
-import os
-import sys
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
@@ -29,9 +27,9 @@ from runlane import (
     queue,
     task,
 )
-from runlane.cli import EXIT_CONFIGURATION, main
+from runlane.cli import EXIT_CONFIGURATION
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, count_runs, q
+from tests.helpers import Cli, Conn, count_runs, importable_app, in_process_cli, q
 
 
 @task(id="hostile.free")
@@ -51,19 +49,17 @@ APP = textwrap.dedent(
 
     runlane = create_runlane(
         lane=postgres_polling_lane(
-            connection_string=os.environ["HOSTILE_DATABASE_URL"],
-            schema=os.environ["HOSTILE_SCHEMA"],
+            connection_string=os.environ["APP_DATABASE_URL"],
+            schema=os.environ["APP_SCHEMA"],
         ),
         tasks=[free],
     )
     """
 )
-APP_SPEC = "hostile_app:runlane"
+APP_SPEC = "cliapp:runlane"
 
 # no message repeats a caller's value whole: a bound well above any message's own words
 MESSAGE_BOUND = 700
-
-Cli = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
@@ -75,24 +71,10 @@ def rl(make_runlane: RunlaneFactory) -> Runlane:
 def cli(
     tmp_path: Path, database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
 ) -> Iterator[Cli]:
-    """``cli(*argv)`` runs ``runlane *argv`` in-process; returns (exit code, stdout, stderr)."""
-    (tmp_path / "hostile_app.py").write_text(APP)
-    os.environ["HOSTILE_DATABASE_URL"], os.environ["HOSTILE_SCHEMA"] = database_url, schema
-    sys.path.insert(0, str(tmp_path))
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        sys.modules.pop("hostile_app", None)  # each command closes the runtime it loaded
-        capsys.readouterr()
-        code = main(list(argv))
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    try:
-        yield run
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("hostile_app", None)
-        del os.environ["HOSTILE_DATABASE_URL"], os.environ["HOSTILE_SCHEMA"]
+    """``cli(*argv)`` runs ``runlane *argv`` in-process on a fresh import of the test APP;
+    returns (exit code, stdout, stderr)."""
+    with importable_app(tmp_path, APP, database_url, schema):
+        yield in_process_cli(capsys)
 
 
 def _refused(

@@ -5,11 +5,9 @@ write nothing."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 import textwrap
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,9 @@ import attrs
 import pytest
 
 from runlane import RetryPolicy, RunContext, RunStatus, queue, task
-from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
+from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb, count_runs
+from tests.helpers import Cli, Conn, SchemaDb, count_runs, importable_app, in_process_cli
 
 APP = textwrap.dedent(
     """
@@ -72,32 +70,14 @@ def fails(payload: Any, context: RunContext) -> None:
     raise RuntimeError("always")
 
 
-Cli = Callable[..., tuple[int, str, str]]
-
-
 @pytest.fixture
 def cli(
     tmp_path: Path, database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
 ) -> Iterator[Cli]:
     """``cli(*argv)`` runs ``runlane *argv`` in-process on a fresh import of the test APP;
     returns (exit code, stdout, stderr)."""
-    (tmp_path / "cliruns_app.py").write_text(APP)
-    os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"] = database_url, schema
-    sys.path.insert(0, str(tmp_path))
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        sys.modules.pop("cliruns_app", None)  # each command closes the runtime it loaded
-        capsys.readouterr()
-        code = main(list(argv))
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    try:
-        yield run
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("cliruns_app", None)
-        del os.environ["APP_DATABASE_URL"], os.environ["APP_SCHEMA"]
+    with importable_app(tmp_path, APP, database_url, schema):
+        yield in_process_cli(capsys)
 
 
 @pytest.fixture
@@ -107,7 +87,7 @@ def producer(make_runlane: RunlaneFactory) -> Any:
     )
 
 
-APP_SPEC = "cliruns_app:runlane"
+APP_SPEC = "cliapp:runlane"
 
 
 def _one_error_line(err: str, needle: str) -> None:
