@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import attrs
 
 from runlane._codec import OutputNotSerializable, dump_json, encode_output
+from runlane._display import shown
 from runlane.errors import ConfigurationError
 from runlane.storage import LeaseRef
 
@@ -31,12 +32,6 @@ __all__ = [
 # at most one progress write a second per attempt
 THROTTLE_SECONDS = 1.0
 MAX_MESSAGE_CHARS = 1_000
-
-
-def shown(value: object) -> str:
-    """A value the caller gave, as an error message shows it: its type and short repr."""
-    text = repr(value) if not isinstance(value, str) or len(value) <= 100 else ""
-    return f"a {type(value).__name__}" + (f" ({text[:100]})" if text else "")
 
 
 @attrs.define(eq=False)
@@ -63,11 +58,14 @@ def _fraction(value: object) -> float | None:
             f"report_progress(fraction=...) takes a number from 0 to 1 (0.25 for a quarter "
             f"done), got {shown(value)}; nothing was written"
         )
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range: not from 0 to 1 either
+        number = math.inf
     if not math.isfinite(number) or not 0.0 <= number <= 1.0:
         raise ConfigurationError(
             f"report_progress(fraction=...) must be from 0 to 1 (0.25 for a quarter done), "
-            f"got {value!r}; nothing was written"
+            f"got {shown(value)}; nothing was written"
         )
     return number
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from runlane._display import shown
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError
 from runlane.models import QueueInfo, RunStatus
@@ -33,16 +34,10 @@ MAX_REASON_CHARS = 500
 _COUNTED = tuple(s.value for s in RunStatus if not s.is_terminal)
 
 
-def _shown(value: object) -> str:
-    """A value for a message: its repr, cut to 80 characters."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:60]}...{text[-12:]} ({len(text):,} characters)"
-
-
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= 200:
         raise ConfigurationError(
-            f"queue name {_shown(name)} is not valid: use 1-200 characters from letters, "
+            f"queue name {shown(name)} is not valid: use 1-200 characters from letters, "
             "digits and '_.:-/', starting with a letter or digit"
         )
     return _check_name("queue name", name)
@@ -61,7 +56,7 @@ def _check_known(
         return
     defined = sorted(queues)
     raise ConfigurationError(
-        f"queue {_shown(name)} is unknown in environment {environment!r}: no code of this "
+        f"queue {shown(name)} is unknown in environment {environment!r}: no code of this "
         "runtime defines it and the database has no runs or state for it"
         + (f" (this runtime defines {defined})" if defined else "")
         + "; check the name (`runlane queues list` shows every known queue), or define it "

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from runlane import _telemetry
+from runlane._display import shown
 from runlane._ids import new_run_id
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError
@@ -45,20 +46,10 @@ LATE_AFTER = timedelta(minutes=1) + next(
 # status() names at most this many late schedules, the most overdue first
 LATE_LIST_LIMIT = 100
 
-_SHOWN_CHARS = 100
-
-
-def _shown(value: object) -> str:
-    text = repr(value) if not isinstance(value, str) else repr(value[: _SHOWN_CHARS + 1])
-    if len(text) > _SHOWN_CHARS:
-        size = f" of {len(value):,} characters" if isinstance(value, str) else ""
-        return f"{text[:_SHOWN_CHARS]}... (a {type(value).__name__}{size})"
-    return text
-
 
 def _unknown(environment: str, schedule_id: object) -> ConfigurationError:
     return ConfigurationError(
-        f"no schedule {_shown(schedule_id)} in environment {environment!r}: list the "
+        f"no schedule {shown(schedule_id)} in environment {environment!r}: list the "
         "schedules with `runlane schedules list` (or Runlane.list_schedules()); a schedule "
         "is stored by the first maintenance pass of an application that defines it"
     )
@@ -68,7 +59,7 @@ def _check_id(environment: str, schedule_id: object) -> str:
     if not isinstance(schedule_id, str):
         raise ConfigurationError(
             f"a schedule id is a string (the id given to schedule(id=...)), got "
-            f"{_shown(schedule_id)}; list the schedules with `runlane schedules list`"
+            f"{shown(schedule_id)}; list the schedules with `runlane schedules list`"
         )
     if not _ID.fullmatch(schedule_id):  # no schedule can have it: nothing to look up
         raise _unknown(environment, schedule_id)
