@@ -15,12 +15,12 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
-from runlane.models import WorkerInfo
+from runlane.models import QueueInfo, ScheduleInfo, WorkerInfo
 from runlane.runtime import Runlane
 
 __all__ = [
@@ -68,6 +68,17 @@ def aligned(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
+Item = TypeVar("Item")
+# a table's columns: each one's header and how it shows an item
+Columns = Sequence[tuple[str, Callable[[Item], str]]]
+
+
+def _table(columns: Columns[Item], items: Sequence[Item]) -> list[str]:
+    """``items`` as aligned rows under the columns' headers."""
+    rows = [[cell(item) for _, cell in columns] for item in items]
+    return aligned([header for header, _ in columns], rows)
+
+
 def using(load_app: LoadApp, args: argparse.Namespace, use: Callable[[Runlane], int]) -> int:
     """Open the command's runtime (``APP`` or the URL options), run ``use``, close it."""
     runlane = target_runtime(Target(getattr(args, "app", None), args), load_app)
@@ -90,42 +101,34 @@ def _age(seconds: float | None) -> str:
 # -- queues ---------------------------------------------------------------------------------
 
 
+def _queue_state(q: QueueInfo) -> str:
+    state = "paused" if q.paused else "running"
+    return state + (f" ({q.paused_reason})" if q.paused and q.paused_reason else "")
+
+
+def _count(*statuses: str) -> Callable[[QueueInfo], str]:
+    return lambda q: str(sum(q.counts.get(status, 0) for status in statuses))
+
+
+_QUEUE_COLUMNS: Columns[QueueInfo] = [
+    ("QUEUE", lambda q: q.name + ("" if q.defined else " *")),
+    ("STATE", _queue_state),
+    ("QUEUED", _count("queued")),
+    ("RUNNING", _count("running")),
+    ("RETRYING", _count("retrying", "released")),
+    ("WAITING", _count("waiting")),
+    ("LIMIT", lambda q: "-" if q.concurrency_limit is None else str(q.concurrency_limit)),
+    ("OLDEST QUEUED", lambda q: _age(q.oldest_queued_age)),
+]
+
+
 def _queues_list(load_app: LoadApp, args: argparse.Namespace) -> int:
     def use(runlane: Runlane) -> int:
         queues = runlane.list_queues()
         if args.json:
             dump_json(queues)
             return 0
-        rows = []
-        for q in queues:
-            counts = q.counts
-            limit = "-" if q.concurrency_limit is None else str(q.concurrency_limit)
-            state = "paused" if q.paused else "running"
-            if q.paused and q.paused_reason:
-                state += f" ({q.paused_reason})"
-            rows.append(
-                [
-                    q.name + ("" if q.defined else " *"),
-                    state,
-                    str(counts.get("queued", 0)),
-                    str(counts.get("running", 0)),
-                    str(counts.get("retrying", 0) + counts.get("released", 0)),
-                    str(counts.get("waiting", 0)),
-                    limit,
-                    _age(q.oldest_queued_age),
-                ]
-            )
-        header = [
-            "QUEUE",
-            "STATE",
-            "QUEUED",
-            "RUNNING",
-            "RETRYING",
-            "WAITING",
-            "LIMIT",
-            "OLDEST QUEUED",
-        ]
-        print("\n".join(aligned(header, rows)))
+        print("\n".join(_table(_QUEUE_COLUMNS, queues)))
         if any(not q.defined for q in queues):
             print("* known from the database only (no code of this runtime defines it)")
         return 0
@@ -157,40 +160,24 @@ def _queue_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
 # -- workers --------------------------------------------------------------------------------
 
 
-def _worker_rows(workers: Sequence[WorkerInfo]) -> list[str]:
-    rows = [
-        [
-            str(w.worker_id),
-            w.state.value,
-            w.host,
-            str(w.pid),
-            str(w.concurrency),
-            ",".join(w.queues),
-            when(w.started_at),
-            when(w.last_seen_at),
-            w.runlane_version,
-        ]
-        for w in workers
-    ]
-    header = [
-        "WORKER ID",
-        "STATE",
-        "HOST",
-        "PID",
-        "SLOTS",
-        "QUEUES",
-        "STARTED",
-        "LAST SEEN",
-        "VERSION",
-    ]
-    return aligned(header, rows)
+_WORKER_COLUMNS: Columns[WorkerInfo] = [
+    ("WORKER ID", lambda w: str(w.worker_id)),
+    ("STATE", lambda w: w.state.value),
+    ("HOST", lambda w: w.host),
+    ("PID", lambda w: str(w.pid)),
+    ("SLOTS", lambda w: str(w.concurrency)),
+    ("QUEUES", lambda w: ",".join(w.queues)),
+    ("STARTED", lambda w: when(w.started_at)),
+    ("LAST SEEN", lambda w: when(w.last_seen_at)),
+    ("VERSION", lambda w: w.runlane_version),
+]
 
 
 def format_workers(workers: Sequence[WorkerInfo]) -> list[str]:
     """The workers section of ``runlane status``."""
     if not workers:
         return ["workers", "  (no delivery worker is running)"]
-    return ["workers", *(f"  {line}" for line in _worker_rows(workers))]
+    return ["workers", *(f"  {line}" for line in _table(_WORKER_COLUMNS, workers))]
 
 
 def _workers(load_app: LoadApp, args: argparse.Namespace) -> int:
@@ -201,13 +188,26 @@ def _workers(load_app: LoadApp, args: argparse.Namespace) -> int:
         elif not workers:
             print("no workers" + ("" if args.all else " running (--all shows stopped ones)"))
         else:
-            print("\n".join(_worker_rows(workers)))
+            print("\n".join(_table(_WORKER_COLUMNS, workers)))
         return 0
 
     return using(load_app, args, use)
 
 
 # -- schedules ------------------------------------------------------------------------------
+
+
+_SCHEDULE_COLUMNS: Columns[ScheduleInfo] = [
+    ("SCHEDULE", lambda s: s.id),
+    ("STATE", lambda s: "paused" if s.paused else "active"),
+    ("CRON", lambda s: s.cron),
+    ("TIMEZONE", lambda s: s.timezone),
+    ("TASK", lambda s: s.task_id or "-"),
+    ("QUEUE", lambda s: s.queue or "-"),
+    ("NEXT FIRE", lambda s: when(s.next_fire_at)),
+    ("LAST FIRED", lambda s: when(s.last_fired_at)),
+    ("LAST RUN", lambda s: "-" if s.last_run_id is None else str(s.last_run_id)),
+]
 
 
 def _schedules_list(load_app: LoadApp, args: argparse.Namespace) -> int:
@@ -219,32 +219,7 @@ def _schedules_list(load_app: LoadApp, args: argparse.Namespace) -> int:
         if not schedules:
             print("no schedules")
             return 0
-        rows = [
-            [
-                s.id,
-                "paused" if s.paused else "active",
-                s.cron,
-                s.timezone,
-                s.task_id or "-",
-                s.queue or "-",
-                when(s.next_fire_at),
-                when(s.last_fired_at),
-                "-" if s.last_run_id is None else str(s.last_run_id),
-            ]
-            for s in schedules
-        ]
-        header = [
-            "SCHEDULE",
-            "STATE",
-            "CRON",
-            "TIMEZONE",
-            "TASK",
-            "QUEUE",
-            "NEXT FIRE",
-            "LAST FIRED",
-            "LAST RUN",
-        ]
-        print("\n".join(aligned(header, rows)))
+        print("\n".join(_table(_SCHEDULE_COLUMNS, schedules)))
         return 0
 
     return using(load_app, args, use)
