@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -69,7 +70,7 @@ def race_keyed_batches(runlane: Runlane, task_id: str, batches: list[list[str]])
     return errors
 
 
-# -- SQL on the test's schema ------------------------------------------------------------------
+# -- the CLI and other processes ------------------------------------------------------------
 
 
 @contextmanager
@@ -95,6 +96,71 @@ def importable_app(
                 os.environ[k] = v
 
 
+@contextmanager
+def process(
+    argv: list[str], *, cwd: Path, env: Mapping[str, str], stdout: int = subprocess.DEVNULL
+) -> Iterator[subprocess.Popen[str]]:
+    """``argv`` started in ``cwd`` with the environment ``env`` (``stdout`` as given, stderr
+    piped, text); killed at the end if it still runs."""
+    with subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+@contextmanager
+def cli_process(
+    directory: Path,
+    source: str,
+    database_url: str,
+    schema: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[subprocess.Popen[str]]:
+    """``python -m runlane.cli *args`` in ``directory``, where ``cliapp.py`` is ``source``
+    (reading APP_DATABASE_URL and APP_SCHEMA, and ``env`` besides); stdout discarded, stderr
+    piped; killed at the end if it still runs."""
+    (directory / "cliapp.py").write_text(source)
+    app_env = {"APP_DATABASE_URL": database_url, "APP_SCHEMA": schema, **(env or {})}
+    with process(
+        [sys.executable, "-m", "runlane.cli", *args],
+        cwd=directory,
+        env={**os.environ, **app_env},
+    ) as proc:
+        yield proc
+
+
+@contextmanager
+def ready_process(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``python -c script *args`` (stdin and stdout piped, text), once it has printed
+    ``ready``; at the end its stdin is closed (its cue to finish) and it is waited for,
+    killed after 30 s."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def in_process_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     """``cli(*argv)`` runs ``runlane *argv`` through ``runlane.cli.main`` in this process, on a
     fresh import of ``cliapp`` (see ``importable_app``; each command closes the runtime it
@@ -108,6 +174,9 @@ def in_process_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
         return code, captured.out, captured.err
 
     return run
+
+
+# -- SQL on the test's schema ------------------------------------------------------------------
 
 
 def q(query: LiteralString, schema: str) -> sql.Composed:

@@ -10,8 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from runlane.cli import (
     main,
 )
 from runlane.postgres import postgres_polling_lane
+from tests.helpers import cli_process
 
 APP = textwrap.dedent(
     """
@@ -63,30 +63,10 @@ APP = textwrap.dedent(
 )
 
 
-@contextmanager
 def _spawn(
     tmp_path: Path, database_url: str, schema: str, *args: str, lease: float = 30
-) -> Iterator[subprocess.Popen[str]]:
-    (tmp_path / "cliapp.py").write_text(APP)
-    env = {
-        **os.environ,
-        "APP_DATABASE_URL": database_url,
-        "APP_SCHEMA": schema,
-        "APP_LEASE": str(lease),
-    }
-    with subprocess.Popen(
-        [sys.executable, "-m", "runlane.cli", *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+) -> AbstractContextManager[subprocess.Popen[str]]:
+    return cli_process(tmp_path, APP, database_url, schema, *args, env={"APP_LEASE": str(lease)})
 
 
 def _wait_for_line(proc: subprocess.Popen[str], *needles: str) -> str:

@@ -9,14 +9,13 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from runlane import RunContext, RunStatus, create_runlane, queue, task
 from runlane.postgres import postgres_polling_lane
-from tests.helpers import Conn, q, wait_for_status, wait_until
+from tests.helpers import Conn, process, q, wait_for_status, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -45,22 +44,11 @@ def test_readme_shows_every_example_verbatim() -> None:
         assert shown[name] == text, f"README's copy of examples/{name} differs from the file"
 
 
-@contextmanager
-def example(database_url: str, schema: str, *argv: str) -> Iterator[subprocess.Popen[str]]:
+def example(
+    database_url: str, schema: str, *argv: str
+) -> AbstractContextManager[subprocess.Popen[str]]:
     env = {**os.environ, "DATABASE_URL": database_url, "RUNLANE_SCHEMA": schema}
-    with subprocess.Popen(
-        [sys.executable, *argv],
-        cwd=EXAMPLES,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    return process([sys.executable, *argv], cwd=EXAMPLES, env=env, stdout=subprocess.PIPE)
 
 
 def test_quickstart_completes_its_run(database_url: str, schema: str) -> None:

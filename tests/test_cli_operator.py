@@ -23,7 +23,7 @@ from runlane import RetryPolicy, RunContext, Runlane, RunStatus, queue, schedule
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
 from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb
+from tests.helpers import Conn, SchemaDb, process
 
 
 @task(id="op.ok")
@@ -374,21 +374,15 @@ def test_a_bulk_retry_interrupted_by_ctrl_c_says_how_far_it_got_and_a_rerun_fini
         schema,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLANE_")}
-    with subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        try:
-            # the first batch committed: the command is working through the rest
-            deadline = time.monotonic() + 60
-            while _statuses(data).get("queued", 0) == 0:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "no batch committed within 60 s"
-                time.sleep(0.005)
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with process(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE) as proc:
+        # the first batch committed: the command is working through the rest
+        deadline = time.monotonic() + 60
+        while _statuses(data).get("queued", 0) == 0:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no batch committed within 60 s"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err, err
     assert f"{FAILED_RUNS:,} runs match" in out

@@ -4,8 +4,6 @@ RabbitMQ consumers alike; resume wakes idle workers at once."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -14,7 +12,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
 
@@ -25,15 +22,14 @@ from runlane import (
     RunContext,
     Runlane,
     RunStatus,
-    create_runlane,
     queue,
     task,
 )
-from runlane.postgres import PostgresStorage, _queues, postgres_polling_lane
-from tests.helpers import wait_until
+from runlane.postgres import PostgresStorage, _queues
+from tests.conftest import RunlaneFactory
+from tests.helpers import Conn, ready_process, wait_until
 
 ONCE = RetryPolicy(max_attempts=1)
-Conn = psycopg.Connection[Any]
 
 
 @task(id="pause.mark", queue="held", retry=ONCE)
@@ -42,13 +38,6 @@ def mark(payload: Any, context: RunContext) -> str:
 
 
 QUEUES = [queue("held"), queue("open", default=True)]
-
-
-def operator(database_url: str, schema: str, **kwargs: Any) -> Runlane:
-    """A runtime built from a database URL alone, as the operator CLI builds it."""
-    return create_runlane(
-        lane=postgres_polling_lane(connection_string=database_url, schema=schema), **kwargs
-    )
 
 
 def by_name(infos: list[QueueInfo]) -> dict[str, QueueInfo]:
@@ -160,17 +149,11 @@ _OTHER_WORKER = textwrap.dedent(
 )
 
 
-def test_a_pause_holds_for_a_worker_in_another_process(database_url: str, schema: str) -> None:
-    rl = operator(database_url, schema, tasks=[mark], queues=QUEUES)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _OTHER_WORKER, database_url, schema],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
+def test_a_pause_holds_for_a_worker_in_another_process(
+    make_runlane: RunlaneFactory, database_url: str, schema: str
+) -> None:
+    rl = make_runlane(tasks=[mark], queues=QUEUES)
+    with ready_process(_OTHER_WORKER, database_url, schema):
         before = rl.trigger(mark, None)
         assert rl.wait_for_run(before.id, timeout=10).status is RunStatus.COMPLETED
         rl.pause_queue("held")
@@ -182,17 +165,6 @@ def test_a_pause_holds_for_a_worker_in_another_process(database_url: str, schema
         rl.resume_queue("held")
         assert rl.wait_for_run(held.id, timeout=5).status is RunStatus.COMPLETED
         assert time.monotonic() - asked < 2.0  # woken by NOTIFY, not its 30 s poll
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        rl.close()
 
 
 # -- maintenance -------------------------------------------------------------------------------
@@ -233,43 +205,38 @@ def test_pause_and_resume_are_idempotent_and_shown(make_runlane: Any, db: Conn) 
     assert not {q.name: q for q in rl.status().queues}["held"].paused
 
 
-def test_list_queues_shows_queues_known_only_from_the_database(
-    make_runlane: Any, database_url: str, schema: str
-) -> None:
+def test_list_queues_shows_queues_known_only_from_the_database(make_runlane: Any) -> None:
     app = make_runlane(tasks=[mark], queues=[*QUEUES, queue("bounded", concurrency_limit=3)])
     app.trigger_many(mark, [None] * 4)
     app.trigger(mark, None, queue="open")
     app.pause_queue("bounded", reason="r")
-    ops = operator(database_url, schema)  # no tasks, no queues: a database URL alone
-    try:
-        infos = by_name(ops.list_queues())
-        held = infos["held"]
-        assert not held.defined
-        assert held.concurrency_limit is None
-        assert held.counts["queued"] == 4
-        assert set(held.counts) == {
-            "queued",
-            "running",
-            "retrying",
-            "released",
-            "waiting",
-            "cancellation_requested",
-        }
-        assert held.oldest_queued_age is not None
-        assert held.oldest_queued_age >= 0
-        bounded = infos["bounded"]  # a pause row for a queue this runtime does not define
-        assert bounded.paused
-        assert not bounded.defined
-        assert bounded.counts["queued"] == 0
-        assert bounded.oldest_queued_age is None
-        assert infos["default"].defined  # the runtime's own default queue
-        # the defining runtime shows its limits
-        assert by_name(app.list_queues())["bounded"].concurrency_limit == 3
-        # an operator may pause a queue it knows only from the database
-        assert ops.pause_queue("held") is True
-        assert app.drain().runs_executed == 1  # the open queue's run only
-    finally:
-        ops.close()
+    ops = make_runlane()  # no tasks, no queues: a database URL alone
+    infos = by_name(ops.list_queues())
+    held = infos["held"]
+    assert not held.defined
+    assert held.concurrency_limit is None
+    assert held.counts["queued"] == 4
+    assert set(held.counts) == {
+        "queued",
+        "running",
+        "retrying",
+        "released",
+        "waiting",
+        "cancellation_requested",
+    }
+    assert held.oldest_queued_age is not None
+    assert held.oldest_queued_age >= 0
+    bounded = infos["bounded"]  # a pause row for a queue this runtime does not define
+    assert bounded.paused
+    assert not bounded.defined
+    assert bounded.counts["queued"] == 0
+    assert bounded.oldest_queued_age is None
+    assert infos["default"].defined  # the runtime's own default queue
+    # the defining runtime shows its limits
+    assert by_name(app.list_queues())["bounded"].concurrency_limit == 3
+    # an operator may pause a queue it knows only from the database
+    assert ops.pause_queue("held") is True
+    assert app.drain().runs_executed == 1  # the open queue's run only
 
 
 def test_an_unknown_queue_is_refused_and_nothing_is_stored(

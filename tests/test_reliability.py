@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -45,7 +43,7 @@ from runlane.postgres import apply_postgres_storage_migrations, postgres_polling
 from runlane.storage import ClaimedRun, LeaseRef, NewRuns, Storage
 from runlane.testing import restart_embedded_postgres, start_embedded_postgres
 from tests._proxy import tcp_proxy
-from tests.helpers import storage_of, wait_for_status, wait_until
+from tests.helpers import ready_process, storage_of, wait_for_status, wait_until
 
 LEASE = timedelta(seconds=30)
 
@@ -275,65 +273,49 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
         assert row is not None
         return row[0]
 
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _FROZEN_WORKER, database_url, schema],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert worker.stdout is not None
-        assert worker.stdout.readline().strip() == "ready"
-        count_log = sql.SQL("select count(*) from {}").format(log)
-        wait_until(lambda: one(count_log) >= 5, timeout=20, what="the worker to run handlers")
-        # claimed ahead and not started: running attempts with no handler record
-        count_held = sql.SQL(
-            "select count(*) from {} r where r.status = 'running' and not exists "
-            "(select 1 from {} h where h.run_id = r.id and h.attempt = r.attempt)"
-        ).format(runs, log)
-        held = 0
-        for _ in range(20):  # freeze it at a moment it holds runs claimed ahead
-            wait_until(lambda: one(count_held) >= 2, timeout=20, what="runs claimed ahead")
-            os.kill(worker.pid, signal.SIGSTOP)
-            time.sleep(0.05)  # a statement in flight settles
-            held = one(count_held)
-            if held >= 1:
-                break
-            os.kill(worker.pid, signal.SIGCONT)
-            time.sleep(0.5)
-        assert held >= 1, "the worker held no run claimed ahead; the test proves nothing"
-        maintainer = make_runlane(tasks=[])
-        expired = 0
-        deadline = time.monotonic() + 20
-        while expired == 0 and time.monotonic() < deadline:
-            time.sleep(0.5)
-            expired = maintainer.run_maintenance_once().attempts_expired
-        assert expired >= held
-        resumed_at = one(sql.SQL("select clock_timestamp()"))
-        os.kill(worker.pid, signal.SIGCONT)
-        time.sleep(1.5)  # let it run: its slot reaches the hand-off within milliseconds
-        started_expired = one(
-            sql.SQL(
-                "select count(*) from {} h join {} a "
-                "on a.run_id = h.run_id and a.attempt = h.attempt "
-                "where a.outcome = 'expired' and h.pid = %s and h.checked_at > %s"
-            ).format(log, sql.Identifier(schema, "attempts")),
-            worker.pid,
-            resumed_at,
-        )
-        assert started_expired == 0, f"{started_expired} expired attempts started after resume"
-        assert one(count_log) > 5, "the resumed worker did no further work"
-    finally:
-        os.kill(worker.pid, signal.SIGCONT)
-        if worker.stdin is not None:
-            worker.stdin.close()
+    with ready_process(_FROZEN_WORKER, database_url, schema) as worker:
         try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        if worker.stdout is not None:
-            worker.stdout.close()
+            count_log = sql.SQL("select count(*) from {}").format(log)
+            wait_until(lambda: one(count_log) >= 5, timeout=20, what="the worker to run handlers")
+            # claimed ahead and not started: running attempts with no handler record
+            count_held = sql.SQL(
+                "select count(*) from {} r where r.status = 'running' and not exists "
+                "(select 1 from {} h where h.run_id = r.id and h.attempt = r.attempt)"
+            ).format(runs, log)
+            held = 0
+            for _ in range(20):  # freeze it at a moment it holds runs claimed ahead
+                wait_until(lambda: one(count_held) >= 2, timeout=20, what="runs claimed ahead")
+                os.kill(worker.pid, signal.SIGSTOP)
+                time.sleep(0.05)  # a statement in flight settles
+                held = one(count_held)
+                if held >= 1:
+                    break
+                os.kill(worker.pid, signal.SIGCONT)
+                time.sleep(0.5)
+            assert held >= 1, "the worker held no run claimed ahead; the test proves nothing"
+            maintainer = make_runlane(tasks=[])
+            expired = 0
+            deadline = time.monotonic() + 20
+            while expired == 0 and time.monotonic() < deadline:
+                time.sleep(0.5)
+                expired = maintainer.run_maintenance_once().attempts_expired
+            assert expired >= held
+            resumed_at = one(sql.SQL("select clock_timestamp()"))
+            os.kill(worker.pid, signal.SIGCONT)
+            time.sleep(1.5)  # let it run: its slot reaches the hand-off within milliseconds
+            started_expired = one(
+                sql.SQL(
+                    "select count(*) from {} h join {} a "
+                    "on a.run_id = h.run_id and a.attempt = h.attempt "
+                    "where a.outcome = 'expired' and h.pid = %s and h.checked_at > %s"
+                ).format(log, sql.Identifier(schema, "attempts")),
+                worker.pid,
+                resumed_at,
+            )
+            assert started_expired == 0, f"{started_expired} expired attempts started after resume"
+            assert one(count_log) > 5, "the resumed worker did no further work"
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
 
 
 def test_a_step_meeting_a_long_outage_raises_a_runlane_error_and_spends_no_attempt(

@@ -9,18 +9,14 @@ queue's claim in flight; a row lock stops a completion write.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import sys
 import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from subprocess import DEVNULL, PIPE, Popen
 from typing import Any
 
 import attrs
@@ -40,7 +36,15 @@ from runlane import (
 )
 from runlane.errors import RunInterrupted
 from tests.conftest import RabbitRuntimes, RunlaneFactory
-from tests.helpers import attempt_rows, count_runs, q, run_row, wait_for_status, wait_until
+from tests.helpers import (
+    attempt_rows,
+    cli_process,
+    count_runs,
+    q,
+    run_row,
+    wait_for_status,
+    wait_until,
+)
 
 
 @attrs.frozen
@@ -584,25 +588,6 @@ CLI_APP = textwrap.dedent(
 )
 
 
-@contextmanager
-def _cli(tmp_path: Path, database_url: str, schema: str, *args: str) -> Iterator[Popen[str]]:
-    (tmp_path / "shutdownapp.py").write_text(CLI_APP)
-    env = {**os.environ, "APP_DATABASE_URL": database_url, "APP_SCHEMA": schema}
-    with Popen(
-        [sys.executable, "-m", "runlane.cli", *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=DEVNULL,
-        stderr=PIPE,
-        text=True,
-    ) as proc:
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-
-
 @pytest.mark.parametrize("command", ["worker", "maintenance"])
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e12", "soon"])
 def test_a_bad_shutdown_timeout_is_refused_before_the_command_starts(
@@ -611,8 +596,8 @@ def test_a_bad_shutdown_timeout_is_refused_before_the_command_starts(
     """Before: -1 and nan were accepted, and the stop signal then hung the process until
     SIGKILL (close() refused them only then); inf exited 1 with a traceback, its runs left
     running."""
-    args = (command, "shutdownapp:runlane", f"--shutdown-timeout={value}")
-    with _cli(tmp_path, database_url, schema, *args) as proc:
+    args = (command, "cliapp:runlane", f"--shutdown-timeout={value}")
+    with cli_process(tmp_path, CLI_APP, database_url, schema, *args) as proc:
         assert proc.wait(timeout=60) == 2
         assert proc.stderr is not None
         err = proc.stderr.read()
@@ -623,8 +608,8 @@ def test_a_bad_shutdown_timeout_is_refused_before_the_command_starts(
 def test_a_zero_shutdown_timeout_is_accepted(
     tmp_path: Path, database_url: str, schema: str
 ) -> None:
-    args = ("worker", "shutdownapp:runlane", "--shutdown-timeout=0")
-    with _cli(tmp_path, database_url, schema, *args) as proc:
+    args = ("worker", "cliapp:runlane", "--shutdown-timeout=0")
+    with cli_process(tmp_path, CLI_APP, database_url, schema, *args) as proc:
         assert proc.stderr is not None
         for line in proc.stderr:
             if "SIGTERM or Ctrl-C stops it" in line:
