@@ -8,18 +8,21 @@ statements (``run_claim``, ``run_claim_ids``), which leave paused queues out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from psycopg.rows import dict_row
 
 from runlane.postgres._connections import Conn
 
-__all__ = ["QueueMethods"]
+__all__ = ["QueueMethods", "status_queues"]
 
 log = logging.getLogger("runlane.postgres")
 
 T = TypeVar("T")
+
+# queue_list's count columns, one per unfinished status
+_UNFINISHED = ("queued", "running", "cancellation_requested", "retrying", "released", "waiting")
 
 # runs given outbox items again per statement when a queue resumes on a transport lane
 RESUME_BATCH = 1_000
@@ -88,7 +91,8 @@ class QueueMethods:
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
         """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
         ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
-        its value, and ``oldest_queued_age`` (seconds, None when none is due)."""
+        its value, ``live_leases``, and ``oldest_queued_age`` (seconds, None when none is
+        due). status_counts reads the same statement (see status_queues)."""
 
         def listed(conn: Conn) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
@@ -96,3 +100,22 @@ class QueueMethods:
                 return [dict(row) for row in cur.fetchall()]
 
         return self._with_conn(listed)
+
+
+def status_queues(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``status_counts``' queues from ``queue_list``'s rows: the paused queues and those with
+    unfinished runs (a queue with only an unpaused queue_states row is left out), with the
+    counts of QueueStatus (running counts cancellation_requested too, retrying released)."""
+    return [
+        {
+            "queue": row["queue"],
+            "queued": row["queued"],
+            "running": row["running"] + row["cancellation_requested"],
+            "retrying": row["retrying"] + row["released"],
+            "waiting": row["waiting"],
+            "live_leases": row["live_leases"],
+            "paused": row["paused"],
+        }
+        for row in rows
+        if row["paused"] or any(row[status] for status in _UNFINISHED)
+    ]

@@ -44,7 +44,7 @@ from runlane.postgres._connections import (
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
-from runlane.postgres._queues import QueueMethods
+from runlane.postgres._queues import QueueMethods, status_queues
 from runlane.postgres._schedules import ScheduleMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
 from runlane.postgres._web_reads import WebReadMethods
@@ -755,8 +755,8 @@ class PostgresStorage(
                 cur.execute(self._sql["status_counts"], {"environment": environment})
                 row = cur.fetchone()
                 assert row is not None
-                cur.execute(self._sql["status_queues"], {"environment": environment})
-                queues = cur.fetchall()
+                cur.execute(self._sql["queue_list"], {"environment": environment})
+                queues = status_queues(cur.fetchall())
             return {**row, "queues": queues}
 
         return self._with_conn(counts)

@@ -82,9 +82,11 @@ select exists (select from {schema}.queue_states
                   where environment = %(environment)s and queue = %(queue)s);
 
 -- name: queue_list
--- Every queue with unfinished runs or a queue_states row: its state and its unfinished
--- runs by status (terminal runs are not read: that part of the table only grows), and how
--- long its oldest due queued run has been due. Served like status_queues.
+-- Every queue with unfinished runs or a queue_states row: its state, its unfinished runs
+-- by status (terminal runs are not read: that part of the table only grows), its live
+-- leases (running attempts whose lease has not lapsed: the count a bounded queue's limit
+-- applies to), and how long its oldest due queued run has been due. Serves list_queues
+-- (queue_list) and status() (status_counts: the paused queues and those with runs).
 with counts as (
     select queue,
            count(*) filter (where status = 'queued') as queued,
@@ -94,6 +96,8 @@ with counts as (
            count(*) filter (where status = 'waiting') as waiting,
            count(*) filter (where status = 'cancellation_requested')
                as cancellation_requested,
+           count(*) filter (where status in ('running', 'cancellation_requested')
+                              and lease_expires_at > now()) as live_leases,
            min(due_at) filter (where status = 'queued' and due_at <= now()) as oldest_due
     from {schema}.runs
     where environment = %(environment)s
@@ -115,6 +119,7 @@ select coalesce(c.queue, s.queue) as queue,
        coalesce(c.released, 0) as released,
        coalesce(c.waiting, 0) as waiting,
        coalesce(c.cancellation_requested, 0) as cancellation_requested,
+       coalesce(c.live_leases, 0) as live_leases,
        extract(epoch from now() - c.oldest_due)::float8 as oldest_queued_age
 from counts as c
 full join states as s on s.queue = c.queue

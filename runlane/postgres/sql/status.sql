@@ -42,39 +42,6 @@ select
       where r.environment = %(environment)s and r.status = 'waiting'
         and r.wait_kind = 'token' and t.status <> 'pending') as resolved_tokens_with_waiting_runs;
 
--- name: status_queues
--- Per queue: runs queued, running, deferred (retrying or released), waiting, and live
--- leases (the count a bounded queue's limit applies to), and whether it is paused (a
--- paused queue without runs is listed too). Terminal runs are not read.
-with counts as (
-    select queue,
-           count(*) filter (where status = 'queued') as queued,
-           count(*) filter (where status in ('running', 'cancellation_requested')) as running,
-           count(*) filter (where status in ('retrying', 'released')) as retrying,
-           count(*) filter (where status = 'waiting') as waiting,
-           count(*) filter (where status in ('running', 'cancellation_requested')
-                              and lease_expires_at > now()) as live_leases
-    from {schema}.runs
-    where environment = %(environment)s
-      and status in ('queued', 'running', 'cancellation_requested', 'retrying', 'released',
-                     'waiting')
-    group by queue
-), paused as (
-    select queue
-    from {schema}.queue_states
-    where environment = %(environment)s and paused
-)
-select coalesce(c.queue, p.queue) as queue,
-       coalesce(c.queued, 0) as queued,
-       coalesce(c.running, 0) as running,
-       coalesce(c.retrying, 0) as retrying,
-       coalesce(c.waiting, 0) as waiting,
-       coalesce(c.live_leases, 0) as live_leases,
-       p.queue is not null as paused
-from counts as c
-full join paused as p on p.queue = c.queue
-order by 1;
-
 -- name: maintenance_missing
 -- The worker's watch: retries or releases are past due while no maintenance band of the
 -- environment has a live owner.
