@@ -1,13 +1,21 @@
 """The Postgres storage's bulk actions (retry, cancel, delete by filter) and attempt progress.
 Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in ``sql/bulk.sql``.
+
+A batch is two statements in one transaction: ``run_bulk_pick`` locks the batch, then the
+single-run action's own statement, keyed by ids, changes it (``run_retry`` of retry_run,
+``run_cancel`` of cancel, ``run_prune_ids`` of cleanup), so each transition is written once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
+
+from psycopg.pq import TransactionStatus
 
 from runlane.models import RunStatus
 from runlane.postgres._connections import Conn
@@ -19,7 +27,6 @@ T = TypeVar("T")
 
 # a walk starts above every run: no created_at reaches infinity
 _TOP = ("infinity", uuid.UUID(int=2**128 - 1))
-_STATEMENTS = {"retry": "run_bulk_retry", "cancel": "run_bulk_cancel", "delete": "run_bulk_delete"}
 
 
 def _filter_params(runs: BulkFilter) -> dict[str, Any]:
@@ -69,16 +76,54 @@ class BulkMethods:
             "before_id": before_id,
             "batch": size,
         }
-        statement = self._sql[_STATEMENTS[action]]
+        act = {"retry": self._retry_ids, "cancel": self._cancel_ids, "delete": self._delete_ids}[
+            action
+        ]
 
         def batch(conn: Conn) -> BulkBatch:
-            # one statement in autocommit: the batch is its own transaction
-            row = conn.execute(statement, params).fetchone()
-            assert row is not None
-            last = None if row[2] is None else (row[2], row[3])
-            return BulkBatch(visited=int(row[0]), changed=int(row[1]), last=last)
+            # the batch is its own transaction: the pick's row locks hold through the action
+            with self._transaction(conn):
+                picked = conn.execute(self._sql["run_bulk_pick"], params).fetchall()
+                changed = act(conn, runs.environment, [row[0] for row in picked])
+            # newest first: the last row picked is the cursor of the next batch
+            last = None if not picked else (picked[-1][1], picked[-1][0])
+            return BulkBatch(visited=len(picked), changed=changed, last=last)
 
         return self._with_conn(batch)
+
+    def _transaction(self, conn: Conn) -> AbstractContextManager[object]:
+        """A transaction of its own on an idle autocommit connection; else the caller's
+        (a fenced maintenance write's), which the caller ends."""
+        own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+        return conn.transaction() if own else contextlib.nullcontext()
+
+    def _retry_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
+        """retry_run's run_retry on locked runs; how many were retried."""
+        if not ids:
+            return 0
+        rows = conn.execute(self._sql["run_retry"], {"environment": environment, "ids": ids})
+        return sum(1 for _, _, _, retried in rows if retried)
+
+    def _cancel_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
+        """cancel's run_cancel on locked runs; how many were cancelled or asked to stop."""
+        if not ids:
+            return 0
+        rows = conn.execute(self._sql["run_cancel"], {"environment": environment, "ids": ids})
+        return sum(1 for _, _, current in rows if current is not None)
+
+    def _delete_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
+        """Cleanup's run_prune_ids on locked runs; how many were deleted or tombstoned."""
+        return sum(self._prune_ids(conn, environment, ids))
+
+    def _prune_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> tuple[int, int]:
+        """run_prune_ids on runs locked in this transaction: (deleted, tombstoned)."""
+        if not ids:
+            return 0, 0
+        row = conn.execute(
+            self._sql["run_prune_ids"], {"environment": environment, "ids": ids}
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
 
     def run_progress_many(self, writes: Sequence[ProgressWrite]) -> set[uuid.UUID]:
         if not writes:

@@ -98,14 +98,16 @@ class InspectMethods:
         return self._with_conn(read)
 
     def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
-        params = {"environment": environment, "id": run_id}
+        # run_retry is keyed by ids: retry_runs passes it a batch (see _bulk.py)
+        params = {"environment": environment, "ids": [run_id]}
 
         def retry(conn: Conn) -> RetryOutcome:
             row = conn.execute(self._sql["run_retry"], params).fetchone()
             if row is None:
                 return RetryOutcome(previous=None, pruned=False, retried=False)
+            _, status, pruned, retried = row
             return RetryOutcome(
-                previous=RunStatus(row[0]), pruned=bool(row[1]), retried=bool(row[2])
+                previous=RunStatus(status), pruned=bool(pruned), retried=bool(retried)
             )
 
         return self._with_conn(retry)

@@ -702,9 +702,12 @@ class PostgresStorage(
         }
 
         def prune(conn: Conn) -> PruneResult:
-            row = conn.execute(self._sql["run_prune"], params).fetchone()
-            assert row is not None
-            return PruneResult(deleted=row[0], tombstoned=row[1])
+            # run_prune picks and locks; run_prune_ids, delete_runs' too, deletes what it
+            # picked in the same transaction (the fence's when fenced), so the locks hold
+            with self._transaction(conn):
+                ids = [row[0] for row in conn.execute(self._sql["run_prune"], params)]
+                deleted, tombstoned = self._prune_ids(conn, environment, ids)
+            return PruneResult(deleted=deleted, tombstoned=tombstoned)
 
         return self._fenced(fence, prune)
 
@@ -909,14 +912,16 @@ class PostgresStorage(
         )
 
     def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
-        params = {"environment": environment, "id": run_id}
+        # run_cancel is keyed by ids: cancel_runs passes it a batch (see _bulk.py)
+        params = {"environment": environment, "ids": [run_id]}
 
         def cancel(conn: Conn) -> tuple[RunStatus, RunStatus] | None:
             row = conn.execute(self._sql["run_cancel"], params).fetchone()
             if row is None:
                 return None
-            previous = RunStatus(row[0])
-            return previous, RunStatus(row[1]) if row[1] is not None else previous
+            _, before, after = row
+            previous = RunStatus(before)
+            return previous, RunStatus(after) if after is not None else previous
 
         return self._with_conn(cancel)
 

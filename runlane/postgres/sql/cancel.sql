@@ -11,10 +11,13 @@
 -- to stop (its worker hears it announced by the update trigger, or learns it at its next
 -- lease extension) and ends cancelled when its handler returns or its lease lapses. Runs
 -- waiting on a run cancelled here are resumed by the update trigger.
+-- Keyed by ids: cancel passes one, cancel_runs a batch its run_bulk_pick locked (in the
+-- same transaction). One row per run found: its status before, and after (null: not
+-- cancellable, left alone).
 with target as (
     select id, status
     from {schema}.runs
-    where id = %(id)s and environment = %(environment)s
+    where id = any(%(ids)s::uuid[]) and environment = %(environment)s
     for update
 ), changed as (
     update {schema}.runs as r
@@ -30,5 +33,6 @@ with target as (
       and t.status in ('queued', 'retrying', 'released', 'waiting', 'running')
     returning r.id, r.status
 )
-select t.status as previous, (select status from changed) as current
-from target as t;
+select t.id, t.status as previous, c.status as current
+from target as t
+left join changed as c on c.id = t.id;

@@ -73,10 +73,13 @@ order by s.created_at, s.name;
 -- cleared; its steps are kept (a retried handler gets their stored outputs). The runs
 -- update trigger announces it, and writes its outbox item in outbox environments, as for
 -- every transition into queued. Any other run, and a pruned tombstone, is left alone.
+-- Keyed by ids: retry_run passes one, retry_runs a batch its run_bulk_pick locked (in the
+-- same transaction). One row per run found: its status before, whether it is a tombstone,
+-- whether it was retried.
 with target as (
     select id, status, pruned_at is not null as pruned
     from {schema}.runs
-    where id = %(id)s and environment = %(environment)s
+    where id = any(%(ids)s::uuid[]) and environment = %(environment)s
     for update
 ), retried as (
     update {schema}.runs as r
@@ -98,5 +101,5 @@ with target as (
       and not t.pruned
     returning r.id
 )
-select t.status, t.pruned, exists (select from retried) as retried
+select t.id, t.status, t.pruned, t.id in (select id from retried) as retried
 from target as t;

@@ -170,9 +170,8 @@ with recent as (
 select {schema}.runlane_announce(%(environment)s, 'due', queue), queue from recent;
 
 -- name: run_prune
--- Cleanup: deletes terminal runs past retention; one that still has children becomes a
--- tombstone counting them, and each deleted child lowers its tombstoned parent's count.
--- Tombstones whose count reached zero are deleted like any other run.
+-- Cleanup's pick: terminal runs past retention, and tombstones whose count of children
+-- reached zero, locked; run_prune_ids then deletes them in the same transaction.
 -- Candidates come from one index range per status (runs_finished, oldest first) and from
 -- runs_tombstones, so a pass reads about limit rows whatever the table holds (one query
 -- with an OR across them scanned and sorted the whole table).
@@ -203,23 +202,38 @@ with candidates as materialized (
      where environment = %(environment)s and pruned_at is not null
        and remaining_children <= 0
      limit %(limit)s)
-), doomed as materialized (
-    -- lock them, the conditions checked again on the locked rows (a run retried meanwhile
-    -- is no longer terminal)
-    select r.id, r.parent_run_id, r.pruned_at is not null as was_tombstone
-    from {schema}.runs as r
-    where r.id in (select id from candidates)
-      and r.environment = %(environment)s
-      and ((r.pruned_at is null
-            and r.status in ('completed', 'failed', 'cancelled')
-            and r.finished_at < now() - case r.status
-                when 'completed' then %(completed_seconds)s
-                when 'failed' then %(failed_seconds)s
-                else %(cancelled_seconds)s end * interval '1 second')
-           or (r.pruned_at is not null and r.remaining_children <= 0))
-    order by r.finished_at
-    limit %(limit)s
-    for update of r skip locked
+)
+-- lock them, the conditions checked again on the locked rows (a run retried meanwhile is
+-- no longer terminal)
+select r.id
+from {schema}.runs as r
+where r.id in (select id from candidates)
+  and r.environment = %(environment)s
+  and ((r.pruned_at is null
+        and r.status in ('completed', 'failed', 'cancelled')
+        and r.finished_at < now() - case r.status
+            when 'completed' then %(completed_seconds)s
+            when 'failed' then %(failed_seconds)s
+            else %(cancelled_seconds)s end * interval '1 second')
+       or (r.pruned_at is not null and r.remaining_children <= 0))
+order by r.finished_at
+limit %(limit)s
+for update of r skip locked;
+
+-- name: run_prune_ids
+-- Deletes terminal runs by id: cleanup's (run_prune picks them) and delete_runs' (a batch
+-- its run_bulk_pick picked), their rows locked by that pick in the same transaction. One
+-- that still has children becomes a tombstone counting them, and each deleted child lowers
+-- its tombstoned parent's count. A tombstone given here (cleanup gives those whose count
+-- reached zero) is deleted, never tombstoned again. A run that is not terminal is left
+-- alone.
+with doomed as materialized (
+    select id, parent_run_id, pruned_at is not null as was_tombstone
+    from {schema}.runs
+    where id = any(%(ids)s::uuid[])
+      and environment = %(environment)s
+      and status in ('completed', 'failed', 'cancelled')
+    for update
 ), child_counts as (
     select c.parent_run_id as id, count(*) as n
     from {schema}.runs as c
@@ -248,7 +262,7 @@ with candidates as materialized (
     returning r.id, r.parent_run_id
 ), attempts_deleted as (
     -- a deleted run's finished attempts go with it (in this statement since version 5
-    -- dropped the key that cascaded)
+    -- dropped the key that cascaded); its steps go through their foreign key
     delete from {schema}.attempts as a
     using deleted as d
     where a.run_id = d.id
