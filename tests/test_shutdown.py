@@ -55,6 +55,11 @@ class Item:
 ONE_ATTEMPT = RetryPolicy(max_attempts=1)
 
 
+@task(id="noop", schema=Item)
+def noop(payload: Item, context: RunContext) -> None:
+    pass
+
+
 def _runlane_threads(*, with_pool: bool = False) -> list[str]:
     """Threads of workers, drains and services (and, ``with_pool``, the runtime's pool)."""
     return sorted(
@@ -302,10 +307,6 @@ def test_close_timeout_must_not_be_negative(make_runlane: RunlaneFactory) -> Non
 def test_runtime_close_closes_its_workers_and_services(make_runlane: RunlaneFactory) -> None:
     """Before: Runlane.close() left its workers and services running."""
 
-    @task(id="noop", schema=Item)
-    def noop(payload: Item, context: RunContext) -> None:
-        pass
-
     rl = make_runlane(tasks=[noop])
     worker = rl.create_delivery_worker(concurrency=2)
     services = rl.start_services()
@@ -323,10 +324,6 @@ def test_runtime_close_closes_its_workers_and_services(make_runlane: RunlaneFact
 def test_a_closed_runtime_refuses_every_method(
     make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
 ) -> None:
-    @task(id="noop", schema=Item)
-    def noop(payload: Item, context: RunContext) -> None:
-        pass
-
     rl = make_runlane(tasks=[noop])
     run = rl.trigger(noop, Item(1))
     rl.close()
@@ -432,10 +429,6 @@ def test_close_with_an_infinite_or_huge_timeout_waits_and_closes_everything(
     """Before: a raw OverflowError from the first join past threading.TIMEOUT_MAX, part-way
     through close, left the writer, the listener and the pool's threads running."""
 
-    @task(id="noop", schema=Item)
-    def noop(payload: Item, context: RunContext) -> None:
-        pass
-
     rl = make_runlane(tasks=[noop])
     worker = rl.create_delivery_worker(concurrency=2)
     services = rl.start_services()
@@ -505,10 +498,6 @@ def test_a_worker_that_cannot_start_its_threads_stops_those_it_started(
     held). Concurrency is now bounded (1024), and when the process runs out of threads
     anyway (simulated here at the third slot, as the OS refuses it) the started threads are
     stopped and a WorkerFailed says what to do."""
-
-    @task(id="noop", schema=Item)
-    def noop(payload: Item, context: RunContext) -> None:
-        pass
 
     rl = make_runlane(tasks=[noop])
     real_start = threading.Thread.start
