@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
+from runlane._display import shown
 from runlane.errors import ConfigurationError
 
 __all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind"]
@@ -31,7 +32,7 @@ def parse_bind(value: str) -> tuple[str, int]:
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ConfigurationError(
             f"--bind must be HOST:PORT with a port from 1 to 65535 (e.g. 127.0.0.1:8080, or "
-            f"[::1]:8080), got {value[:80]!r}"
+            f"[::1]:8080), got {shown(value, 80)}"
         )
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

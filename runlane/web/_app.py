@@ -30,6 +30,7 @@ from flask import (
 )
 from werkzeug.exceptions import HTTPException
 
+from runlane._display import shown
 from runlane._inspect import encode_cursor
 from runlane._status import unhealthy
 from runlane.errors import (
@@ -94,10 +95,7 @@ class RunFilters:
 
     @property
     def any(self) -> bool:
-        return any(
-            v is not None
-            for v in (self.status, self.task, self.queue, self.created_after, self.created_before)
-        )
+        return any(v is not None for v in attrs.astuple(self, recurse=False))
 
     def args(self) -> dict[str, str]:
         """As query arguments (for links and hidden fields)."""
@@ -132,7 +130,7 @@ def _time(source: Any, name: str) -> datetime | None:
     except ValueError:
         raise ConfigurationError(
             f"{name.replace('_', ' ')} must be a time like 2024-05-01T13:30 (UTC unless it "
-            f"gives an offset), got {value[:40]!r}"
+            f"gives an offset), got {shown(value, 40)}"
         ) from None
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
@@ -141,7 +139,7 @@ def _filters(source: Any) -> RunFilters:
     status = _text(source, "status")
     if status is not None and status not in {s.value for s in RunStatus}:
         raise ConfigurationError(
-            f"status {status[:40]!r} is not a run status; use one of: "
+            f"status {shown(status, 40)} is not a run status; use one of: "
             + ", ".join(s.value for s in RunStatus)
         )
     return RunFilters(
@@ -381,14 +379,7 @@ class _Console:
                 "action; the console does not act on every run at once"
             )
         method = self.runlane.retry_runs if action == "retry" else self.runlane.cancel_runs
-        return method(
-            status=filters.status,
-            task=filters.task,
-            queue=filters.queue,
-            created_after=filters.created_after,
-            created_before=filters.created_before,
-            **options,
-        )
+        return method(**attrs.asdict(filters, recurse=False), **options)
 
     def bulk_confirm(self) -> str:
         action = self.bulk_action(request.args)
