@@ -15,6 +15,7 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 
+from runlane._display import shown
 from runlane.errors import ConfigurationError
 from runlane.postgres import postgres_polling_lane
 from runlane.runtime import Runlane, create_runlane
@@ -71,7 +72,7 @@ def split_targets(values: Sequence[str], *, want_run_ids: bool) -> tuple[str | N
     for value in values:
         if ":" in value:
             if app is not None:
-                raise ConfigurationError(f"two APPs given: {app!r} and {value!r}")
+                raise ConfigurationError(f"two APPs given: {shown(app)} and {shown(value)}")
             app = value
             continue
         if not want_run_ids:

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import attrs
 
+from runlane._display import shown
 from runlane.context import RunContext
 from runlane.errors import ConfigurationError, NonRetryableError
 from runlane.models import RunHandle
@@ -56,7 +57,7 @@ def run_demo(
     on the polling lane; on the RabbitMQ lane, delivered through a broker (``amqp_url``, or a
     private node started from the Debian rabbitmq-server package) to a worker."""
     if lane not in DEMO_LANES:
-        raise ConfigurationError(f"lane must be one of {', '.join(DEMO_LANES)}, got {lane!r}")
+        raise ConfigurationError(f"lane must be one of {', '.join(DEMO_LANES)}, got {shown(lane)}")
     if lane == "rabbitmq" and amqp_url is None:
         reason = rabbitmq_available()
         if reason is not None:

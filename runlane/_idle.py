@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import attrs
 
-from runlane.errors import ConfigurationError
+from runlane._limits import MAX_WAIT_SECONDS, as_int, as_seconds
+from runlane._validation import as_duration
 from runlane.maintenance import MaintenanceResult
 from runlane.models import RunStatus
 from runlane.runtime import Runlane
@@ -65,14 +66,10 @@ def run_until_idle(
     Polling lanes only: on a lane without ``drain()`` (RabbitMQ) it raises
     ``ConfigurationError``, like ``drain()``.
     """
-    if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
-        raise ConfigurationError(f"max_passes must be a positive integer, got {max_passes!r}")
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if not isinstance(due_within, int | float) or isinstance(due_within, bool) or due_within < 0:
-        raise ConfigurationError(
-            f"due_within must be a non-negative number of seconds, got {due_within!r}"
-        )
+    as_int("max_passes", max_passes, 1)
+    # a timeout threading.Timer accepts (inf and NaN are refused, not a crash in the timer)
+    timeout = as_seconds("timeout", timeout, MAX_WAIT_SECONDS)
+    due_within = as_duration("due_within", due_within).total_seconds()
     deadline = time.monotonic() + timeout
     stop = threading.Event()
     timer = threading.Timer(timeout, stop.set)

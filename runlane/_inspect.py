@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from runlane._display import shown
+from runlane._limits import as_int
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError, RunStateConflict
 from runlane.models import RunError, RunPage, RunSnapshot, RunStatus
@@ -102,18 +103,14 @@ def list_query(
 ) -> RunListQuery:
     """Check ``list_runs``'s arguments; the query asks for one run more than the page, to
     know whether another page follows. ``task`` may be a Task (its id is used)."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-        raise ConfigurationError(
-            f"limit must be an integer from 1 to {MAX_PAGE}, got {shown(limit)}; page through "
-            "more runs with next_cursor"
-        )
+    page = as_int("limit", limit, 1, MAX_PAGE, hint="; page through more runs with next_cursor")
     task_id = getattr(task, "id", task) if not isinstance(task, str) else task
     return RunListQuery(
         environment=environment,
         status=_status(status),
         task_id=_name("task", task_id),
         queue=_name("queue", queue),
-        limit=limit + 1,
+        limit=page + 1,
         before=None if cursor is None else decode_cursor(cursor),
     )
 

@@ -164,7 +164,7 @@ def check_limit(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT_BYTES:
         raise ConfigurationError(
             f"{name} must be an integer number of bytes from 1 to {MAX_LIMIT_BYTES:,} (64 MiB), "
-            f"got {value!r}; store larger values elsewhere and pass a reference"
+            f"got {shown(value)}; store larger values elsewhere and pass a reference"
         )
     return value
 

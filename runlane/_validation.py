@@ -171,7 +171,7 @@ def with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
     queue_list = list(queues)
     for q in queue_list:
         if not isinstance(q, Queue):
-            raise ConfigurationError(f"queues takes queue(...) definitions, got {q!r}")
+            raise ConfigurationError(f"queues takes queue(...) definitions, got {shown(q)}")
     names = [q.name for q in queue_list]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -144,7 +144,9 @@ class Runlane:
 
     def _schedule_entry(self, sched: Schedule) -> ScheduleEntry:
         if not isinstance(sched, Schedule):
-            raise ConfigurationError(f"schedules takes schedule(...) definitions, got {sched!r}")
+            raise ConfigurationError(
+                f"schedules takes schedule(...) definitions, got {shown(sched)}"
+            )
         try:
             task = self._resolve_task(sched.task)
         except TaskNotFound as exc:
@@ -773,7 +775,7 @@ class Runlane:
         if queues is None:
             return sorted(self._queues)
         if isinstance(queues, str):
-            raise ConfigurationError(f"queues takes a list of names, got the string {queues!r}")
+            raise ConfigurationError(f"queues takes a list of names, got {shown(queues)}")
         unknown = sorted(set(queues) - set(self._queues))
         if unknown:
             raise ConfigurationError(
@@ -906,7 +908,7 @@ class Runlane:
         if limits is None:
             limits = MaintenanceLimits()
         elif not isinstance(limits, MaintenanceLimits):
-            raise ConfigurationError(f"limits must be MaintenanceLimits, got {limits!r}")
+            raise ConfigurationError(f"limits must be MaintenanceLimits, got {shown(limits)}")
         self._ensure_started()
         return run_maintenance_pass(self._scope, limits)
 
@@ -922,7 +924,7 @@ class Runlane:
         info)`` receives every failed pass (``info.phase``); without it failures are logged."""
         self._check_open()
         if limits is not None and not isinstance(limits, MaintenanceLimits):
-            raise ConfigurationError(f"limits must be MaintenanceLimits, got {limits!r}")
+            raise ConfigurationError(f"limits must be MaintenanceLimits, got {shown(limits)}")
         as_timedelta("lease_duration", lease_duration, MIN_LEASE, MAX_LEASE)
         self._ensure_started()
         services = Services(
@@ -986,7 +988,7 @@ def create_runlane(
     check_limit("max_payload_bytes", max_payload_bytes)
     check_limit("max_output_bytes", max_output_bytes)
     if retention is not None and not isinstance(retention, RetentionPolicy):
-        raise ConfigurationError(f"retention must be a RetentionPolicy, got {retention!r}")
+        raise ConfigurationError(f"retention must be a RetentionPolicy, got {shown(retention)}")
     schedule_ids = [getattr(s, "id", s) for s in schedules]
     repeated = sorted({str(i) for i in schedule_ids if schedule_ids.count(i) > 1})
     if repeated:
@@ -996,7 +998,7 @@ def create_runlane(
     task_ids: set[str] = set()
     for t in tasks:
         if not isinstance(t, Task):
-            raise ConfigurationError(f"tasks takes @task-decorated functions, got {t!r}")
+            raise ConfigurationError(f"tasks takes @task-decorated functions, got {shown(t)}")
         if t.id in task_ids:
             raise ConfigurationError(f"two tasks share the id {t.id!r}")
         task_ids.add(t.id)

@@ -21,6 +21,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from croniter import CroniterBadDateError, croniter
 
+from runlane._display import shown
+from runlane._limits import as_int, as_int32
 from runlane.errors import ConfigurationError
 from runlane.tasks import Task
 
@@ -87,24 +89,8 @@ def schedule(
             f"schedule {id!r}: unknown timezone {timezone!r}; use an IANA name such as "
             "'UTC' or 'Europe/Paris'"
         ) from exc
-    if (
-        isinstance(catch_up, bool)
-        or not isinstance(catch_up, int)
-        or not (0 <= catch_up <= _MAX_CATCH_UP)
-    ):
-        raise ConfigurationError(
-            f"schedule {id!r}: catch_up must be an integer from 0 to {_MAX_CATCH_UP}, "
-            f"got {catch_up!r}"
-        )
-    if (
-        isinstance(priority, bool)
-        or not isinstance(priority, int)
-        or not -(2**31) <= priority <= 2**31 - 1
-    ):
-        raise ConfigurationError(
-            f"schedule {id!r}: priority must be an integer from {-(2**31)} to {2**31 - 1}, "
-            f"got {priority!r}"
-        )
+    as_int(f"schedule {shown(id)}: catch_up", catch_up, 0, _MAX_CATCH_UP)
+    as_int32(f"schedule {shown(id)}: priority", priority)
     if queue is not None and not isinstance(queue, str):
         raise ConfigurationError(
             f"schedule {id!r}: queue must be a queue name (a string) or None, got {queue!r}"

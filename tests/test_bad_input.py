@@ -52,6 +52,7 @@ from runlane._limits import (
 )
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
+from runlane.rabbitmq import rabbitmq_lane
 from tests.conftest import RunlaneFactory
 
 
@@ -890,6 +891,17 @@ CASES: list[Case] = [
         lambda e: _lane(e.url, connect_timeout=math.inf),
         ConfigurationError,
         "connect_timeout must be a number of seconds above 0 and at most 3600, got inf",
+    ),
+    api(
+        "rabbitmq-delivery-limit-huge",
+        lambda e: rabbitmq_lane(
+            connection_string=e.url,
+            schema="unused_schema",
+            amqp_url="amqp://127.0.0.1:1/",
+            delivery_limit=10**20,
+        ),
+        ConfigurationError,
+        "delivery_limit must be an integer from 1 to 2147483647, got 100000000000000000000",
     ),
     api(
         "lane-connect-timeout-nan",

@@ -24,10 +24,12 @@ from runlane import (
     RunlaneError,
     StorageUnavailable,
     TaskNotFound,
+    create_runlane,
     queue,
     task,
 )
 from runlane.cli import EXIT_CONFIGURATION
+from runlane.postgres import postgres_grant_sql, postgres_polling_lane
 from tests.conftest import RunlaneFactory
 from tests.helpers import Cli, Conn, count_runs, importable_app, in_process_cli, q
 
@@ -399,3 +401,44 @@ def test_a_statement_timeout_on_the_callers_connection_is_not_database_unavailab
     assert "unavailable" not in message
     assert "SET LOCAL statement_timeout" in message
     assert count_runs(db, schema) == before
+
+
+# a value of the wrong kind, as an untyped caller passes it
+WRONG: Any = LONG
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda rl, url: create_runlane(lane=rl.lane, schedules=[WRONG]),
+        lambda rl, url: create_runlane(lane=rl.lane, tasks=[WRONG]),
+        lambda rl, url: create_runlane(lane=rl.lane, queues=[WRONG]),
+        lambda rl, url: create_runlane(lane=rl.lane, retention=WRONG),
+        lambda rl, url: rl.run_maintenance_once(WRONG),
+        lambda rl, url: rl.create_delivery_worker(concurrency=1, queues=WRONG),
+        lambda rl, url: postgres_polling_lane(connection_string=url, schema=LONG),
+        lambda rl, url: postgres_grant_sql(job=WRONG, role="r", schema="s"),
+        lambda rl, url: postgres_grant_sql(job="worker", role=LONG, schema="s"),
+        lambda rl, url: postgres_polling_lane(connection_string=f"port={LONG}", schema="s"),
+    ],
+    ids=[
+        "schedules",
+        "tasks",
+        "queues",
+        "retention",
+        "maintenance-limits",
+        "worker-queues",
+        "schema",
+        "grant-job",
+        "grant-role",
+        "port",
+    ],
+)
+def test_a_long_value_of_the_wrong_kind_is_not_repeated_whole(
+    rl: Runlane, database_url: str, call: Callable[[Runlane, str], object]
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        call(rl, database_url)
+    message = str(caught.value)
+    assert "a string of 10,000 characters" in message, message
+    assert len(message) < 600, message

@@ -185,5 +185,12 @@ def test_bad_arguments_and_lanes_without_drain(database_url: str, schema: str) -
             run_until_idle(rl, timeout=0)
         with pytest.raises(ConfigurationError, match="due_within"):
             run_until_idle(rl, due_within=-1)
+        # refused here, not a crash in threading.Timer (inf overflows it, NaN is no time)
+        for timeout in (float("inf"), float("nan"), 10**400):
+            with pytest.raises(ConfigurationError, match="timeout"):
+                run_until_idle(rl, timeout=timeout)
+        for due_within in (float("nan"), float("inf")):
+            with pytest.raises(ConfigurationError, match="due_within"):
+                run_until_idle(rl, due_within=due_within)
     finally:
         rl.close()

@@ -17,6 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
+from runlane._display import shown
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError, StorageUnavailable
 
 __all__ = [
@@ -72,7 +73,7 @@ def check_conninfo(connection_string: object) -> dict[str, Any]:
     port = params.get("port")
     if port is not None and not all(p.strip().isdigit() for p in str(port).split(",") if p):
         raise ConfigurationError(
-            f"the connection string's port {port!r} is not a number: use e.g. port=5432"
+            f"the connection string's port {shown(port)} is not a number: use e.g. port=5432"
         )
     return params
 

@@ -12,6 +12,7 @@ from typing import Any, Final
 import attrs
 import psycopg
 
+from runlane._display import shown
 from runlane.errors import ConfigurationError, SchemaNotMigrated
 from runlane.postgres._connections import check_conninfo, storage_error
 from runlane.postgres._sql import grant_blocks, render, validate_schema_name
@@ -53,7 +54,7 @@ class GrantResult:
 def _check_job(job: object) -> str:
     if not isinstance(job, str) or job not in GRANT_JOBS:
         raise ConfigurationError(
-            f"unknown job {job!r}: grant one of {', '.join(GRANT_JOBS)} "
+            f"unknown job {shown(job)}: grant one of {', '.join(GRANT_JOBS)} "
             "(a role with several jobs is granted each of them)"
         )
     return job
@@ -61,7 +62,7 @@ def _check_job(job: object) -> str:
 
 def _check_lane(lane: object) -> str:
     if not isinstance(lane, str) or lane not in GRANT_LANES:
-        raise ConfigurationError(f"unknown lane {lane!r}: use one of {', '.join(GRANT_LANES)}")
+        raise ConfigurationError(f"unknown lane {shown(lane)}: use one of {', '.join(GRANT_LANES)}")
     return lane
 
 
@@ -69,7 +70,7 @@ def validate_role_name(role: object) -> str:
     """Accept plain role names only; the name is quoted as an identifier in the SQL too."""
     if not isinstance(role, str) or not _ROLE_NAME.fullmatch(role):
         raise ConfigurationError(
-            f"role name {role!r} is not valid: use 1-63 letters, digits and _ $ . @ -, "
+            f"role name {shown(role)} is not valid: use 1-63 letters, digits and _ $ . @ -, "
             "starting with a letter or underscore"
         )
     if role.lower() in _RESERVED_ROLES or role.lower().startswith("pg_"):

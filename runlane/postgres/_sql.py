@@ -13,6 +13,7 @@ from importlib import resources
 
 from psycopg import sql
 
+from runlane._display import shown
 from runlane.errors import ConfigurationError
 
 __all__ = [
@@ -35,7 +36,7 @@ def validate_schema_name(schema: str) -> str:
     """Accept only plain lowercase identifiers that need no quoting tricks and are not reserved."""
     if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
         raise ConfigurationError(
-            f"schema name {schema!r} is not valid: use 1-63 lowercase letters, digits and "
+            f"schema name {shown(schema)} is not valid: use 1-63 lowercase letters, digits and "
             "underscores, starting with a letter or underscore"
         )
     if schema.startswith("pg_") or schema == "information_schema":

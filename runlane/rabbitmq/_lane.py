@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import pika
 
+from runlane._limits import INT32_MAX, as_int
 from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
@@ -254,14 +255,8 @@ def rabbitmq_lane(
             f"({publish_timeout}): a publisher still waiting for a confirm would lose its claim "
             "and the item would be published twice"
         )
-    if (
-        isinstance(delivery_limit, bool)
-        or not isinstance(delivery_limit, int)
-        or delivery_limit < 1
-    ):
-        raise ConfigurationError(
-            f"delivery_limit must be a positive integer, got {delivery_limit!r}"
-        )
+    # x-delivery-limit, counted by the broker per message
+    as_int("delivery_limit", delivery_limit, 1, INT32_MAX)
     return RabbitMQLane(
         connection_string=connection_string,
         schema=schema,

@@ -43,6 +43,7 @@ import attrs
 from runlane import _telemetry
 from runlane._backoff import Backoff
 from runlane._closing import Closing
+from runlane._display import shown
 from runlane._execution import Write, execute_attempt, make_context
 from runlane._leases import LeaseTracker, Tracked
 from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout
@@ -700,7 +701,7 @@ def check_worker_arguments(
     if queues is None:
         return list(registered.values())
     if isinstance(queues, str) or not isinstance(queues, Sequence):
-        raise ConfigurationError(f"queues takes a list of queue names, got {queues!r}")
+        raise ConfigurationError(f"queues takes a list of queue names, got {shown(queues)}")
     names = [q.name if isinstance(q, Queue) else q for q in queues]
     unknown = sorted(str(n) for n in names if n not in registered)
     if unknown:
