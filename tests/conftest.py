@@ -130,20 +130,26 @@ def rabbitmq_cluster() -> Iterator[list[RabbitNode]]:
 @pytest.fixture
 def rabbit_runtime(database_url: str, schema: str) -> Iterator[RabbitRuntimes]:
     """Build runtimes on the RabbitMQ lane and this test's schema; closed at teardown.
-    ``amqp_url`` is required; other keywords go to ``rabbitmq_lane`` except ``tasks`` and
-    ``queues``."""
+    ``amqp_url`` is required; other keywords go to ``rabbitmq_lane`` except ``tasks``,
+    ``queues`` and ``environment``."""
     from runlane.rabbitmq import rabbitmq_lane  # noqa: PLC0415 - needs pika
 
     made: list[Runlane] = []
 
     def make(
-        *, amqp_url: str, tasks: list[Task[Any, Any]], queues: Sequence[Queue] = (), **lane: Any
+        *,
+        amqp_url: str,
+        tasks: list[Task[Any, Any]],
+        queues: Sequence[Queue] = (),
+        environment: str = "default",
+        **lane: Any,
     ) -> Runlane:
         lane.setdefault("connect_timeout", 3.0)
         runtime = create_runlane(
             lane=rabbitmq_lane(
                 connection_string=database_url, schema=schema, amqp_url=amqp_url, **lane
             ),
+            environment=environment,
             tasks=tasks,
             queues=queues,
         )

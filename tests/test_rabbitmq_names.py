@@ -7,17 +7,16 @@ Tests share the session broker (``rabbitmq_url``; queue names carry the test's s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import functools
+from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from runlane import (
     ConfigurationError,
-    Queue,
     RunContext,
     Runlane,
     RunStatus,
@@ -27,37 +26,17 @@ from runlane import (
 )
 from runlane.rabbitmq import rabbitmq_lane
 from runlane.rabbitmq._amqp import MAX_QUEUE_NAME_BYTES, queue_name
-from tests.conftest import RunlaneFactory
-from tests.helpers import consumer_ready, q, wait_until
+from tests.conftest import RabbitRuntimes, RunlaneFactory
+from tests.helpers import Conn, consumer_ready, q, wait_until
 
-Conn = psycopg.Connection[Any]
 RabbitEnvs = Callable[..., Runlane]
 
 
 @pytest.fixture
-def rabbit_env(database_url: str, schema: str, rabbitmq_url: str) -> Iterator[RabbitEnvs]:
+def rabbit_env(rabbit_runtime: RabbitRuntimes, rabbitmq_url: str) -> RabbitEnvs:
     """Runtimes on the RabbitMQ lane, this test's schema and the session broker, in the
     ``environment`` given; closed at teardown."""
-    made: list[Runlane] = []
-
-    def make(*, environment: str, queues: Sequence[Queue] = (), tasks: Sequence[Any]) -> Runlane:
-        runtime = create_runlane(
-            lane=rabbitmq_lane(
-                connection_string=database_url,
-                schema=schema,
-                amqp_url=rabbitmq_url,
-                connect_timeout=3.0,
-            ),
-            environment=environment,
-            queues=queues,
-            tasks=tasks,
-        )
-        made.append(runtime)
-        return runtime
-
-    yield make
-    for runtime in made:
-        runtime.close(timeout=10)
+    return functools.partial(rabbit_runtime, amqp_url=rabbitmq_url)
 
 
 @task(id="names.echo")
