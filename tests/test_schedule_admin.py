@@ -7,6 +7,7 @@ Time is moved by rewriting the stored awaited slot (database time), never by sle
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,13 +20,11 @@ from runlane import (
     RunContext,
     Runlane,
     RunStatus,
-    create_runlane,
     queue,
     schedule,
     task,
 )
 from runlane._status import format_report, unhealthy
-from runlane.postgres import postgres_polling_lane
 from runlane.schedules import next_slot
 from runlane.storage import ScheduledRun
 from tests.conftest import RunlaneFactory
@@ -95,21 +94,13 @@ def tables(db: Conn, schema: str) -> Tables:
 
 
 @pytest.fixture
-def operator(database_url: str, schema: str) -> Any:
+def operator(make_runlane: RunlaneFactory) -> Callable[..., Runlane]:
     """A runtime built as the operator CLI builds it: a database URL and nothing else."""
-    made: list[Runlane] = []
 
     def make(environment: str = "default") -> Runlane:
-        rl = create_runlane(
-            lane=postgres_polling_lane(connection_string=database_url, schema=schema),
-            environment=environment,
-        )
-        made.append(rl)
-        return rl
+        return make_runlane(environment=environment)
 
-    yield make
-    for rl in made:
-        rl.close()
+    return make
 
 
 def app(make_runlane: RunlaneFactory, *schedules: Any, **options: Any) -> Runlane:
