@@ -51,9 +51,8 @@ from runlane.postgres import (
 )
 from runlane.postgres._sql import statements
 from runlane.storage import Completion
-from tests.helpers import SchemaDb, wait_until
+from tests.helpers import Conn, SchemaDb, wait_until
 
-Conn = psycopg.Connection[Any]
 # (job, lane="polling") -> the conninfo of a role created for this test and granted the job
 RoleMaker = Callable[..., str]
 
@@ -184,13 +183,17 @@ QUEUES = [queue("default", default=True)]
 
 
 def runtime_as(conninfo: str, schema: str, **options: Any) -> Runlane:
+    """A runtime connecting as the role: QUEUES and TASKS unless ``options`` say otherwise."""
     lane_options = options.pop("lane_options", {})
     return create_runlane(
         lane=postgres_polling_lane(connection_string=conninfo, schema=schema, **lane_options),
-        queues=QUEUES,
-        tasks=TASKS,
-        **options,
+        **{"queues": QUEUES, "tasks": TASKS, **options},
     )
+
+
+def operator_as(conninfo: str, schema: str) -> Runlane:
+    """What the operator CLI builds, connecting as the role: no tasks, queues or schedules."""
+    return create_runlane(lane=postgres_polling_lane(connection_string=conninfo, schema=schema))
 
 
 # -- the SQL ------------------------------------------------------------------------------------
@@ -513,9 +516,9 @@ def test_a_maintenance_role_runs_passes_and_services(
     worker_conninfo = granted("worker")
     worker_rl = runtimes(runtime_as(worker_conninfo, schema))
     maintenance = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("maintenance"), schema=schema),
-            queues=QUEUES,
+        runtime_as(
+            granted("maintenance"),
+            schema,
             tasks=[*TASKS, tick],
             schedules=[every_second],
             retention=retention,
@@ -862,11 +865,7 @@ def test_workers_register_under_the_worker_role_and_are_listed_and_pruned_by_the
     worker_conninfo = granted("worker")
     worker_rl = runtimes(runtime_as(worker_conninfo, schema))
     operator_conninfo = granted("operator")
-    operator = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=operator_conninfo, schema=schema)
-        )
-    )
+    operator = runtimes(operator_as(operator_conninfo, schema))
     maintenance = runtimes(
         runtime_as(granted("maintenance"), schema, retention=RetentionPolicy(workers=timedelta(0)))
     )
@@ -912,18 +911,9 @@ def test_a_worker_reports_progress_and_an_operator_runs_bulk_actions(
     schema: str, granted: RoleMaker, runtimes: Callable[[Runlane], Runlane]
 ) -> None:
     worker_rl = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("worker"), schema=schema),
-            queues=QUEUES,
-            tasks=[reports, doomed, parent, leaf],
-        )
+        runtime_as(granted("worker"), schema, tasks=[reports, doomed, parent, leaf])
     )
-    # what the operator CLI builds: no tasks, queues or schedules
-    operator = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("operator"), schema=schema)
-        )
-    )
+    operator = runtimes(operator_as(granted("operator"), schema))
     reported = worker_rl.trigger(reports, {})
     failed = [worker_rl.trigger(doomed, {}) for _ in range(2)]
     family = worker_rl.trigger(parent, {"n": 1})
@@ -952,18 +942,11 @@ def test_an_operator_role_lists_pauses_resumes_and_runs_schedules(
     a function it may execute, and still cannot insert runs of its own making."""
     hourly = schedule(id="grants.hourly", task=tick, cron="0 * * * *", payload={"n": 1})
     maintenance = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("maintenance"), schema=schema),
-            queues=QUEUES,
-            tasks=[tick],
-            schedules=[hourly],
-        )
+        runtime_as(granted("maintenance"), schema, tasks=[tick], schedules=[hourly])
     )
     maintenance.run_maintenance_once()  # stores the schedule and its definition
     conninfo = granted("operator")
-    operator = runtimes(
-        create_runlane(lane=postgres_polling_lane(connection_string=conninfo, schema=schema))
-    )
+    operator = runtimes(operator_as(conninfo, schema))
     (info,) = operator.list_schedules()
     assert (info.id, info.task_id, info.paused) == ("grants.hourly", "grants.tick", False)
     assert operator.pause_schedule("grants.hourly") is True
@@ -1015,20 +998,9 @@ def test_the_operator_cli_runs_under_the_operator_role_alone(
     """Every operator command, from a database URL of a role granted only ``operator``; the
     role still cannot trigger runs or claim them."""
     hourly = schedule(id="grants.hourly", task=tick, cron="0 * * * *", payload={"n": 1})
-    app = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("worker"), schema=schema),
-            queues=QUEUES,
-            tasks=[leaf, doomed, tick],
-        )
-    )
+    app = runtimes(runtime_as(granted("worker"), schema, tasks=[leaf, doomed, tick]))
     maintenance = runtimes(
-        create_runlane(
-            lane=postgres_polling_lane(connection_string=granted("maintenance"), schema=schema),
-            queues=QUEUES,
-            tasks=[tick],
-            schedules=[hourly],
-        )
+        runtime_as(granted("maintenance"), schema, tasks=[tick], schedules=[hourly])
     )
     maintenance.run_maintenance_once()
     failed = [app.trigger(doomed, {}).id for _ in range(3)]
