@@ -31,9 +31,7 @@ from runlane import (
     task,
 )
 from tests.conftest import RabbitRuntimes, RunlaneFactory
-from tests.helpers import SchemaDb, consumer_ready, wait_until
-
-Conn = psycopg.Connection[Any]
+from tests.helpers import Conn, SchemaDb, consumer_ready, wait_until
 
 
 class Runs(SchemaDb):

@@ -11,7 +11,6 @@ import time
 import uuid
 from typing import Any
 
-import psycopg
 import pytest
 
 from runlane import (
@@ -24,9 +23,7 @@ from runlane import (
 )
 from runlane._cli_runs import _show_text
 from tests.conftest import RunlaneFactory
-from tests.helpers import SchemaDb, wait_until
-
-Conn = psycopg.Connection[Any]
+from tests.helpers import Conn, SchemaDb, wait_until
 
 
 def _stored(db: Conn, schema: str, run_id: uuid.UUID) -> Any:
