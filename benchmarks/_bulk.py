@@ -23,7 +23,7 @@ import psycopg
 
 from benchmarks._common import log
 
-__all__ = ["insert_finished", "insert_queued"]
+__all__ = ["chunks", "insert_finished", "insert_queued"]
 
 CHUNK = 250_000
 
@@ -36,7 +36,8 @@ _UUID7 = (
 )
 
 
-def _chunks(total: int) -> list[tuple[int, int]]:
+def chunks(total: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each chunk of ``CHUNK`` rows of ``total`` (the last one shorter)."""
     return [(start, min(total, start + CHUNK)) for start in range(0, total, CHUNK)]
 
 
@@ -51,7 +52,7 @@ def insert_queued(
     """``count`` queued runs created over the last hour, oldest first; returns seconds."""
     began = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
-        for start, end in _chunks(count):
+        for start, end in chunks(count):
             conn.execute(
                 f"""
                 insert into {schema}.runs (
@@ -84,7 +85,7 @@ def insert_finished(
     ``oldest_days`` and ``newest_days`` ago, oldest first; returns seconds."""
     began = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
-        for start, end in _chunks(count):
+        for start, end in chunks(count):
             conn.execute(
                 f"""
                 with made as (

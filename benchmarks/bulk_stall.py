@@ -29,21 +29,18 @@ from datetime import timedelta
 
 import psycopg
 
+from benchmarks._bulk import chunks
 from benchmarks._common import (
-    CONCURRENCY,
     Row,
     add_database_argument,
     fresh_schema,
     log,
-    pct,
     print_table,
     server_url,
 )
-from benchmarks.scale import Feeder, Window, _waits, timed_claims, timed_run
+from benchmarks.scale import Window, _waits, compare_row, fed, timed_claims, timed_run
 from runlane import create_runlane
 from runlane.postgres import postgres_polling_lane
-
-CHUNK = 250_000
 
 
 def insert_failed(url: str, schema: str, count: int, queue: str, environment: str) -> float:
@@ -51,8 +48,7 @@ def insert_failed(url: str, schema: str, count: int, queue: str, environment: st
     as a worker leaves them; returns seconds."""
     began = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
-        for start in range(0, count, CHUNK):
-            end = min(count, start + CHUNK)
+        for start, end in chunks(count):
             conn.execute(
                 f"""
                 insert into {schema}.runs (
@@ -80,12 +76,6 @@ def insert_failed(url: str, schema: str, count: int, queue: str, environment: st
     return time.perf_counter() - began
 
 
-def _compare(label: str, during: list[float], quiet: list[float], q: float | None) -> Row:
-    d = max(during) if q is None else pct(during, q)
-    b = max(quiet) if q is None else pct(quiet, q)
-    return Row(label, d, ",.1f", "no bulk action", b, d / b if b else None)
-
-
 def measure(url: str, args: argparse.Namespace) -> list[Row]:
     schema = fresh_schema(url)
     took = insert_failed(url, schema, args.runs, args.bulk_queue, args.bulk_environment)
@@ -101,15 +91,8 @@ def measure(url: str, args: argparse.Namespace) -> list[Row]:
         create_runlane(lane=operator_lane, environment=args.bulk_environment) as operator,
         timed_claims() as claims,
     ):
-        runlane.trigger(timed_run, {"t": time.perf_counter()})  # connect first
-        operator.retry_runs(status="failed", dry_run=True)  # and the operator's pool
-        feeder = Feeder(runlane, args.feed_rate)
-        worker = runlane.create_delivery_worker(concurrency=CONCURRENCY, queues=["default"])
-        feeder.start()
-        try:
-            time.sleep(2)  # warm up
-            quiet = Window(time.perf_counter(), time.perf_counter() + args.window)
-            time.sleep(args.window)
+        operator.retry_runs(status="failed", dry_run=True)  # connect the operator's pool first
+        with fed(runlane, args.feed_rate, args.window, queues=["default"]) as (_, quiet):
             began = time.perf_counter()
             last = [began]
 
@@ -122,10 +105,6 @@ def measure(url: str, args: argparse.Namespace) -> list[Row]:
 
             result = operator.retry_runs(status="failed", queue=args.bulk_queue, on_batch=on_batch)
             during = Window(began, time.perf_counter())
-        finally:
-            feeder.stop.set()
-            worker.close()
-            feeder.join(30)
     longest = max(during.of(claims))
     quiet_longest = max(quiet.of(claims))
     log(
@@ -154,18 +133,26 @@ def measure(url: str, args: argparse.Namespace) -> list[Row]:
             "< 100 ms",
             longest < 100,
         ),
-        _compare("claim p99 during the bulk retry (ms)", during.of(claims), quiet.of(claims), 0.99),
-        _compare(
+        compare_row(
+            "claim p99 during the bulk retry (ms)",
+            during.of(claims),
+            quiet.of(claims),
+            0.99,
+            "no bulk action",
+        ),
+        compare_row(
             "trigger-to-start p99 during the bulk retry (ms)",
             during.of(_waits),
             quiet.of(_waits),
             0.99,
+            "no bulk action",
         ),
-        _compare(
+        compare_row(
             "trigger-to-start, longest during the bulk retry (ms)",
             during.of(_waits),
             quiet.of(_waits),
             None,
+            "no bulk action",
         ),
     ]
 

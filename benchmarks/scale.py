@@ -319,11 +319,41 @@ class Window:
         return self.until - self.since
 
 
-def _compare(label: str, during: list[float], quiet: list[float], q: float | None) -> Row:
-    """Row of the longest (q None) or a percentile of ``during`` beside ``quiet`` (ms)."""
+def compare_row(
+    label: str,
+    during: list[float],
+    quiet: list[float],
+    q: float | None,
+    baseline: str = "no cleanup",
+) -> Row:
+    """Row of the longest (q None) or a percentile of ``during`` beside ``quiet`` (ms), the
+    window without the action measured (``baseline`` names it)."""
     d = max(during) if q is None else pct(during, q)
     b = max(quiet) if q is None else pct(quiet, q)
-    return Row(label, d, ",.1f", "no cleanup", b, d / b if b else None)
+    return Row(label, d, ",.1f", baseline, b, d / b if b else None)
+
+
+@contextmanager
+def fed(
+    runlane: Runlane, rate: int, window: float, **worker: Any
+) -> Iterator[tuple[Feeder, Window]]:
+    """A delivery worker (concurrency 8; ``worker`` options besides) serving ``timed_run``
+    runs a ``Feeder`` triggers at ``rate`` runs/s. After a 2 s warm-up and ``window``
+    seconds of that load alone (the baseline), yields the feeder and that quiet window;
+    stops the feeder and the worker on leaving."""
+    runlane.trigger(timed_run, {"t": time.perf_counter()})  # connect first
+    feeder = Feeder(runlane, rate)
+    delivery = runlane.create_delivery_worker(concurrency=CONCURRENCY, **worker)
+    feeder.start()
+    try:
+        time.sleep(2)  # warm up
+        quiet = Window(time.perf_counter(), time.perf_counter() + window)
+        time.sleep(window)
+        yield feeder, quiet
+    finally:
+        feeder.stop.set()
+        delivery.close()
+        feeder.join(30)
 
 
 def _finished(url: str, schema: str) -> int:
@@ -365,14 +395,7 @@ def phase_cleanup(url: str, args: argparse.Namespace) -> list[Row]:
         connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
     )
     with create_runlane(lane=lane, tasks=[timed_run]) as runlane, timed_claims() as claims:
-        runlane.trigger(timed_run, {"t": time.perf_counter()})  # connect first
-        feeder = Feeder(runlane, args.feed_rate)
-        worker = runlane.create_delivery_worker(concurrency=CONCURRENCY)
-        feeder.start()
-        try:
-            time.sleep(2)  # warm up
-            quiet = Window(time.perf_counter(), time.perf_counter() + args.window)
-            time.sleep(args.window)
+        with fed(runlane, args.feed_rate, args.window) as (feeder, quiet):
             began = time.perf_counter()
             limits = MaintenanceLimits()
             while True:
@@ -388,10 +411,6 @@ def phase_cleanup(url: str, args: argparse.Namespace) -> list[Row]:
                 if len(passes) % 50 == 0:
                     log(f"cleanup: {pruned:,} pruned ({time.perf_counter() - began:.0f} s)")
             during = Window(began, time.perf_counter())
-        finally:
-            feeder.stop.set()
-            worker.close()
-            feeder.join(30)
         left = _finished(url, schema)
     _drop(url, schema)
     longest_pass = max(d for _, d in passes) * 1000
@@ -410,12 +429,12 @@ def phase_cleanup(url: str, args: argparse.Namespace) -> list[Row]:
         Row("cleanup: longest maintenance pass, 1,000 runs (ms)", longest_pass, ",.1f"),
         Row(f"longest claim during cleanup, {args.feed_rate:,} runs/s fed (ms)", longest, ",.1f",
             "no cleanup", quiet_longest, longest / quiet_longest, "< 100 ms", longest < 100),
-        _compare("claim p99 during cleanup (ms)", during.of(claims), quiet.of(claims), 0.99),
-        _compare("trigger-to-start, longest during cleanup (ms)", during.of(_waits),
+        compare_row("claim p99 during cleanup (ms)", during.of(claims), quiet.of(claims), 0.99),
+        compare_row("trigger-to-start, longest during cleanup (ms)", during.of(_waits),
                  quiet.of(_waits), None),
-        _compare("trigger-to-start p99 during cleanup (ms)", during.of(_waits),
+        compare_row("trigger-to-start p99 during cleanup (ms)", during.of(_waits),
                  quiet.of(_waits), 0.99),
-        _compare("trigger_many call, longest during cleanup (ms)", during.of(feeder.calls),
+        compare_row("trigger_many call, longest during cleanup (ms)", during.of(feeder.calls),
                  quiet.of(feeder.calls), None),
     ]  # fmt: skip
 

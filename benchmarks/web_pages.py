@@ -24,12 +24,12 @@ import uuid
 
 import psycopg
 
+from benchmarks._bulk import chunks
 from benchmarks._common import Row, add_database_argument, fresh_schema, log, pct, server_url
 from runlane import create_runlane
 from runlane.postgres import postgres_polling_lane
 from runlane.web import create_app
 
-CHUNK = 250_000
 QUEUES = ("default", "mail", "reports", "billing")
 LIMIT_MS = 200.0
 
@@ -41,8 +41,7 @@ def fill(url: str, schema: str, args: argparse.Namespace) -> tuple[uuid.UUID, uu
     terminal = args.runs - live
     parent = uuid.uuid4()
     with psycopg.connect(url, autocommit=True) as conn:
-        for start in range(0, terminal, CHUNK):
-            end = min(terminal, start + CHUNK)
+        for start, end in chunks(terminal):
             # every 33rd run failed; the first --last-hour finished in the last hour
             conn.execute(
                 f"""
