@@ -15,10 +15,10 @@ import argparse
 import signal
 import sys
 import threading
-import time
 from datetime import datetime
 from typing import Any
 
+from runlane._cli_line import ProgressLine
 from runlane._display import shown
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult
@@ -102,8 +102,7 @@ class _Progress:
         self.matched = 0
         self.requested = False
         self.forced = False
-        self._shown = 0.0
-        self._tty = sys.stderr.isatty()
+        self._line = ProgressLine()
         self._previous: Any = None
 
     def __enter__(self) -> _Progress:
@@ -126,17 +125,10 @@ class _Progress:
         self.done, self.matched = done, matched
         if self.requested:
             raise KeyboardInterrupt  # between two batches: every one so far committed
-        now = time.monotonic()
-        if not self._tty or now - self._shown < 0.1:
-            return
-        self._shown = now
-        sys.stderr.write(f"\rrunlane: {_VERB[self.action]} {done:,} of {matched:,}")
-        sys.stderr.flush()
+        self._line.show(f"runlane: {_VERB[self.action]} {done:,} of {matched:,}")
 
     def finish(self) -> None:
-        if self._tty and self._shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._line.finish()
 
 
 def _act(runlane: Runlane, action: str, **filters: Any) -> BulkResult:

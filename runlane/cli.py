@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from runlane._cli_line import ProgressLine
 from runlane._cli_operator import add_operator_commands, format_workers, plain
 from runlane._cli_runs import add_run_commands
 from runlane._cli_target import TARGET_HELP, Target, add_target_options, target_runtime
@@ -181,30 +182,19 @@ def _cmd_drain(args: argparse.Namespace) -> int:
 
 
 class _DrainProgress:
-    """One line on stderr (a terminal), rewritten at most ten times a second."""
+    """``drain``'s progress line (a terminal), after the log lines written so far."""
 
     def __init__(self) -> None:
-        self._shown = 0.0
-        self._written = False
+        self._line = ProgressLine(before_write=_flush_logging)
 
     def __call__(self, result: DrainResult) -> None:
-        now = time.monotonic()
-        if now - self._shown < 0.1:
-            return
-        self._shown = now
-        self._written = True
-        _flush_logging()  # the log lines so far first, then the progress line
-        sys.stderr.write(
-            f"\rrunlane: drain: {result.runs_executed} runs ({result.completed} completed, "
+        self._line.show(
+            f"runlane: drain: {result.runs_executed} runs ({result.completed} completed, "
             f"{result.failed} failed, {result.retried} retried)"
         )
-        sys.stderr.flush()
 
     def finish(self) -> None:
-        if self._written:
-            _flush_logging()
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._line.finish()
 
 
 class _Stopper:
