@@ -643,7 +643,10 @@ class Storage(Protocol):
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
         """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
         ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
-        its value, and ``oldest_queued_age`` in seconds of database time (None: none due)."""
+        its value, ``live_leases`` (running attempts whose lease has not lapsed: what
+        ``status()`` reports against a bounded queue's limit), and ``oldest_queued_age`` in
+        seconds of database time (None: none due). ``status()`` and ``list_queues()`` both
+        read it."""
 
     # -- schedules: definitions and operator actions ---------------------------------------
 
