@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from runlane._display import shown
-from runlane._validation import check_text
+from runlane._inspect import optional_name
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult, RunStatus
 from runlane.storage import BulkFilter, Storage
@@ -111,14 +111,6 @@ def _statuses(action: str, status: object) -> tuple[RunStatus, ...]:
     return tuple(s for s in allowed if s in chosen)
 
 
-def _name(what: str, value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"{what} must be a non-empty string (or None), got {shown(value)}")
-    return check_text(what, value)
-
-
 def _moment(name: str, value: object) -> datetime | None:
     if value is None:
         return None
@@ -164,8 +156,8 @@ def bulk_filter(
     runs = BulkFilter(
         environment=environment,
         statuses=_statuses(action, status),
-        task_id=_name("task", task_id),
-        queue=_name("queue", queue),
+        task_id=optional_name("task", task_id),
+        queue=optional_name("queue", queue),
         created_after=_moment("created_after", created_after),
         created_before=_moment("created_before", created_before),
     )

@@ -28,6 +28,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "list_query",
+    "optional_name",
     "retry_conflict",
     "run_error",
     "run_page",
@@ -84,7 +85,8 @@ def _status(value: object) -> RunStatus | None:
     raise ConfigurationError(f"status {shown(value)} is not a run status; use one of: {valid}")
 
 
-def _name(what: str, value: object) -> str | None:
+def optional_name(what: str, value: object) -> str | None:
+    """A task id or queue name filter: None, or a non-empty string Postgres text holds."""
     if value is None:
         return None
     if not isinstance(value, str) or not value:
@@ -108,8 +110,8 @@ def list_query(
     return RunListQuery(
         environment=environment,
         status=_status(status),
-        task_id=_name("task", task_id),
-        queue=_name("queue", queue),
+        task_id=optional_name("task", task_id),
+        queue=optional_name("queue", queue),
         limit=page + 1,
         before=None if cursor is None else decode_cursor(cursor),
     )
