@@ -19,6 +19,7 @@ from runlane import (
     DrainResult,
     RunContext,
     RunStatus,
+    StopReason,
     Task,
     queue,
     task,
@@ -155,6 +156,72 @@ def test_drain_stop_set_inside_handler_stops_after_that_run(
     assert runlane.drain(stop=stop).runs_executed == 1
     assert calls == ["0"]  # FIFO: the first triggered ran
     assert statuses(db, schema) == {"completed": 1, "queued": 2}
+
+
+def _stop_while_running(
+    runlane_factory: RunlaneFactory, *, raise_on_stop: bool
+) -> tuple[dict[str, Any], float, uuid.UUID, Any]:
+    """Drain one run whose handler waits (up to 30 s) for its stop; ``stop`` is set from
+    another thread once the handler started. Returns what the handler saw, how long drain
+    took after the stop was set, the run and the runtime."""
+    started = threading.Event()
+    seen: dict[str, Any] = {}
+
+    @task(id="patient", schema=Item)
+    def patient(payload: Item, context: RunContext) -> str:
+        started.set()
+        seen["woke"] = context.cancelled.wait(30)
+        seen["cancelled"] = context.cancelled.is_set()
+        seen["reason"] = context.stop_reason
+        if raise_on_stop:
+            context.raise_if_stopped()
+        return "stopped early"
+
+    runlane = runlane_factory(tasks=[patient])
+    handle = runlane.trigger(patient, Item(name="a"))
+    stop = threading.Event()
+    set_at: list[float] = []
+
+    def stopper() -> None:
+        assert started.wait(30)
+        set_at.append(time.monotonic())
+        stop.set()
+
+    thread = threading.Thread(target=stopper, name="test-drain-stopper")
+    thread.start()
+    result = runlane.drain(stop=stop)
+    took = time.monotonic() - set_at[0]
+    thread.join(5)
+    seen["runs_executed"] = result.runs_executed
+    return seen, took, handle.id, runlane
+
+
+def test_drain_stop_asks_the_running_handler_to_stop(make_runlane: RunlaneFactory) -> None:
+    """Seed: drain returns when its abort signal is cancelled; the running handler sees
+    the stop (cancelled, StopReason.SHUTDOWN) and one that returns has completed its run."""
+    seen, took, run_id, runlane = _stop_while_running(make_runlane, raise_on_stop=False)
+    assert seen["woke"] is True
+    assert seen["cancelled"] is True
+    assert seen["reason"] is StopReason.SHUTDOWN
+    assert took < 2.0  # the handler would have waited 30 s
+    assert seen["runs_executed"] == 1
+    snap = runlane.get_run(run_id)
+    assert snap.status is RunStatus.COMPLETED
+    assert snap.output == "stopped early"
+
+
+def test_drain_stop_hands_back_a_handler_that_stops_by_raising(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    seen, took, run_id, runlane = _stop_while_running(make_runlane, raise_on_stop=True)
+    assert seen["reason"] is StopReason.SHUTDOWN
+    assert took < 2.0
+    snap = runlane.get_run(run_id)
+    # handed back with its attempt unspent
+    assert snap.status is RunStatus.QUEUED
+    assert [a.outcome for a in runlane.get_run_history(run_id).attempts] == ["released"]
+    assert seen["runs_executed"] == 1  # the handler ran; its run went back
+    assert not [t for t in threading.enumerate() if t.name.endswith("-stop-watch")]
 
 
 def test_future_runs_do_not_keep_drain_open(

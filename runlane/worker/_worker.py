@@ -45,8 +45,10 @@ from runlane._backoff import Backoff
 from runlane._closing import Closing
 from runlane._display import shown
 from runlane._execution import Write, execute_attempt, make_context
+from runlane._failure_log import log_failure
 from runlane._leases import LeaseTracker, Tracked
 from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout
+from runlane._middleware import Middleware
 from runlane._workers import new_beat
 from runlane.context import ContextBackend, RunContext
 from runlane.errors import ConfigurationError, StopReason, StorageUnavailable, WorkerFailed
@@ -68,6 +70,8 @@ _PREFETCH_BELOW_SECONDS = 0.02
 _PREFETCH_MAX_WAIT_SECONDS = 1.0
 # after close's deadline: how long an aborted claim in flight gets to return its runs
 _ABORT_GRACE_SECONDS = 0.5
+# drain(stop=...): how often the stop event is looked at while a handler runs
+_STOP_POLL_SECONDS = 0.02
 _CONCURRENCY_HINT = (
     " (a thread and a database connection each); for more, run more worker processes"
 )
@@ -101,6 +105,33 @@ class _Slot:
             self.storage.close()
 
 
+class _StopWatcher:
+    """drain(stop=...): a thread that turns ``stop`` being set into ``stop_acquiring()``
+    (the running handler is asked to stop) while drain executes in the caller's thread.
+    A ``threading.Event`` offers no callback, so the thread looks at it every
+    ``_STOP_POLL_SECONDS``; it ends when drain does."""
+
+    def __init__(self, worker: Worker, stop: threading.Event) -> None:
+        self._worker = worker
+        self._stop = stop
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._main, name=f"{worker.name}-stop-watch", daemon=True
+        )
+        self._thread.start()
+
+    def _main(self) -> None:
+        while not self._done.is_set():
+            if self._stop.wait(_STOP_POLL_SECONDS):
+                if not self._done.is_set():
+                    self._worker.stop_acquiring()
+                return
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(_STOP_POLL_SECONDS + 1.0)
+
+
 def _remaining(deadline: float | None, floor: float = 0.0) -> float | None:
     return None if deadline is None else max(floor, deadline - time.monotonic())
 
@@ -127,11 +158,13 @@ class Worker:
         lane: Lane,
         make_backend: Callable[[Storage], ContextBackend],
         on_closed: Callable[[Worker], None] | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.name = f"runlane-{'drain' if options.drain else 'worker'}-{next(_numbers)}"
         self.storage = storage
         self.environment = environment
         self._tasks = tasks
+        self._middleware = tuple(middleware)
         self._options = options
         self._make_backend = make_backend
         self._on_closed = on_closed
@@ -242,8 +275,11 @@ class Worker:
     ) -> int:
         """drain(): execute due runs in the calling thread until none is due, ``max_runs``
         handlers ran, or ``stop`` is set; then close. Returns the handlers run;
-        ``on_progress`` is called after each attempt."""
+        ``on_progress`` is called after each attempt. ``stop`` set while a handler runs asks
+        it to stop as close() does (``context.cancelled``, ``StopReason.SHUTDOWN``): a
+        handler that stops by raising hands its run back with its attempt unspent."""
         slot = _Slot(self, 1)
+        watcher = None if stop is None else _StopWatcher(self, stop)
         try:
             while max_runs is None or self.runs_executed < max_runs:
                 if stop is not None and stop.is_set():
@@ -255,6 +291,8 @@ class Worker:
                 if on_progress is not None:
                     on_progress()
         finally:
+            if watcher is not None:
+                watcher.close()
             self.close(None)
         if self._failure is not None:
             raise self._failure
@@ -613,7 +651,13 @@ class Worker:
         with self._cond:
             self._running[claimed.ref] = (claimed, slot, started)
         try:
-            outcome = execute_attempt(claimed, self._tasks, context)
+            outcome = execute_attempt(
+                claimed,
+                self._tasks,
+                context,
+                self._middleware,
+                lambda failed: log_failure(claimed, failed, time.perf_counter() - started),
+            )
         except BaseException as exc:
             if attempt is not None:
                 attempt.abort(exc)
