@@ -39,14 +39,14 @@ def _open(load_app: LoadApp, args: argparse.Namespace, use: Callable[[Runlane], 
 
 
 def _table(runs: tuple[RunSnapshot, ...]) -> list[str]:
-    header = ("RUN ID", "TASK", "QUEUE", "STATUS", "ATTEMPT", "CREATED")
+    header = ("RUN ID", "TASK", "QUEUE", "STATUS", "ATTEMPTS", "CREATED")
     rows = [
         (
             str(r.id),
             r.task_id,
             r.queue,
             r.status.value,
-            f"{r.attempt}/{r.max_attempts}",
+            spent_of(r),
             when(r.created_at),
         )
         for r in runs
@@ -102,6 +102,30 @@ def _progress_text(progress: Any) -> str:
     return " ".join(parts) or "-"
 
 
+def spent_of(run: RunSnapshot) -> str:
+    """``spent/max_attempts``: the attempts counted against the budget (the one counting rule
+    of ``runs list``, ``runs show`` and ``runs retry``; docs/architecture.md)."""
+    return f"{run.attempts_spent}/{run.max_attempts}"
+
+
+def _attempts_text(history: RunHistory) -> str:
+    """``1 of 3 spent (2 left); latest #2; 1 handed back unspent``."""
+    run = history.run
+    left = max(0, run.max_attempts - run.attempts_spent)
+    parts = [f"{run.attempts_spent} of {run.max_attempts} spent ({left} left)"]
+    if run.attempt:
+        parts.append(f"latest #{run.attempt}")
+    handed_back = sum(a.outcome in _UNSPENT for a in history.attempts)
+    if handed_back:
+        parts.append(f"{handed_back} handed back unspent")
+    return "; ".join(parts)
+
+
+# attempt outcomes that spend nothing of the budget: handed back (shutdown, release) or
+# suspended (a durable wait)
+_UNSPENT = frozenset({"released", "suspended"})
+
+
 def _show_text(history: RunHistory) -> None:
     run = history.run
     fields = [
@@ -109,7 +133,7 @@ def _show_text(history: RunHistory) -> None:
         ("task", run.task_id),
         ("queue", run.queue),
         ("status", run.status.value),
-        ("attempt", f"{run.attempt} (max_attempts {run.max_attempts})"),
+        ("attempts", _attempts_text(history)),
         ("priority", str(run.priority)),
         ("idempotency key", run.idempotency_key or "-"),
         ("parent run", "-" if run.parent_run_id is None else str(run.parent_run_id)),
@@ -126,6 +150,10 @@ def _show_text(history: RunHistory) -> None:
         fields.append(("progress", _progress_text(run.progress)))
     for label, value in fields:
         print(f"{label:<16} {value}")
+    if run.error is not None and run.error.traceback:
+        print("traceback")
+        for line in run.error.traceback.rstrip("\n").splitlines():
+            print(f"  {line}")
     print("attempts")
     if not history.attempts:
         print("  (none finished)")
@@ -173,8 +201,8 @@ def _show(load_app: LoadApp, args: argparse.Namespace) -> int:
 def _retry_one(runlane: Runlane, run_id: str) -> None:
     run = runlane.retry_run(run_id)
     print(
-        f"run {run.id} is queued again (next attempt #{run.attempt + 1}, "
-        f"up to {run.max_attempts} more)"
+        f"run {run.id} is queued again with a fresh budget: attempts "
+        f"{spent_of(run)} (its next attempt is numbered #{run.attempt + 1})"
     )
 
 

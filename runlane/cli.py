@@ -22,8 +22,10 @@ import os
 import queue
 import signal
 import sys
+import sysconfig
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
@@ -43,6 +45,7 @@ from runlane._display import clipped, shown
 from runlane._limits import MAX_DURATION
 from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
+from runlane.logging import JsonFormatter
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
 from runlane.models import DrainResult
 from runlane.postgres import (
@@ -77,7 +80,8 @@ exit codes:
 comes from --database-url, then $RUNLANE_DATABASE_URL, then $DATABASE_URL; commands taking
 APP use the URL the application gave its lane.
 
-Errors are printed as one line, `runlane: error: <message>`, without a traceback.
+Errors are printed as one line, `runlane: error: <message>`, without a traceback
+(`--traceback` prints it too, e.g. for an APP whose module raised while importing).
 """
 
 log = logging.getLogger("runlane.cli")
@@ -102,6 +106,12 @@ def load_app(spec: str) -> Runlane:
         raise ConfigurationError(
             f"cannot import {shown(module_name)}: {clipped(exception_text(exc))}"
         ) from exc
+    except (Exception, SystemExit) as exc:  # the module's own code failed while importing
+        raise ConfigurationError(
+            f"importing {shown(module_name)} failed: {type(exc).__name__}: "
+            f"{clipped(' '.join(exception_text(exc).split()))}{_where(exc)} "
+            "(run with --traceback for the whole traceback)"
+        ) from exc
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
@@ -114,6 +124,20 @@ def load_app(spec: str) -> Runlane:
             f"{shown(spec)} is a {type(target).__name__}, not a Runlane made by create_runlane"
         )
     return target
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at path:line)``: the innermost frame of the application's code (not the standard
+    library's, nor the import machinery's) in the traceback, where the import failed."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(("<", stdlib))
+    ]
+    if not frames:
+        return ""
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})"
 
 
 def _database_url(given: str | None) -> str:
@@ -488,27 +512,7 @@ def _logging_options(parser: argparse.ArgumentParser, *, argparse_default: bool)
     )
 
 
-_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, the record's structured
-    fields (``extra=``) and the traceback, if any."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _RECORD_FIELDS:
-                entry[key] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+_JsonFormatter = JsonFormatter  # public as runlane.logging.JsonFormatter
 
 
 class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -608,6 +612,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"runlane {_version()}")
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="print the whole traceback before an error's one line (also after the command)",
+    )
     _logging_options(parser, argparse_default=False)
     # the same options after the command (`runlane worker APP --log-level DEBUG`)
     logged = argparse.ArgumentParser(add_help=False)
@@ -746,7 +755,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see ``EPILOG``)."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    # --traceback is taken anywhere before a bare "--", also after the command
+    end = given.index("--") if "--" in given else len(given)
+    show_traceback = "--traceback" in given[:end]
+    args = parser.parse_args([a for a in given[:end] if a != "--traceback"] + given[end:])
+    args.traceback = show_traceback
     if args.command is None:
         parser.print_help()
         return 0
@@ -768,12 +782,11 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_PIPE
-    except ConfigurationError as exc:
-        _print(f"error: {_one_line(exc)}")
-        return EXIT_CONFIGURATION
     except RunlaneError as exc:
+        if getattr(args, "traceback", False):
+            traceback.print_exception(exc, file=sys.stderr)
         _print(f"error: {_one_line(exc)}")
-        return EXIT_FAILURE
+        return EXIT_CONFIGURATION if isinstance(exc, ConfigurationError) else EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
     return code

@@ -86,7 +86,15 @@ class RunSnapshot:
     task_id: str
     queue: str
     status: RunStatus
+    # the number of the latest attempt started (1, 2, ...; 0 before the first claim). Numbers
+    # only grow: an attempt handed back unspent (worker shutdown, context.release, a durable
+    # wait) and an operator's retry_run take the next number too, so it is not a count of
+    # failures; attempts_spent is
     attempt: int
+    # attempts counted against max_attempts: started, minus those handed back unspent, since
+    # the run was triggered or last retried by an operator (retry_run grants a fresh budget).
+    # max_attempts - attempts_spent more may start (docs/architecture.md, "Counting attempts")
+    attempts_spent: int
     max_attempts: int
     priority: int
     payload: Any

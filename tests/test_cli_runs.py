@@ -17,6 +17,7 @@ import pytest
 
 from runlane import RetryPolicy, RunContext, RunStatus, queue, task
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE
+from runlane.testing import run_until_idle
 from tests.conftest import RunlaneFactory
 from tests.helpers import Cli, Conn, SchemaDb, count_runs, importable_app, in_process_cli
 
@@ -70,6 +71,13 @@ def fails(payload: Any, context: RunContext) -> None:
     raise RuntimeError("always")
 
 
+@task(id="cli.handback", retry=RetryPolicy(max_attempts=2, initial_delay=timedelta(0)))
+def hands_back_then_fails(payload: Any, context: RunContext) -> None:
+    if context.attempt == 1:
+        context.release()  # spends nothing of the budget
+    raise RuntimeError(f"attempt {context.attempt} failed")
+
+
 @pytest.fixture
 def cli(
     tmp_path: Path, database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
@@ -83,7 +91,8 @@ def cli(
 @pytest.fixture
 def producer(make_runlane: RunlaneFactory) -> Any:
     return make_runlane(
-        queues=[queue("default", default=True), queue("slow")], tasks=[order, fails]
+        queues=[queue("default", default=True), queue("slow")],
+        tasks=[order, fails, hands_back_then_fails],
     )
 
 
@@ -122,7 +131,7 @@ def test_runs_list_pages_in_json_and_as_a_table(cli: Cli, producer: Any) -> None
     code, out, _ = cli("runs", "list", APP_SPEC, "--limit", "2")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["RUN", "ID", "TASK", "QUEUE", "STATUS", "ATTEMPT", "CREATED"]
+    assert lines[0].split() == ["RUN", "ID", "TASK", "QUEUE", "STATUS", "ATTEMPTS", "CREATED"]
     assert lines[1].split()[:5] == [str(failing.id), "cli.fails", "slow", "queued", "0/1"]
     assert len(lines) == 4
     assert lines[3].startswith("more: --cursor r1.")
@@ -194,7 +203,10 @@ def test_runs_retry_and_cancel(cli: Cli, producer: Any, db: Conn, schema: str) -
 
     code, out, _ = cli("runs", "retry", APP_SPEC, str(failing.id))
     assert code == 0
-    assert out == f"run {failing.id} is queued again (next attempt #2, up to 1 more)\n"
+    assert out == (
+        f"run {failing.id} is queued again with a fresh budget: attempts 0/1 "
+        "(its next attempt is numbered #2)\n"
+    )
     assert producer.get_run(failing.id).status is RunStatus.QUEUED
 
     # a queued run cannot be retried: one line, exit 1, the row untouched
@@ -288,3 +300,50 @@ def test_trigger_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert out == ""
     _one_error_line(err, needle)
     assert count_runs(db, schema) == before
+
+
+def test_one_attempt_count_in_list_show_retry_and_get_run(cli: Cli, producer: Any) -> None:
+    """A hand-back spends nothing and a retry grants a fresh budget: runs list, runs show,
+    runs retry and get_run all count attempts spent against max_attempts (attempt numbers
+    keep growing beside them)."""
+    handle = producer.trigger(hands_back_then_fails, None)
+    run_until_idle(producer)  # #1 released, #2 failed (retried), #3 failed for good
+    run = producer.get_run(handle.id)
+    assert (run.status, run.attempt, run.attempts_spent, run.max_attempts) == (
+        RunStatus.FAILED,
+        3,
+        2,
+        2,
+    )
+    code, out, _ = cli("runs", "list", APP_SPEC)
+    assert code == 0
+    header, row = out.splitlines()
+    assert "ATTEMPTS" in header
+    assert row.split()[4] == "2/2"
+
+    code, out, _ = cli("runs", "show", APP_SPEC, str(handle.id))
+    assert code == 0
+    assert "attempts         2 of 2 spent (0 left); latest #3; 1 handed back unspent\n" in out
+    (error_line,) = [line for line in out.splitlines() if line.startswith("error ")]
+    assert error_line.endswith("RuntimeError: attempt 3 failed"), error_line
+    # the traceback, indented under its heading, down to the raise in the handler
+    traceback = out.split("\ntraceback\n", 1)[1].split("\nattempts\n", 1)[0].splitlines()
+    assert traceback[0] == "  Traceback (most recent call last):"
+    assert 'raise RuntimeError(f"attempt {context.attempt} failed")' in "\n".join(traceback)
+    assert traceback[-1] == "  RuntimeError: attempt 3 failed"
+    assert "#1   released" in out
+    assert "#2   retrying" in out
+
+    code, out, _ = cli("runs", "retry", APP_SPEC, str(handle.id))
+    assert code == 0
+    assert out == (
+        f"run {handle.id} is queued again with a fresh budget: attempts 0/2 "
+        "(its next attempt is numbered #4)\n"
+    )
+    run = producer.get_run(handle.id)
+    assert (run.attempt, run.attempts_spent) == (3, 0)
+    code, out, _ = cli("runs", "list", APP_SPEC)
+    assert out.splitlines()[1].split()[4] == "0/2"
+    code, out, _ = cli("runs", "show", APP_SPEC, str(handle.id))
+    assert "attempts         0 of 2 spent (2 left); latest #3; 1 handed back unspent\n" in out
+    assert "\ntraceback\n" not in out  # the retry cleared the error

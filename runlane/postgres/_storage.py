@@ -1002,6 +1002,7 @@ def _snapshot(row: dict[str, Any]) -> RunSnapshot:
         queue=row["queue"],
         status=RunStatus(row["status"]),
         attempt=row["attempt"],
+        attempts_spent=row["attempts_spent"],
         max_attempts=row["max_attempts"],
         priority=row["priority"],
         payload=row["payload"],

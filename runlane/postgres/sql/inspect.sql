@@ -14,7 +14,8 @@
 select l.*
 from unnest(%(statuses)s::text[]) as s(status)
 cross join lateral (
-    select id, environment, task_id, queue, status, attempt, max_attempts, priority,
+    select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
+       max_attempts, priority,
            payload, output, error, idempotency_key, parent_run_id, created_at, updated_at,
            due_at, started_at, finished_at, progress
     from {schema}.runs
@@ -31,7 +32,8 @@ limit %(limit)s;
 
 -- name: run_list_by_status
 -- The same, in one status: one walk of runs_listing_by_status.
-select id, environment, task_id, queue, status, attempt, max_attempts, priority, payload,
+select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
+       max_attempts, priority, payload,
        output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
        started_at, finished_at, progress
 from {schema}.runs
