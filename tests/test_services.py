@@ -331,6 +331,64 @@ def test_replica_whose_refresh_fails_stops_the_band_and_reports_it(
         assert running.owned_bands()[band] == owned[band]
 
 
+def test_replica_whose_refresh_raises_stops_the_band_at_once(
+    make_runlane: RunlaneFactory,
+    services: Callable[[Runlane, Observed | None], Services],
+    dbx: Db,
+) -> None:
+    """Seed: "if refresh fails, that replica stops the band" -- a refresh that raises (not
+    only one refused) gives the band up before the error is reported, not at the local
+    deadline."""
+    runtime = make_runlane(tasks=[ok])
+    owned_when_reported: list[dict[str, int]] = []
+    observed = Observed()
+    replica: list[Services] = []
+
+    def observe(error: BaseException, info: ServiceErrorInfo) -> None:
+        if info.band == "cleanup" and info.operation == "refresh":
+            owned_when_reported.append(replica[0].owned_bands())
+        observed(error, info)
+
+    running = runtime.start_services(lease_duration=timedelta(seconds=4), on_service_error=observe)
+    replica.append(running)
+    try:
+        (owned,) = signalled(
+            running,
+            lambda: all_owned(running) if running.passes[MaintenancePhase.CLEANUP] else None,
+            what="every band owned, cleanup passed",
+        )
+        fencing = owned["cleanup"]
+        # every update of the cleanup band's lease row now fails with a database error
+        dbx.run(
+            "create function {schema}.broken() returns trigger language plpgsql as "
+            "$$ begin raise exception 'cleanup lease row is broken'; end $$"
+        )
+        dbx.run(
+            "create trigger broken before update on {schema}.maintenance_leases "
+            "for each row when (old.band = 'cleanup') execute function {schema}.broken()"
+        )
+        error, info = observed.wait_for(
+            lambda e, i: i.band == "cleanup" and i.operation == "refresh", timeout=5
+        )
+        assert "cleanup lease row is broken" in str(error)
+        assert info.phase is MaintenancePhase.CLEANUP
+        # the band was given up before the error was reported: well inside the local
+        # deadline (3.6 s after the last good refresh at a 4 s lease)
+        assert "cleanup" not in owned_when_reported[0]
+        assert running.wait_until_closed(timeout=0.1) is False  # reported, not fatal
+        dbx.run("drop trigger broken on {schema}.maintenance_leases")
+        dbx.expire_lease("cleanup")
+        signalled(
+            running,
+            lambda: running.owned_bands().get("cleanup", 0) > fencing,
+            what="band regained once its row can be written",
+        )
+        for band in BANDS - {"cleanup"}:
+            assert running.owned_bands()[band] == owned[band]
+    finally:
+        running.close(timeout=10)
+
+
 # -- a frozen owner ---------------------------------------------------------------------------
 
 

@@ -4,9 +4,10 @@ Ownership of a band is a row in ``maintenance_leases``: owner, a fencing number 
 grows, and an expiry computed by the database. A replica acquires the band only when the row
 is free or expired, refreshes it several times per lease period with its current token, and
 checks the token inside every write transaction of the band (``Storage`` methods take the
-fence). When a refresh fails, or no refresh succeeded before the local deadline (monotonic
-time of the last good refresh + lease - margin), the replica stops acting for the band,
-reports it, and competes for it again like any other replica.
+fence). When a refresh is refused or raises, or no refresh succeeded before the local
+deadline (monotonic time of the last good refresh + lease - margin; a refresh stuck in a
+statement), the replica stops acting for the band at once, reports it, and competes for it
+again like any other replica.
 
 A schema that is missing or does not match (``SchemaNotMigrated``, ``IncompatibleSchema``) and
 a closed runtime (``RunlaneClosed``) are fatal: retrying cannot help, so the failing band
@@ -17,8 +18,8 @@ Band state machine (per replica)::
 
     candidate --acquire ok--> owner --refresh ok--> owner
         ^                       |
-        +-- refresh refused, ---+
-            local deadline passed, or a write reported StaleLease
+        +-- refresh refused or ---+
+            raising, local deadline passed, or a write reported StaleLease
 """
 
 from __future__ import annotations
@@ -173,13 +174,16 @@ class _BandLoop:
         elif now - self.last_refresh >= s.refresh_interval:
             try:
                 refreshed = s.scope.storage.maintenance_lease_refresh(self.fence, s.lease)
-            except Exception as exc:  # reported; the local deadline decides (unless fatal)
-                self.report(exc, self.band.phases[0], "refresh")
-                refreshed = None
+            except Exception as exc:
+                # seed: "if refresh fails, that replica stops the band" at once, as when the
+                # refresh is refused; the lease lapses (or is taken again by this replica's
+                # next acquisition once it is free) and the error is reported
+                self.lose(exc, "refresh")
+                return
             if refreshed:
                 self.last_refresh = now
                 self.deadline = now + s.lease_seconds - s.margin
-            elif refreshed is False:
+            else:
                 self.lose(
                     StaleLease(
                         f"refresh of band {self.band.name!r} (fencing {self.fence.fencing}) "
