@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -22,6 +22,7 @@ from runlane._codec import (
     exception_text,
 )
 from runlane._limits import output_limit, truncate_message, truncate_traceback
+from runlane._middleware import Middleware, MiddlewareStack
 from runlane.context import ContextBackend, RunContext, Suspended
 from runlane.errors import (
     NonRetryableError,
@@ -61,6 +62,9 @@ class Outcome:
 
     write: Write | None  # None: nothing to write (suspended and written, or not ours)
     handler_ran: bool
+    # the exception behind a Failure write (None for a timeout recorded by the writer)
+    error: BaseException | None = None
+    note: str | None = None  # what the failure's log record adds (why it is recorded so)
 
 
 def make_context(claimed: ClaimedRun, environment: str, backend: ContextBackend) -> RunContext:
@@ -175,8 +179,11 @@ def execute_attempt(
     claimed: ClaimedRun,
     tasks: Mapping[str, Task[Any, Any]],
     context: RunContext,
+    middleware: Sequence[Middleware] = (),
+    report: Callable[[Outcome], None] | None = None,
 ) -> Outcome:
-    """Run the handler for ``claimed`` and return the fenced write that records the result.
+    """Run the handler for ``claimed`` inside ``middleware`` and return the fenced write that
+    records the result.
 
     Exceptions become failures: ``NonRetryableError``, an unknown task, a stored payload that
     no longer fits the schema and an output that cannot be serialized fail the run at once;
@@ -184,6 +191,10 @@ def execute_attempt(
     does a ``BaseException`` that is not one (``asyncio.CancelledError`` leaked by a
     library, ``GeneratorExit``, a user's own). Only ``KeyboardInterrupt`` and ``SystemExit``
     propagate, and stop the worker: the lease lapses and maintenance recovers the run.
+
+    An exception a middleware raises entering or exiting fails the attempt as the handler's
+    would. ``report`` is called once with every outcome that fails the attempt, inside the
+    middleware when they are entered (an error-reporting scope sees the failure's record).
     """
     task = tasks.get(claimed.task_id)
     if task is None:
@@ -192,22 +203,72 @@ def execute_attempt(
             f"{claimed.id}; every worker polling queue {claimed.queue!r} must register every "
             "task producers put there"
         )
-        return Outcome(_failure(claimed, missing, retry=None, with_tb=False), handler_ran=False)
+        failed = _failure(claimed, missing, retry=None, with_tb=False)
+        return _reported(Outcome(failed, handler_ran=False, error=missing), report)
     try:
         payload = decode_payload(task.id, task.schema, claimed.payload)
     except _WORKER_STOPS:
         raise
     except BaseException as exc:  # PayloadValidationError, or a BaseException a hook raised
         tb = not isinstance(exc, PayloadValidationError)
-        return Outcome(_failure(claimed, exc, retry=None, with_tb=tb), handler_ran=False)
+        failed = _failure(claimed, exc, retry=None, with_tb=tb)
+        return _reported(Outcome(failed, handler_ran=False, error=exc), report)
+    if not middleware:
+        outcome, _ = _run(claimed, task, payload, context)
+        return _reported(outcome, report)
+    stack = MiddlewareStack()
     try:
-        result = task.fn(payload, context)
-    except Suspended:
-        return Outcome(None, handler_ran=True)
+        stack.enter(middleware, context)
     except _WORKER_STOPS:
         raise
     except BaseException as exc:
-        return Outcome(_raised(claimed, task, context, exc), handler_ran=True)
+        return _reported(_raised(claimed, task, context, exc, handler_ran=False), report)
+    try:
+        outcome, raised = _run(claimed, task, payload, context)
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit: the worker stops
+        stack.exit(exc)
+        raise
+    _reported(outcome, report)  # inside the middleware: a reporting scope sees it
+    exit_error = stack.exit(raised)
+    if exit_error is None or isinstance(exit_error, _WORKER_STOPS):
+        if exit_error is not None:
+            raise exit_error
+        return outcome
+    if isinstance(outcome.write, Completion):
+        return _reported(_raised(claimed, task, context, exit_error, handler_ran=True), report)
+    # the attempt already failed, was handed back or suspended: that stands
+    log.warning(
+        "run %s attempt %d of %s: a middleware raised %s while exiting; the attempt's "
+        "outcome (%s) stands",
+        claimed.id,
+        claimed.attempt,
+        task.id,
+        type(exit_error).__name__,
+        type(outcome.write).__name__ if outcome.write is not None else "suspended",
+        exc_info=(type(exit_error), exit_error, exit_error.__traceback__),
+    )
+    return outcome
+
+
+def _reported(outcome: Outcome, report: Callable[[Outcome], None] | None) -> Outcome:
+    if report is not None and isinstance(outcome.write, Failure):
+        report(outcome)
+    return outcome
+
+
+def _run(
+    claimed: ClaimedRun, task: Task[Any, Any], payload: Any, context: RunContext
+) -> tuple[Outcome, BaseException | None]:
+    """Call the handler and encode its output: the outcome, and the exception the handler
+    raised (for the middleware to see) if any."""
+    try:
+        result = task.fn(payload, context)
+    except Suspended:
+        return Outcome(None, handler_ran=True), None
+    except _WORKER_STOPS:
+        raise
+    except BaseException as exc:
+        return _raised(claimed, task, context, exc, handler_ran=True), exc
     try:
         output = encode_output(
             result, output_limit(context._backend), what="the handler's return value"
@@ -216,44 +277,46 @@ def execute_attempt(
         raise
     except BaseException as exc:  # OutputNotSerializable, or a BaseException a hook raised
         tb = not isinstance(exc, OutputNotSerializable)
-        return Outcome(_failure(claimed, exc, retry=None, with_tb=tb), handler_ran=True)
+        failed = _failure(claimed, exc, retry=None, with_tb=tb)
+        return Outcome(failed, handler_ran=True, error=exc), None
     completion = Completion(
         run_id=claimed.id, attempt=claimed.attempt, lease_token=claimed.lease_token, output=output
     )
-    return Outcome(completion, handler_ran=True)
+    return Outcome(completion, handler_ran=True), None
 
 
 def _raised(
-    claimed: ClaimedRun, task: Task[Any, Any], context: RunContext, exc: BaseException
-) -> Write | None:
-    """How an attempt whose handler raised ``exc`` is recorded."""
+    claimed: ClaimedRun,
+    task: Task[Any, Any],
+    context: RunContext,
+    exc: BaseException,
+    *,
+    handler_ran: bool,
+) -> Outcome:
+    """How an attempt whose handler (or a middleware) raised ``exc`` is recorded."""
     if isinstance(exc, RunInterrupted):
         if context.stop_reason is not None:
-            return _interrupted(claimed, exc)
+            return Outcome(_interrupted(claimed, exc), handler_ran=handler_ran)
         # raised with no stop asked of this attempt (the handler set context.cancelled
         # itself, or raised it): a failure like any other, or the hand-back would deliver
         # the run again at once, unspent, without end
-        log.warning(
-            "run %s attempt %d of %s raised %r, but no stop was asked of it; recording "
-            "a failed attempt (to cancel a run, call cancel_run)",
-            claimed.id,
-            claimed.attempt,
-            task.id,
-            exc,
+        return Outcome(
+            _failure(claimed, exc, retry=task),
+            handler_ran=handler_ran,
+            error=exc,
+            note="it raised RunInterrupted, but no stop was asked of it (to cancel a run, "
+            "call Runlane.cancel(run_id))",
         )
-        return _failure(claimed, exc, retry=task)
     if isinstance(exc, NonRetryableError):
-        return _failure(claimed, exc, retry=None)
+        return Outcome(_failure(claimed, exc, retry=None), handler_ran=handler_ran, error=exc)
     if not isinstance(exc, Exception):
-        log.warning(
-            "run %s attempt %d of %s raised %s, a BaseException that is not an Exception (a "
-            "library's asyncio.CancelledError?); recording a failed attempt",
-            claimed.id,
-            claimed.attempt,
-            task.id,
-            type(exc).__name__,
+        return Outcome(
+            _failure(claimed, exc, retry=task),
+            handler_ran=handler_ran,
+            error=exc,
+            note=f"{type(exc).__name__} is a BaseException that is not an Exception (a "
+            "library's asyncio.CancelledError?)",
         )
-        return _failure(claimed, exc, retry=task)
     if context._outage_behind(exc):
         log.warning(
             "run %s attempt %d of %s: a durable operation could not reach the database; "
@@ -262,6 +325,5 @@ def _raised(
             claimed.attempt,
             task.id,
         )
-        return claimed.ref
-    log.info("run %s attempt %d of %s raised %r", claimed.id, claimed.attempt, task.id, exc)
-    return _failure(claimed, exc, retry=task)
+        return Outcome(claimed.ref, handler_ran=handler_ran)
+    return Outcome(_failure(claimed, exc, retry=task), handler_ran=handler_ran, error=exc)

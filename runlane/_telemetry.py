@@ -1,9 +1,11 @@
 """Run logs, OpenTelemetry spans and metrics; each costs nothing when it is off.
 
-Logs: the ``runlane.runs`` logger records each attempt's start (INFO) and end (INFO; a run
-that failed for good at WARNING) with ``run_id``, ``task_id``, ``attempt``, ``queue`` and,
-at the end, ``duration_ms`` and ``outcome`` as ``extra`` fields, so JSON formatters pick
-them up. Nothing is built unless the logger is enabled for INFO.
+Logs: the ``runlane.runs`` logger records each attempt's start (INFO) and end (INFO) with
+``run_id``, ``task_id``, ``attempt``, ``queue`` and, at the end, ``duration_ms`` and
+``outcome`` as ``extra`` fields, so JSON formatters pick them up. Nothing is built unless the
+logger is enabled for INFO. A failed attempt's end is logged instead, once, on
+``runlane.worker`` at WARNING (retried) or ERROR (failed for good) with its traceback (see
+``runlane._failure_log``).
 
 Tracing (``pip install 'runlane[otel]'``, and an SDK tracer provider set globally):
 ``runlane.trigger`` spans ``trigger``/``trigger_many`` and stores the W3C trace context
@@ -398,33 +400,10 @@ _MESSAGES = {
 
 
 def _log_end(claimed: ClaimedRun, kind: str, write: Any, seconds: float) -> None:
+    if kind in (RETRIED, FAILED):
+        return  # logged once, at WARNING/ERROR with its traceback, by runlane._failure_log
     ms = round(seconds * 1000.0, 3)
     extra = {**_fields(claimed), "duration_ms": ms, "outcome": kind}
-    if isinstance(write, Failure) and kind in (RETRIED, FAILED):
-        if write.retry_delay is not None:
-            delay = write.retry_delay.total_seconds()
-            extra["retry_delay_s"] = delay
-            log.info(
-                "run %s attempt %d failed after %.1f ms; retry scheduled in %.1fs (task %s): %s",
-                claimed.id,
-                claimed.attempt,
-                ms,
-                delay,
-                claimed.task_id,
-                _error_text(write),
-                extra=extra,
-            )
-        else:
-            log.warning(
-                "run %s failed for good at attempt %d after %.1f ms (task %s): %s",
-                claimed.id,
-                claimed.attempt,
-                ms,
-                claimed.task_id,
-                _error_text(write),
-                extra=extra,
-            )
-        return
     message = _MESSAGES.get(kind, _MESSAGES[SUSPENDED])
     log.info(message, claimed.id, ms, claimed.task_id, claimed.attempt, extra=extra)
 

@@ -29,6 +29,7 @@ from runlane._limits import (
     as_wait_timeout,
     check_limit,
 )
+from runlane._middleware import Middleware, check_middleware
 from runlane._reads import PointReads
 from runlane._validation import (
     as_duration,
@@ -106,8 +107,10 @@ class Runlane:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
+        middleware: Sequence[Middleware] = (),
         self.environment = environment
         self.max_payload_bytes = max_payload_bytes
+        self._middleware = tuple(middleware)
         self.max_output_bytes = max_output_bytes
         self._lane = lane
         self._queues = {q.name: q for q in queues}
@@ -859,6 +862,7 @@ class Runlane:
         queues: Sequence[str | Queue] | None = None,
         claim_batch: int | None = None,
     ) -> Worker:
+            middleware=self._middleware,
         """Start a worker executing runs of ``queues`` (default: every registered queue) in
         ``concurrency`` threads. Close it with ``close()`` or use it as a context manager;
         ``wait_until_closed()`` observes it.
@@ -984,6 +988,7 @@ def create_runlane(
     wait token's output), measured on its JSON text in UTF-8. An oversized payload raises
     PayloadValidationError and writes nothing; see docs/bad-input.md for the rest.
     """
+    middleware: Sequence[Middleware] = (),
     _check_name("environment", environment)
     check_limit("max_payload_bytes", max_payload_bytes)
     check_limit("max_output_bytes", max_output_bytes)
@@ -994,8 +999,16 @@ def create_runlane(
     if repeated:
         raise ConfigurationError(f"schedules registered twice: {repeated}")
     queue_list = with_default_queue(queues)
+
+    ``middleware`` is a list of callables ``(context) -> ContextManager``, each entered
+    around every attempt in the handler's thread (first listed outermost): a Flask app
+    context, a database session, an error-reporting scope. An exception one raises fails the
+    attempt as the handler's would. One that cannot be such a callable (not callable, not
+    taking one argument, a generator function without ``@contextmanager``, annotated to
+    return something else) is refused here with a ConfigurationError.
     registered = {q.name for q in queue_list}
     task_ids: set[str] = set()
+    checked_middleware = check_middleware(middleware)
     for t in tasks:
         if not isinstance(t, Task):
             raise ConfigurationError(f"tasks takes @task-decorated functions, got {shown(t)}")
@@ -1021,3 +1034,4 @@ def create_runlane(
         max_payload_bytes=max_payload_bytes,
         max_output_bytes=max_output_bytes,
     )
+        middleware=checked_middleware,

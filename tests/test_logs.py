@@ -1,5 +1,6 @@
-"""Run logs: each attempt's start and end at INFO with structured fields, and the worker's
-warning that maintenance is not running."""
+"""Run logs: each attempt's start and end at INFO with structured fields, each failure once
+on runlane.worker (WARNING when retried, ERROR when final) with its traceback, and the
+worker's warning that maintenance is not running."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import attrs
 import pytest
 
 from runlane import NonRetryableError, RetryPolicy, RunContext, RunStatus, task
-from runlane.cli import _JsonFormatter
+from runlane.logging import JsonFormatter
 from runlane.worker import _watch
 from tests.conftest import RunlaneFactory
 from tests.helpers import SchemaDb, wait_for_status, wait_until
@@ -38,7 +39,11 @@ def job(payload: Job, context: RunContext) -> str:
 
 
 def run_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "runlane.runs"]
+    return [r for r in caplog.records if r.name in ("runlane.runs", "runlane.worker")]
+
+
+def failure_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "outcome", None) in ("retried", "failed")]
 
 
 def by_outcome(records: list[logging.LogRecord]) -> dict[str, logging.LogRecord]:
@@ -69,21 +74,40 @@ def test_each_attempt_logs_its_start_and_end_with_fields(
     assert done.levelno == logging.INFO
     assert "completed in" in done.getMessage()
     retried = ends["retried"]
-    assert "retry scheduled in" in retried.getMessage()
+    assert retried.name == "runlane.worker"
+    assert retried.levelno == logging.WARNING
+    assert "failed; retry in" in retried.getMessage()
     assert "ValueError: try again" in retried.getMessage()
     assert retried.retry_delay_s > 0  # type: ignore[attr-defined]
+    assert retried.run_id == str(handles["retry"].id)  # type: ignore[attr-defined]
+    assert retried.exc_info is not None
+    assert isinstance(retried.exc_info[1], ValueError)
     failed = ends["failed"]
-    assert failed.levelno == logging.WARNING
+    assert failed.name == "runlane.worker"
+    assert failed.levelno == logging.ERROR
     assert "failed for good at attempt 1" in failed.getMessage()
+    assert failed.exc_info is not None
+    assert isinstance(failed.exc_info[1], NonRetryableError)
+    assert failed.error_type == "runlane.NonRetryableError"  # type: ignore[attr-defined]
+    # each failure is one record: nothing else names the failed runs
+    failures = [r for r in caplog.records if "try again" in r.getMessage()]
+    assert failures == [retried]
+    assert [r for r in caplog.records if "give up" in r.getMessage()] == [failed]
 
     # the CLI's JSON formatter carries the fields
-    entry = json.loads(_JsonFormatter().format(done))
+    entry = json.loads(JsonFormatter().format(done))
     assert entry["run_id"] == str(handles["ok"].id)
     assert entry["task_id"] == "logs.job"
     assert entry["attempt"] == 1
     assert entry["queue"] == "default"
     assert entry["outcome"] == "completed"
     assert isinstance(entry["duration_ms"], float)
+    entry = json.loads(JsonFormatter().format(failed))
+    assert entry["level"] == "ERROR"
+    assert entry["logger"] == "runlane.worker"
+    assert entry["run_id"] == str(handles["fatal"].id)
+    assert "Traceback (most recent call last)" in entry["exception"]
+    assert "give up" in entry["exception"]
 
 
 def test_hand_back_and_cancel_are_logged(
