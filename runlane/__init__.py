@@ -1,6 +1,7 @@
 """runlane: durable task runs on PostgreSQL for synchronous, threaded Python."""
 
 from runlane.context import RunContext
+from runlane.contract import ContractDefaults, contract_defaults
 from runlane.errors import (
     ChildRunFailed,
     ConfigurationError,
@@ -65,6 +66,7 @@ __all__ = [
     "CancelResult",
     "ChildRunFailed",
     "ConfigurationError",
+    "ContractDefaults",
     "DrainResult",
     "IncompatibleSchema",
     "LeaseExpired",
@@ -113,6 +115,7 @@ __all__ = [
     "WorkerFailed",
     "WorkerInfo",
     "WorkerState",
+    "contract_defaults",
     "create_runlane",
     "queue",
     "schedule",

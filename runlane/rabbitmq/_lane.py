@@ -18,6 +18,7 @@ import attrs
 import pika
 
 from runlane._limits import INT32_MAX, as_int
+from runlane.contract import contract_defaults
 from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
@@ -212,7 +213,7 @@ def rabbitmq_lane(
     lease_duration: timedelta = timedelta(seconds=30),
     connect_timeout: float = 10.0,
     poll_interval: timedelta = timedelta(seconds=1),
-    claim_duration: timedelta = timedelta(minutes=5),
+    claim_duration: timedelta = contract_defaults.lease.duration,
     publish_timeout: timedelta = timedelta(seconds=10),
     delivery_limit: int = 20,
     recovery_threshold: timedelta = timedelta(minutes=5),
@@ -225,7 +226,8 @@ def rabbitmq_lane(
     and queue whose name would pass AMQP's 255 bytes).
 
     ``claim_duration``: how long a publisher's claim on an outbox item lasts (another
-    publisher takes the item after it); it must exceed ``publish_timeout``.
+    publisher takes the item after it; ``contract_defaults.lease.duration``, 5 minutes, by
+    default); it must exceed ``publish_timeout``.
     ``delivery_limit``: deliveries of one message before the broker dead-letters it to
     ``runlane.<schema>.dead``. ``recovery_threshold``: how long a run may stay queued with
     no outbox item before maintenance announces it again. ``defer_delay``: how long a run
