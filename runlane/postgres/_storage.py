@@ -41,6 +41,7 @@ from runlane.postgres._connections import (
     connection_lost,
     storage_error,
 )
+from runlane.postgres._group import GroupCommit, group_params, groupable
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
@@ -145,6 +146,7 @@ class PostgresStorage(
         # a transport lane's publisher: triggers store their items claimed and hand them over
         self._eager: EagerPublisher | None = _eager
         self._owns_eager = False  # the storage it was attached to closes it
+        self._group = GroupCommit(self._insert_direct, self._insert_together)
         self._lock = threading.Lock()
         self._opened = False
         self._closed = False
@@ -359,6 +361,32 @@ class PostgresStorage(
     def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
         if connection is None and self._eager is not None:
             return self._insert_eager(runs, self._eager)
+        if connection is None and groupable(runs):
+            return self._group.insert(runs)  # concurrent triggers share a statement
+        return self._insert_direct(runs, connection)
+
+    def _insert_together(self, groups: Sequence[NewRuns]) -> list[list[InsertedRun]]:
+        """The runs of several trigger() calls in one statement and one commit (_group); each
+        call's handles, in order."""
+        params = group_params(groups)
+
+        def insert(conn: Conn) -> list[list[InsertedRun]]:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(self._sql["run_insert_group"], params)
+                inserted = {row[0] for row in cur.fetchall()}
+                return [
+                    [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
+                    if inserted.issuperset(runs.ids)
+                    # an idempotency key met (maybe another call's of this group), or the
+                    # group retried after its answer was lost
+                    else self._resolve_conflicts(cur, runs, inserted)
+                    for runs in groups
+                ]
+
+        return self._with_conn(insert)
+
+    def _insert_direct(self, runs: NewRuns, connection: Any = None) -> list[InsertedRun]:
+        """``runs`` in statements of their own (on the caller's connection, if given)."""
         pieces = split_runs(runs)
         if len(pieces) > 1:
             return self._insert_split(runs, pieces, connection)

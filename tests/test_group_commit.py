@@ -1,0 +1,323 @@
+"""Group commit: concurrent trigger() calls share one statement and one commit.
+
+Each test holds a lock on the runs table so that a first call's statement stays in flight,
+queues the other calls behind it, then lets go: the queued calls are written by one shared
+statement (one transaction: one xmin), and each must come back with its own handle or its
+own error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from runlane import RunContext, RunHandle, RunlaneError, queue, task
+from runlane._ids import new_run_ids
+from runlane.postgres._group import GroupCommit
+from runlane.storage import InsertedRun, NewRuns
+from tests.conftest import RunlaneFactory
+from tests.helpers import Conn, Greet, q, run_row, storage_of, wait_until
+
+
+@task(id="greet", schema=Greet)
+def greet(payload: Greet, context: RunContext) -> None:
+    return None
+
+
+@task(id="mail", schema=Greet, queue="email")
+def mail(payload: Greet, context: RunContext) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def runs_locked(database_url: str, schema: str) -> Iterator[None]:
+    """Inserts into the test's runs table wait while this is held."""
+    with psycopg.connect(database_url) as conn:
+        conn.execute(q("lock table {s}.runs in share mode", schema))
+        yield
+        conn.rollback()
+
+
+def grouped(
+    database_url: str, schema: str, group: GroupCommit, calls: list[Callable[[], Any]]
+) -> list[Any]:
+    """Run ``calls[0]`` with its statement held in flight, queue the others behind it, let
+    go; each call's result, or the exception it raised."""
+    results: list[Any] = [None] * len(calls)
+
+    def runner(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except Exception as exc:
+            results[index] = exc
+
+    threads = [
+        threading.Thread(target=runner, args=(i,), name=f"group-caller-{i}")
+        for i in range(len(calls))
+    ]
+    with runs_locked(database_url, schema):
+        threads[0].start()
+        wait_until(lambda: group._in_flight == 1, timeout=10, what="the first statement")
+        for thread in threads[1:]:
+            thread.start()
+        wait_until(
+            lambda: len(group._queue) == len(calls) - 1,
+            timeout=10,
+            what="the other calls to queue",
+            state=lambda: len(group._queue),
+        )
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), f"{thread.name} did not return"
+    return results
+
+
+def commits(db: Conn, schema: str) -> int:
+    """How many transactions wrote the runs there are."""
+    row = db.execute(q("select count(distinct xmin::text) from {s}.runs", schema)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def new_runs(payload: str = '{"name": "x"}', **changes: Any) -> NewRuns:
+    fields: dict[str, Any] = {
+        "environment": "default",
+        "task_id": "greet",
+        "queue": "default",
+        "ids": new_run_ids(1),
+        "payloads": [payload],
+        "idempotency_keys": [None],
+        "priority": 0,
+        "max_attempts": 1,
+        "delay": timedelta(0),
+        "run_at": None,
+    }
+    fields.update(changes)
+    return NewRuns(**fields)
+
+
+def test_queued_triggers_share_one_statement_each_with_its_own_options(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
+) -> None:
+    rl = make_runlane(
+        tasks=[greet, mail], queues=[queue("email")], lane_options={"pool_min_size": 2}
+    )
+    rl.start()
+    group = storage_of(rl)._group  # type: ignore[attr-defined]
+    later = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+    options: list[dict[str, Any]] = [
+        {},
+        {"priority": 7, "max_attempts": 3},
+        {"delay": 3600},
+        {"run_at": later},
+        {"queue": "email", "idempotency_key": "k1"},
+        {"priority": -5},
+        {},
+    ]
+    tasks = [greet, greet, greet, greet, greet, mail, mail]
+    calls = [
+        (lambda t=t, o=o, i=i: rl.trigger(t, Greet(name=f"n{i}"), **o))
+        for i, (t, o) in enumerate(zip(tasks, options, strict=True))
+    ]
+    handles = grouped(database_url, schema, group, calls)
+    assert all(isinstance(h, RunHandle) and h.created for h in handles), handles
+    assert len({h.id for h in handles}) == len(calls)
+    assert commits(db, schema) == 2  # the first call alone, the six others together
+    for i, (handle, t, o) in enumerate(zip(handles, tasks, options, strict=True)):
+        row = run_row(db, schema, handle.id)
+        assert row["task_id"] == t.id == handle.task_id
+        assert row["payload"] == {"name": f"n{i}"}
+        assert row["queue"] == handle.queue == o.get("queue", t.queue or "default")
+        assert row["priority"] == o.get("priority", 0)
+        assert row["max_attempts"] == o.get("max_attempts", t.retry.max_attempts)
+        assert row["idempotency_key"] == o.get("idempotency_key")
+        assert row["status"] == "queued"
+        assert row["trace_context"] is None
+        if "run_at" in o:
+            assert row["due_at"] == later
+        elif "delay" in o:
+            ahead = row["due_at"] - row["created_at"]
+            assert timedelta(seconds=3599) < ahead <= timedelta(seconds=3601)
+        else:
+            assert row["due_at"] == row["created_at"]
+
+
+def test_one_key_in_a_group_makes_one_run_and_a_stored_key_resolves(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
+) -> None:
+    rl = make_runlane(
+        tasks=[greet, mail], queues=[queue("email")], lane_options={"pool_min_size": 2}
+    )
+    rl.start()
+    stored = rl.trigger(greet, Greet(name="before"), idempotency_key="old")
+    group = storage_of(rl)._group  # type: ignore[attr-defined]
+    calls: list[Callable[[], RunHandle]] = [lambda: rl.trigger(greet, Greet(name="first"))]
+    calls += [
+        (lambda i=i: rl.trigger(greet, Greet(name=f"s{i}"), idempotency_key="same"))
+        for i in range(5)
+    ]
+    calls.append(lambda: rl.trigger(greet, Greet(name="again"), idempotency_key="old"))
+    # the same key for another task is another run
+    calls.append(lambda: rl.trigger(mail, Greet(name="m"), idempotency_key="same"))
+    handles = grouped(database_url, schema, group, calls)
+    same = handles[1:6]
+    assert sum(h.created for h in same) == 1
+    assert len({h.id for h in same}) == 1
+    assert run_row(db, schema, same[0].id)["idempotency_key"] == "same"
+    assert handles[6].id == stored.id and not handles[6].created
+    assert handles[7].created and handles[7].task_id == "mail"
+    assert handles[7].id != same[0].id
+    rows = db.execute(q("select count(*) from {s}.runs", schema)).fetchone()
+    assert rows is not None and rows[0] == 4  # before, first, same (greet), same (mail)
+
+
+def test_a_row_postgres_refuses_fails_its_own_call_only(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
+) -> None:
+    """A payload jsonb cannot hold and a priority beyond integer: each of those calls gets
+    its own error, and every other call of the group its run."""
+    rl = make_runlane(tasks=[greet], lane_options={"pool_min_size": 2})
+    storage = storage_of(rl)
+    group = storage._group  # type: ignore[attr-defined]
+    batches = [new_runs() for _ in range(3)]
+    batches.insert(1, new_runs('{"n": 1e1000000}'))  # numeric overflow: refused
+    batches.append(new_runs(priority=2**31))
+    batches.append(new_runs(trace_context='{"traceparent": "00-ab-cd-01"}'))
+    results = grouped(
+        database_url,
+        schema,
+        group,
+        [(lambda b=b: storage.run_insert_many(b)) for b in batches],
+    )
+    assert isinstance(results[1], RunlaneError)
+    assert isinstance(results[4], RunlaneError)
+    for i in (0, 2, 3, 5):
+        assert results[i] == [InsertedRun(id=batches[i].ids[0], queue="default", created=True)]
+    ids = {row[0] for row in db.execute(q("select id from {s}.runs", schema)).fetchall()}
+    assert ids == {batches[i].ids[0] for i in (0, 2, 3, 5)}
+    assert run_row(db, schema, batches[5].ids[0])["trace_context"] == {
+        "traceparent": "00-ab-cd-01"
+    }
+
+
+def test_a_group_repeated_after_its_answer_was_lost_finds_its_runs(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    """The shared statement, repeated with the same client-made ids (as the storage does
+    when the connection broke before the answer), reports every run as created."""
+    rl = make_runlane(tasks=[greet])
+    storage = storage_of(rl)
+    batches = [new_runs(), new_runs(idempotency_keys=["k"]), new_runs()]
+    first = storage._insert_together(batches)  # type: ignore[attr-defined]
+    again = storage._insert_together(batches)  # type: ignore[attr-defined]
+    assert first == again == [[InsertedRun(b.ids[0], "default", True)] for b in batches]
+    assert commits(db, schema) == 1
+
+
+def test_a_lone_call_and_large_or_batched_calls_do_not_wait_for_a_group() -> None:
+    """Without a statement in flight a call writes alone at once; trigger_many batches
+    and large payloads never join a group."""
+    seen: list[str] = []
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        seen.append("alone")
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any) -> list[list[InsertedRun]]:
+        raise AssertionError("no group expected")
+
+    group = GroupCommit(alone, together)
+    runs = new_runs()
+    assert group.insert(runs) == [InsertedRun(runs.ids[0], "default", True)]
+    assert group.insert(runs) == [InsertedRun(runs.ids[0], "default", True)]
+    assert seen == ["alone", "alone"]
+    assert group._in_flight == 0 and group._queue == []
+
+    from runlane.postgres._group import GROUP_ROW_CHARS, groupable
+
+    assert groupable(runs)
+    assert not groupable(new_runs("[" + "1," * GROUP_ROW_CHARS + "1]"))
+    two = new_runs(ids=new_run_ids(2), payloads=["1", "2"], idempotency_keys=[None, None])
+    assert not groupable(two)
+
+
+def test_a_failed_leader_still_wakes_its_group() -> None:
+    """A shared statement that raises (here: the leader's thread is told to stop) leaves
+    no call waiting: each writes its run alone."""
+    gate = threading.Event()
+    started = threading.Event()
+    written: list[uuid.UUID] = []
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        if runs.payloads[0] == '"first"':
+            started.set()
+            assert gate.wait(10)
+        written.append(runs.ids[0])
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any) -> list[list[InsertedRun]]:
+        raise RuntimeError("the shared statement failed")
+
+    group = GroupCommit(alone, together)
+    first = new_runs('"first"')
+    others = [new_runs() for _ in range(4)]
+    out: dict[int, list[InsertedRun]] = {}
+    threads = [threading.Thread(target=lambda: out.__setitem__(0, group.insert(first)))]
+    threads += [
+        threading.Thread(target=lambda i=i, r=r: out.__setitem__(i, group.insert(r)))
+        for i, r in enumerate(others, start=1)
+    ]
+    threads[0].start()
+    assert started.wait(10)
+    for thread in threads[1:]:
+        thread.start()
+    wait_until(lambda: len(group._queue) == 4, timeout=10, what="four queued calls")
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert sorted(written) == sorted([first.ids[0], *(r.ids[0] for r in others)])
+    assert out[3] == [InsertedRun(others[2].ids[0], "default", True)]
+    assert group._in_flight == 0 and group._queue == []
+
+
+def test_many_threads_triggering_at_once_each_get_their_run(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
+) -> None:
+    """16 threads, 25 triggers each, no lock held: every call returns its own run, already
+    committed (another connection reads it), and the statements were shared."""
+    rl = make_runlane(tasks=[greet], lane_options={"pool_min_size": 2})
+    rl.start()
+    threads = 16
+    barrier = threading.Barrier(threads)
+    handles: list[list[RunHandle]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+
+    def body(index: int) -> None:
+        try:
+            with psycopg.connect(database_url, autocommit=True) as reader:
+                barrier.wait(10)
+                for j in range(25):
+                    handle = rl.trigger(greet, Greet(name=f"{index}-{j}"))
+                    row = run_row(reader, schema, handle.id)
+                    assert row["payload"] == {"name": f"{index}-{j}"}
+                    handles[index].append(handle)
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(60)
+        assert not thread.is_alive()
+    assert errors == []
+    assert len({h.id for hs in handles for h in hs}) == threads * 25
+    assert commits(db, schema) < threads * 25
