@@ -4,6 +4,7 @@ driven as a user would, through ``runlane`` subprocesses."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,7 +55,7 @@ def test_start_keeps_the_data_across_stop_and_start(data_dir: Path) -> None:
     assert export.startswith("export DATABASE_URL=")
     assert f"started PostgreSQL in {data_dir}" in started.stderr
     url = runlane("dev-db", "url", *where).stdout.strip()
-    assert export == f"export DATABASE_URL='{url}'" or export == f"export DATABASE_URL={url}"
+    assert export == f"export DATABASE_URL={shlex.quote(url)}"
     # the command has exited: the server outlives it
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("create table kept (n int)")
