@@ -168,6 +168,14 @@ class Runlane:
             max_attempts=task.retry.max_attempts,
         )
 
+    def _wrap_attempts(self, middleware: object) -> None:
+        """Enter ``middleware`` outermost around the attempts of every worker (and drain)
+        made from now on: how an integration (the Flask extension's app context) adds its
+        own to those given to ``create_runlane``."""
+        (checked,) = check_middleware([middleware])
+        with self._lock:
+            self._middleware = (checked, *self._middleware)
+
     # -- lifecycle -----------------------------------------------------------------------
 
     @property

@@ -50,7 +50,7 @@ def shop(database_url: str) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def app(shop: Any) -> Iterator[Any]:
     """The app with its worker and maintenance services running; closed afterwards."""
-    application = shop.create_app()
+    application = shop.create_app(run_background=True)
     try:
         yield application
     finally:

@@ -1,7 +1,8 @@
 """The shop's web app: views trigger runs inside the request's own transaction and complete
-wait tokens; a worker and the maintenance services run in the app's process.
+wait tokens; FlaskRunlane runs every attempt inside the app's context.
 
-Run it (after `flask --app shop.app init-db`) with `flask --app shop.app run`.
+Run it (after `flask --app shop.app init-db`) with `flask --app shop.app run`, and its worker
+with `flask --app shop.app runlane worker --with-maintenance`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from runlane import RunNotFound, Services, Worker
+from runlane.integrations.flask import FlaskRunlane
 from runlane.postgres import apply_postgres_storage_migrations
 
 from .tasks import (
@@ -82,13 +84,17 @@ class Background:
 
 
 shop = Blueprint("shop", __name__)
+# the app context around every attempt, and the `flask runlane ...` commands
+runlane_ext = FlaskRunlane(runlane)
 
 
-def create_app(*, run_background: bool = True) -> Flask:
-    """The app. With ``run_background`` (the default) it starts a worker and the maintenance
-    services in this process, closed at exit. Under several web processes (gunicorn -w 4) or
-    the reloader, run `runlane worker shop.tasks:runlane --with-maintenance` instead."""
+def create_app(*, run_background: bool = False) -> Flask:
+    """The app. Its worker runs apart: `flask --app shop.app runlane worker
+    --with-maintenance`. With ``run_background`` it starts a worker and the maintenance
+    services in this process instead, closed at exit: that suits one small web process, not
+    several (gunicorn -w 4) nor the reloader."""
     app = Flask(__name__)
+    runlane_ext.init_app(app)
     pool = ConnectionPool(
         DATABASE_URL,
         kwargs={"options": f"-c search_path={SHOP_SCHEMA}"},

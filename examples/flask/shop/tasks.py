@@ -1,6 +1,7 @@
-"""The shop's tasks and its one runlane runtime, shared by the web app, the worker and the
-maintenance service. Set DATABASE_URL before importing it (RUNLANE_SCHEMA and SHOP_SCHEMA
-name the schemas, default "runlane" and "shop")."""
+"""The shop's tasks and its one runlane runtime, shared by the web app and the worker (run
+with `flask --app shop.app runlane worker`, inside the app's context). Set DATABASE_URL
+before importing it (RUNLANE_SCHEMA and SHOP_SCHEMA name the schemas, default "runlane" and
+"shop")."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 import attrs
-import psycopg
+from flask import current_app
+from psycopg_pool import ConnectionPool
 
 from runlane import RetryPolicy, RunContext, WaitToken, create_runlane, queue, task
 from runlane.postgres import postgres_polling_lane
@@ -19,11 +21,6 @@ DATABASE_URL = os.environ["DATABASE_URL"]
 RUNLANE_SCHEMA = os.environ.get("RUNLANE_SCHEMA", "runlane")
 SHOP_SCHEMA = os.environ.get("SHOP_SCHEMA", "shop")
 APPROVAL_TIMEOUT = timedelta(days=2)
-
-
-def shop_connection(**options: Any) -> psycopg.Connection[Any]:
-    """A connection whose search_path is the shop's schema (its tables: orders, stock)."""
-    return psycopg.connect(DATABASE_URL, options=f"-c search_path={SHOP_SCHEMA}", **options)
 
 
 @attrs.frozen
@@ -56,7 +53,10 @@ def approval_token(order_id: uuid.UUID | str) -> WaitToken:
 
 
 def mark_shipped(order_id: str, approved_by: str) -> None:
-    with shop_connection() as conn:  # commits when the block ends
+    # FlaskRunlane enters the app's context around every attempt: the handler uses the
+    # app's own connection pool, as a view does
+    pool: ConnectionPool[Any] = current_app.extensions["shop"]["pool"]
+    with pool.connection() as conn:  # commits when the block ends
         conn.execute(
             "update orders set status = 'shipped', approved_by = %s where id = %s",
             (approved_by, order_id),
