@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString, cast
 
 import pytest
 from psycopg import sql
@@ -26,6 +26,7 @@ from runlane import (
     task,
 )
 from runlane.postgres import PostgresStorage, _queues
+from runlane.postgres._sql import statements
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, ready_process, wait_until
 
@@ -102,6 +103,54 @@ def test_drain_leaves_a_paused_queues_runs_queued(make_runlane: Any) -> None:
     assert rl.drain(queues=["held"]).runs_executed == 0
     rl.resume_queue("held")
     assert rl.drain().runs_executed == 3
+
+
+def test_a_claim_does_not_read_a_paused_queues_backlog(
+    make_runlane: Any, db: Conn, schema: str
+) -> None:
+    # 20,000 due runs of the paused queue sort before the served queue's one run (higher
+    # priority, due earlier): a claim that walked the environment's queued runs read and
+    # skipped every one of them (519 buffers in its pick); one that reads the served queue's
+    # runs alone touches a few pages (9).
+    rl = make_runlane(tasks=[mark], queues=QUEUES)
+    rl.pause_queue("held")
+    opened = rl.trigger(mark, None, queue="open")
+    row = db.execute(
+        sql.SQL("select environment from {}.runs where id = %s").format(sql.Identifier(schema)),
+        (opened.id,),
+    ).fetchone()
+    assert row is not None
+    environment = row[0]
+    db.execute(
+        sql.SQL(
+            """
+            insert into {}.runs (id, environment, task_id, queue, status, priority, payload,
+                                 max_attempts, due_at)
+            select gen_random_uuid(), %s, 'pause.mark', 'held', 'queued', 10, 'null'::jsonb,
+                   1, now() - interval '1 hour' + g * interval '1 ms'
+            from generate_series(1, 20000) as g
+            """
+        ).format(sql.Identifier(schema)),
+        (environment,),
+    )
+    db.execute(sql.SQL("analyze {}.runs").format(sql.Identifier(schema)))
+    params = {
+        "environment": environment,
+        "queues": ["open", "held"],
+        "limit": 8,
+        "lease_seconds": 60.0,
+        "concurrency_limit": None,
+        "worker_id": None,
+    }
+    claim = cast("LiteralString", statements(schema)["run_claim"])
+    with db.transaction(force_rollback=True):
+        plan = db.execute("explain (analyze, buffers, format json) " + claim, params).fetchone()
+    assert plan is not None
+    top = plan[0][0]["Plan"]
+    assert top["Actual Rows"] == 1  # the open queue's run, claimed (and rolled back)
+    (pick,) = [p for p in top["Plans"] if p.get("Subplan Name") == "CTE candidates"]
+    buffers = pick["Shared Hit Blocks"] + pick["Shared Read Blocks"]
+    assert buffers < 50, plan
 
 
 def test_running_attempts_finish_after_a_pause(make_runlane: Any) -> None:

@@ -8,6 +8,12 @@
 
 -- name: run_claim
 -- The next due queued runs of the given queues, by priority, then due time, then id.
+-- Each served queue's range of runs_claimable (which leads with the queue) is read on its
+-- own, so the due backlog of a queue this claim does not serve (a paused queue, one a bulk
+-- retry filled) is never walked; each range gives at most the limit of its first unlocked
+-- runs, locked, and the merge keeps the limit of them in the same order. Rows locked but
+-- not kept (only with several served queues) are skipped by other claimers until this
+-- short statement's transaction ends.
 -- Paused queues (queue_states) are left out here, in the claim itself, so a pause holds on
 -- every worker from the moment it commits; the check is one primary-key probe per queue.
 -- With a concurrency_limit (a bounded queue: one queue, after queue_claim_lock in the same
@@ -21,22 +27,31 @@ with live as (
       and queue = any(%(queues)s::text[])
       and status in ('running', 'cancellation_requested')
       and lease_expires_at > now()
+), served as (
+    select distinct q
+    from unnest(%(queues)s::text[]) as q
+    where not exists (select from {schema}.queue_states as s
+                      where s.environment = %(environment)s and s.queue = q and s.paused)
 ), candidates as materialized (
-    select id
-    from {schema}.runs
-    where environment = %(environment)s
-      and status = 'queued'
-      and queue = any(array(
-          select q from unnest(%(queues)s::text[]) as q
-          where not exists (select from {schema}.queue_states as s
-                            where s.environment = %(environment)s and s.queue = q
-                              and s.paused)))
-      and due_at <= now()
-    order by priority desc, due_at, id
+    select c.id
+    from served
+    cross join lateral (
+        select id, priority, due_at
+        from {schema}.runs
+        where environment = %(environment)s
+          and queue = served.q
+          and status = 'queued'
+          and due_at <= now()
+        order by priority desc, due_at, id
+        limit greatest(0, least(%(limit)s,
+                                coalesce(%(concurrency_limit)s::int - (select n from live),
+                                         %(limit)s)))
+        for update skip locked
+    ) as c
+    order by c.priority desc, c.due_at, c.id
     limit greatest(0, least(%(limit)s,
                             coalesce(%(concurrency_limit)s::int - (select n from live),
                                      %(limit)s)))
-    for update skip locked
 )
 update {schema}.runs as r
 set status = 'running',
