@@ -25,6 +25,7 @@ from runlane.errors import (
     WaitTokenTimedOut,
     WorkerFailed,
 )
+from runlane.flow import RateLimit
 from runlane.maintenance import (
     MaintenanceLimits,
     MaintenancePhase,
@@ -78,6 +79,7 @@ __all__ = [
     "Queue",
     "QueueInfo",
     "QueueStatus",
+    "RateLimit",
     "RetentionPolicy",
     "RetryPolicy",
     "RunContext",

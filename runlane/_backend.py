@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend"]
 
-_CHILD_OPTIONS = frozenset({"queue", "delay", "run_at", "priority", "max_attempts"})
+_CHILD_OPTIONS = frozenset(
+    {"queue", "delay", "run_at", "priority", "max_attempts", "concurrency_key"}
+)
 
 
 class Backend:
@@ -56,5 +58,6 @@ class Backend:
             priority=options.pop("priority", 0),
             max_attempts=options.pop("max_attempts", None),
             connection=None,
+            concurrency_key=options.pop("concurrency_key", None),
         )
         return handle

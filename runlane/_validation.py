@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import attrs
+
 from runlane._codec import exception_text
 from runlane._display import clipped, shown
 from runlane._limits import INT32_MAX, MAX_DURATION, MAX_TEXT_BYTES, MAX_TEXT_CHARS, as_int32
@@ -183,7 +185,7 @@ def with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
         return queue_list
     if DEFAULT_QUEUE in names:
         return [
-            Queue(q.name, True, q.concurrency_limit) if q.name == DEFAULT_QUEUE else q
+            attrs.evolve(q, default=True) if q.name == DEFAULT_QUEUE else q
             for q in queue_list
         ]
     return [*queue_list, Queue(name=DEFAULT_QUEUE, default=True)]

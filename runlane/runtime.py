@@ -51,6 +51,7 @@ from runlane.errors import (
     WaitTokenNotFound,
     WorkerFailed,
 )
+from runlane.flow import check_run_key
 from runlane.lanes import Lane
 from runlane.maintenance._pass import MaintenanceScope, ScheduleEntry, run_maintenance_pass
 from runlane.maintenance._services import ServiceErrorCallback, Services
@@ -316,9 +317,11 @@ class Runlane:
         max_attempts: int | None,
         parent_run_id: uuid.UUID | None = None,
         batch: bool = False,
+        concurrency_key: str | None = None,
     ) -> NewRuns:
         resolved = self._resolve_task(task)
         queue_name = self._resolve_queue(resolved, queue)
+        check_run_key(self._queues[queue_name], concurrency_key)
         delay_delta = as_duration("delay", delay)
         if run_at is not None:
             if delay is not None:
@@ -370,6 +373,7 @@ class Runlane:
             delay=delay_delta,
             run_at=run_at,
             parent_run_id=parent_run_id,
+            concurrency_key=concurrency_key,
         )
 
     def trigger(
@@ -384,6 +388,7 @@ class Runlane:
         priority: int = 0,
         max_attempts: int | None = None,
         connection: Any = None,
+        concurrency_key: str | None = None,
     ) -> RunHandle:
         """Validate ``payload`` and store a new run; nothing is written if validation fails.
 
@@ -391,7 +396,8 @@ class Runlane:
         database. With ``connection`` (a psycopg connection) the run is written in the
         caller's transaction and exists only if it commits. With ``idempotency_key`` a
         second trigger of the same task returns the first run (``created`` is then False).
-        Higher ``priority`` is claimed first.
+        Higher ``priority`` is claimed first. ``concurrency_key`` puts the run under its
+        queue's ``key_concurrency_limit`` (a queue without one refuses it).
         """
         self._check_open()
         (handle,) = self._trigger(
@@ -404,6 +410,7 @@ class Runlane:
             priority=priority,
             max_attempts=max_attempts,
             connection=connection,
+            concurrency_key=concurrency_key,
         )
         return handle
 
@@ -419,11 +426,12 @@ class Runlane:
         priority: int = 0,
         max_attempts: int | None = None,
         connection: Any = None,
+        concurrency_key: str | None = None,
     ) -> list[RunHandle]:
         """Trigger one run per payload in one round trip; handles come back in payload order.
 
         Every payload is validated before anything is written. ``idempotency_keys``, when
-        given, holds one key (or None) per payload.
+        given, holds one key (or None) per payload; ``concurrency_key`` is every run's.
         """
         self._check_open()
         return self._trigger(
@@ -437,6 +445,7 @@ class Runlane:
             max_attempts=max_attempts,
             connection=connection,
             batch=True,
+            concurrency_key=concurrency_key,
         )
 
     def _trigger(
@@ -453,6 +462,7 @@ class Runlane:
         connection: Any,
         parent_run_id: uuid.UUID | None = None,
         batch: bool = False,
+        concurrency_key: str | None = None,
     ) -> list[RunHandle]:
         runs = self._new_runs(
             task,
@@ -465,6 +475,7 @@ class Runlane:
             max_attempts=max_attempts,
             parent_run_id=parent_run_id,
             batch=batch,
+            concurrency_key=concurrency_key,
         )
         if not runs.ids:
             return []

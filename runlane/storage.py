@@ -17,6 +17,7 @@ import attrs
 
 from runlane.errors import RunlaneError
 from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken, WorkerInfo, WorkerState
+from runlane.tasks import Queue
 
 __all__ = [
     "BulkBatch",
@@ -30,6 +31,7 @@ __all__ = [
     "FailureApplied",
     "InsertedRun",
     "LeaseRef",
+    "LimitedClaim",
     "MaintenanceFence",
     "MaintenanceLeaseRow",
     "NewRuns",
@@ -37,6 +39,7 @@ __all__ = [
     "OutputRefused",
     "ProgressWrite",
     "PruneResult",
+    "QueueLimits",
     "RetryOutcome",
     "RunListQuery",
     "ScheduleDefinition",
@@ -72,6 +75,40 @@ class NewRuns:
     run_at: datetime | None
     parent_run_id: uuid.UUID | None = None
     trace_context: str | None = None  # JSON object of W3C trace headers, or None
+    # the runs' key under their queue's key_concurrency_limit (docs/flow-control.md)
+    concurrency_key: str | None = None
+
+
+@attrs.frozen
+class QueueLimits:
+    """What a limited queue's claim counts (``Queue.concurrency_limit``, its rate limit's
+    count, window in microseconds and burst, and ``key_concurrency_limit``)."""
+
+    concurrency_limit: int | None = None
+    rate_count: int | None = None
+    rate_per_us: int | None = None
+    rate_burst: int | None = None
+    key_limit: int | None = None
+
+    @classmethod
+    def of(cls, queue: Queue) -> QueueLimits:
+        rate = queue.rate_limit
+        return cls(
+            concurrency_limit=queue.concurrency_limit,
+            rate_count=None if rate is None else rate.count,
+            rate_per_us=None if rate is None else rate.per_us,
+            rate_burst=None if rate is None else rate.burst,
+            key_limit=queue.key_concurrency_limit,
+        )
+
+
+@attrs.frozen
+class LimitedClaim:
+    """The runs a limited queue's claim started, and how long until its rate limit lets
+    the next one start (0: not held back by the rate now; None: no rate limit)."""
+
+    runs: list[ClaimedRun]
+    rate_wait: float | None
 
 
 @attrs.frozen
@@ -407,6 +444,22 @@ class Storage(Protocol):
     ) -> list[ClaimedRun]:
         """Claim from a bounded queue: at most ``concurrency_limit`` live leases in the queue
         across every claimer, enforced inside the claim (claimers of the queue serialise)."""
+
+    def run_claim_limited(
+        self,
+        environment: str,
+        queue: str,
+        limits: QueueLimits,
+        limit: int,
+        lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
+        run_ids: Sequence[uuid.UUID] | None = None,
+    ) -> LimitedClaim:
+        """Claim from a queue with a rate limit or a per-key limit (and maybe a concurrency
+        limit): at most what each limit leaves, counted inside the claim under the queue's
+        claim lock, so every claimer on every path obeys them (docs/flow-control.md). With
+        ``run_ids`` (a transport lane's deliveries) only those runs, when queued and due."""
 
     def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Complete the attempts that still hold their lease; returns the run ids applied.

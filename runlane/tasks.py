@@ -12,6 +12,7 @@ import attrs
 from runlane._display import shown
 from runlane._limits import INT32_MAX
 from runlane.errors import ConfigurationError
+from runlane.flow import RateLimit, check_key_concurrency_limit
 from runlane.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -36,16 +37,48 @@ def _check_name(kind: str, value: str) -> str:
 
 @attrs.frozen
 class Queue:
-    """A logical queue. ``concurrency_limit`` caps live attempts across all workers."""
+    """A logical queue. ``concurrency_limit`` caps live attempts across all workers;
+    ``rate_limit`` caps attempt starts per window and ``key_concurrency_limit`` live attempts
+    per ``concurrency_key`` (docs/flow-control.md)."""
 
     name: str
     default: bool = False
     concurrency_limit: int | None = None
+    rate_limit: RateLimit | None = None
+    key_concurrency_limit: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        """A rate limit or a per-key limit: claims of this queue count starts or keys."""
+        return self.rate_limit is not None or self.key_concurrency_limit is not None
+
+    @property
+    def bounded(self) -> bool:
+        """Any limit: claimed on its own, under the queue's claim lock, never ahead."""
+        return self.concurrency_limit is not None or self.limited
 
 
-def queue(name: str, *, default: bool = False, concurrency_limit: int | None = None) -> Queue:
-    """Define a logical queue; register it with ``create_runlane(queues=[...])``."""
+def queue(
+    name: str,
+    *,
+    default: bool = False,
+    concurrency_limit: int | None = None,
+    rate_limit: RateLimit | None = None,
+    key_concurrency_limit: int | None = None,
+) -> Queue:
+    """Define a logical queue; register it with ``create_runlane(queues=[...])``.
+
+    ``rate_limit`` (a :class:`~runlane.RateLimit`) bounds how many attempts start per window;
+    ``key_concurrency_limit=N`` lets at most N attempts with the same ``concurrency_key``
+    (given to ``trigger``) run at once. Both hold across all workers, hosts and lanes.
+    """
     _check_name("queue name", name)
+    if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+        raise ConfigurationError(
+            f"queue {name!r}: rate_limit must be a runlane.RateLimit or None, got "
+            f"{shown(rate_limit)}"
+        )
+    key_limit = check_key_concurrency_limit(name, key_concurrency_limit)
     if concurrency_limit is not None and (
         isinstance(concurrency_limit, bool)
         or not isinstance(concurrency_limit, int)
@@ -55,7 +88,13 @@ def queue(name: str, *, default: bool = False, concurrency_limit: int | None = N
             f"queue {name!r}: concurrency_limit must be a positive integer (at most "
             f"{INT32_MAX}, what the database counts it in) or None, got {concurrency_limit!r}"
         )
-    return Queue(name=name, default=default, concurrency_limit=concurrency_limit)
+    return Queue(
+        name=name,
+        default=default,
+        concurrency_limit=concurrency_limit,
+        rate_limit=rate_limit,
+        key_concurrency_limit=key_limit,
+    )
 
 
 @attrs.frozen(eq=False)

@@ -3,10 +3,12 @@
 One acquirer serves one worker (or one drain). Claims run on a connection of their own
 whose commits are asynchronous (a claim lost to a server crash only makes its runs
 claimable again; their handlers' later writes are fenced off). Bounded queues are claimed
-first, in a rotating order so none starves, each under its queue lock; the unbounded queues
-share one claim. While nothing is due, ``wait_for_work`` sleeps until a notification names
-one of the worker's queues, a bounded queue's capacity is freed, the listener reconnected
-(it may have missed some), ``interrupt()`` is called, or the jittered poll interval passes.
+first, in a rotating order so none starves, each under its queue lock (queues with a rate
+limit or a per-key limit through the flow-control claim, docs/flow-control.md); the
+unbounded queues share one claim. While nothing is due, ``wait_for_work`` sleeps until a
+notification names one of the worker's queues, a bounded queue's capacity is freed, the
+listener reconnected (it may have missed some), ``interrupt()`` is called, a rate limit
+lets the next run start, or the jittered poll interval passes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from datetime import timedelta
 
 from runlane.lanes import AcquirerOptions
 from runlane.postgres._listener import PostgresListener
-from runlane.storage import ClaimedRun, Storage
+from runlane.storage import ClaimedRun, QueueLimits, Storage
 
 __all__ = ["PollingAcquirer"]
 
@@ -46,9 +48,12 @@ class PollingAcquirer:
         self._poll = poll_interval.total_seconds()
         self._on_cancel = on_cancel
         self._queues = {q.name for q in options.queues}
-        self._unbounded = sorted(q.name for q in options.queues if q.concurrency_limit is None)
-        self._bounded = [q for q in options.queues if q.concurrency_limit is not None]
+        self._unbounded = sorted(q.name for q in options.queues if not q.bounded)
+        self._bounded = [q for q in options.queues if q.bounded]
         self._bounded_names = {q.name for q in self._bounded}
+        self._limits = {q.name: QueueLimits.of(q) for q in self._bounded if q.limited}
+        # seconds until a rate-limited queue with work held back may start a run again
+        self._rate_wait: float | None = None
         self._owns_storage = not options.drain
         self._storage = (
             storage
@@ -91,6 +96,7 @@ class PollingAcquirer:
 
     def acquire(self, want: int, for_bounded: int) -> list[ClaimedRun]:
         self._wake.clear()
+        self._rate_wait = None
         claimed: list[ClaimedRun] = []
         bounded = list(self._bounded)
         _random.shuffle(bounded)
@@ -98,6 +104,10 @@ class PollingAcquirer:
             room = min(want, for_bounded) - len(claimed)
             if room <= 0:
                 break
+            limits = self._limits.get(q.name)
+            if limits is not None:
+                claimed += self._claim_limited(q.name, limits, room)
+                continue
             assert q.concurrency_limit is not None
             claimed += self._storage.run_claim_bounded(
                 self._environment,
@@ -117,8 +127,26 @@ class PollingAcquirer:
             )
         return claimed
 
+    def _claim_limited(self, queue: str, limits: QueueLimits, room: int) -> list[ClaimedRun]:
+        result = self._storage.run_claim_limited(
+            self._environment, queue, limits, room, self._lease, worker_id=self._worker_id
+        )
+        if result.rate_wait:  # the rate holds runs back: look again when it lets one start
+            wait = result.rate_wait
+            self._rate_wait = wait if self._rate_wait is None else min(self._rate_wait, wait)
+        return result.runs
+
+    @property
+    def rate_wait(self) -> float | None:
+        """Seconds until a rate limit that held runs back in the last acquire lets the next
+        start (None: none did); drain() waits this long instead of stopping."""
+        return self._rate_wait
+
     def wait_for_work(self) -> None:
-        self._wake.wait(self._poll * _random.uniform(0.9, 1.1))
+        poll = self._poll * _random.uniform(0.9, 1.1)
+        if self._rate_wait is not None:
+            poll = min(poll, self._rate_wait)
+        self._wake.wait(poll)
 
     def interrupt(self) -> None:
         self._wake.set()

@@ -42,6 +42,7 @@ from runlane.postgres._connections import (
     storage_error,
 )
 from runlane.postgres._group import GroupCommit, group_params, groupable
+from runlane.postgres._flow import FlowMethods
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums, latest_version
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
@@ -95,6 +96,7 @@ class _SchemaGate:
 
 
 class PostgresStorage(
+    FlowMethods,
     OutboxMethods,
     InspectMethods,
     BulkMethods,
@@ -332,6 +334,7 @@ class PostgresStorage(
             "run_at": runs.run_at,
             "delay_seconds": runs.delay.total_seconds(),
             "trace_context": runs.trace_context,
+            "concurrency_key": runs.concurrency_key,
         }
         if one:
             params["id"] = runs.ids[0]
@@ -361,7 +364,7 @@ class PostgresStorage(
     def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
         if connection is None and self._eager is not None:
             return self._insert_eager(runs, self._eager)
-        if connection is None and groupable(runs):
+        if connection is None and runs.concurrency_key is None and groupable(runs):
             return self._group.insert(runs)  # concurrent triggers share a statement
         return self._insert_direct(runs, connection)
 

@@ -5,16 +5,17 @@ to one thread). It consumes the worker's queues with a prefetch of the worker's 
 (``create_delivery_worker(claim_batch=...)``, at most four times its concurrency) and
 buffers deliveries; it never touches the database. The pool's acquiring slot takes
 deliveries from the buffer, claims the runs they name by id with the same fenced claim as the
-polling lane (bounded queues still enforced in storage, under the queue's lock), and only then
+polling lane (bounded queues, rate limits and per-key limits still enforced in storage,
+under the queue's lock), and only then
 acknowledges them, through ``add_callback_threadsafe`` (the one cross-thread call pika
 allows). A delivery whose run is no longer queued (a duplicate, a cancelled or finished run)
 is acknowledged and counted, never executed twice; a run of a paused queue is acknowledged
 and waits in Postgres (``resume_queue`` writes its outbox item again); a run not due yet, or
-in a bounded queue at capacity, is deferred through the outbox (a new item publishes it
-again later) and its delivery acknowledged; a malformed message or an unknown run is
-acknowledged, logged and counted; a database error requeues the deliveries. A broken
-broker connection is re-made with backoff (its unacknowledged deliveries come back from the
-broker).
+held back by its queue's limits (capacity, rate, its key's limit), is deferred through the
+outbox (a new item publishes it again later) and its delivery acknowledged; a malformed
+message or an unknown run is acknowledged, logged and counted; a database error requeues
+the deliveries. A broken broker connection is re-made with backoff (its unacknowledged
+deliveries come back from the broker).
 
 Cancellation and wake-ups for runs are Postgres's: a listener on the schema's channel passes
 ``cancel|<run id>`` to the pool.
@@ -49,7 +50,7 @@ from runlane.rabbitmq._amqp import (
     parse_body,
     queue_name,
 )
-from runlane.storage import ClaimedRun
+from runlane.storage import ClaimedRun, QueueLimits
 
 __all__ = ["ConsumerStats", "RabbitAcquirer"]
 
@@ -66,7 +67,7 @@ class ConsumerStats:
     duplicates: int = 0  # the run was no longer queued: acked, not executed
     unknown: int = 0  # no such run in this environment: acked
     malformed: int = 0  # not a runlane message: acked
-    deferred: int = 0  # not due yet, or its bounded queue at capacity: re-published later
+    deferred: int = 0  # not due yet, or held back by its queue's limits: re-published later
     paused: int = 0  # its queue is paused: acked, the run waits in Postgres until resumed
     requeued: int = 0  # a database error: nacked with requeue
     connections: int = 0  # broker connections made (more than one: it reconnected)
@@ -182,7 +183,19 @@ class RabbitAcquirer:
             per_queue.setdefault(deliveries[0].queue, []).append(run_id)
         claimed: list[ClaimedRun] = []
         for name, ids in per_queue.items():
-            limit = self._queues[name].concurrency_limit
+            definition = self._queues[name]
+            if definition.limited:  # a rate or per-key limit: the flow-control claim
+                claimed += self._claims.run_claim_limited(
+                    self._environment,
+                    name,
+                    QueueLimits.of(definition),
+                    len(ids),
+                    self._lease,
+                    worker_id=self._worker_id,
+                    run_ids=ids,
+                ).runs
+                continue
+            limit = definition.concurrency_limit
             claimed += self._claims.run_claim_ids(
                 self._environment,
                 ids,
@@ -276,7 +289,7 @@ class RabbitAcquirer:
                 delivery = self._buffer.popleft()
                 if delivery.generation != self._generation:
                     continue  # its connection is gone: the broker redelivers it
-                if self._queues[delivery.queue].concurrency_limit is not None:
+                if self._queues[delivery.queue].bounded:
                     if bounded >= for_bounded:
                         kept.append(delivery)
                         continue

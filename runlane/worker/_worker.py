@@ -182,7 +182,7 @@ class Worker:
         # need to run that many quick handlers (half a prefetch ran dry: 12.3k vs 15.5k
         # runs/s, 50 vs 41 us of CPU a run)
         self._refill_below = max(options.concurrency, options.prefetch)
-        self._bounded = any(q.concurrency_limit is not None for q in queues)  # never refill
+        self._bounded = any(q.bounded for q in queues)  # never refill
         self._drained = False  # drain: a claim found nothing due
         # moving average of handler durations; pessimistic until handlers have been seen
         self._handler_seconds = 1.0
@@ -606,6 +606,15 @@ class Worker:
             return None
         self.idle_signal.set()
         if self._options.drain:
+            held = getattr(self._acquirer, "rate_wait", None)
+            if held:  # due runs a rate limit holds back: wait for it, then claim again
+                self._stopping.wait(held)
+                return None
+            if self._bounded and self._writer.backlog():
+                # a limited queue's slots free only once this drain's results are written
+                while self._writer.backlog() and not self._stopping.wait(0.002):
+                    pass
+                return None
             with self._cond:
                 self._drained = True
             return None

@@ -38,7 +38,7 @@ grant select on {schema}.queue_states to {role};
 -- producer cannot claim, complete, fail, lease, prune or delete a run).
 grant select on {schema}.runs to {role};
 grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
-              idempotency_key, parent_run_id, due_at, trace_context)
+              idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
     on {schema}.runs to {role};
 grant update (status, due_at, wait_kind, wait_token_id, wait_run_id, updated_at)
     on {schema}.runs to {role};
@@ -55,7 +55,7 @@ grant update (status, output, resolved_at) on {schema}.wait_tokens to {role};
 -- deleting runs, schedules, maintenance leases.
 grant select on {schema}.runs to {role};
 grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
-              idempotency_key, parent_run_id, due_at, trace_context)
+              idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
     on {schema}.runs to {role};
 grant update (status, attempt, releases, output, error, due_at, lease_token,
               lease_expires_at, attempt_started_at, started_at, finished_at, updated_at,
@@ -83,6 +83,10 @@ grant insert (id, environment, host, pid, runlane_version, queues, concurrency,
     on {schema}.workers to {role};
 grant update (last_seen_at, state, stopped_at) on {schema}.workers to {role};
 grant update (worker_id) on {schema}.runs to {role};
+-- flow control (rate limits, per-key limits): the claim's stamps, rate state, key cursor
+-- and the starts of a sliding rate window
+grant select, insert, update on {schema}.queue_flow to {role};
+grant select, insert, delete on {schema}.queue_starts to {role};
 grant insert (worker_id) on {schema}.attempts to {role};
 
 -- name: grant_maintenance
@@ -92,7 +96,7 @@ grant insert (worker_id) on {schema}.attempts to {role};
 -- steps through the foreign key, and tombstoning parents).
 grant select, delete on {schema}.runs to {role};
 grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
-              idempotency_key, parent_run_id, due_at, trace_context)
+              idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
     on {schema}.runs to {role};
 grant update (status, due_at, error, output, payload, lease_token, lease_expires_at,
               finished_at, updated_at, wait_kind, wait_token_id, wait_run_id, pruned_at,

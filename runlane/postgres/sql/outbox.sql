@@ -19,11 +19,11 @@ with claim as materialized (
 )
 insert into {schema}.runs as r (
     id, environment, task_id, queue, status, priority, payload, max_attempts,
-    idempotency_key, parent_run_id, due_at, trace_context)
+    idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
 select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
        i.payload, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
        coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
-       %(trace_context)s::jsonb
+       %(trace_context)s::jsonb, %(concurrency_key)s::text
 from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb),
                 unnest(%(idempotency_keys)s::text[]))
     as i(id, payload, idempotency_key)

@@ -1,0 +1,78 @@
+"""The Postgres storage's flow-control claim: rate limits and per-key concurrency.
+
+Mixed into :class:`~runlane.postgres.PostgresStorage`; the statement is ``run_claim_limited``
+in ``sql/flow.sql`` and its tables are migration 8's. One statement serves the polling
+claim (the queue's next runs) and the claim by id of a transport lane's deliveries.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from runlane.postgres._connections import Conn
+from runlane.storage import ClaimedRun, LimitedClaim, QueueLimits
+
+__all__ = ["KEY_VISIT_LIMIT", "FlowMethods"]
+
+T = TypeVar("T")
+
+#: keys one polling claim of a keyed queue may look at (those at their limit, and those
+#: whose queued runs are not due yet, are passed over): a bound on one claim's work
+KEY_VISIT_LIMIT = 1_000
+
+
+class FlowMethods:
+    """The limited claim; expects the attributes PostgresStorage has."""
+
+    _sql: dict[str, str]
+    schema: str
+
+    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
+        raise NotImplementedError
+
+    def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
+        raise NotImplementedError
+
+    def run_claim_limited(
+        self,
+        environment: str,
+        queue: str,
+        limits: QueueLimits,
+        limit: int,
+        lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
+        run_ids: Sequence[uuid.UUID] | None = None,
+    ) -> LimitedClaim:
+        params = {
+            "environment": environment,
+            "queue": queue,
+            "limit": limit,
+            "lease_seconds": lease.total_seconds(),
+            "worker_id": worker_id,
+            "ids": None if run_ids is None else list(run_ids),
+            "concurrency_limit": limits.concurrency_limit,
+            "key_limit": limits.key_limit,
+            "rate_count": limits.rate_count,
+            "rate_per_us": limits.rate_per_us,
+            "rate_burst": limits.rate_burst,
+            "visit_limit": KEY_VISIT_LIMIT,
+            "lock_scope": f"runlane:{self.schema}:{environment}",
+        }
+
+        def claim(conn: Conn) -> LimitedClaim:
+            # two statements, one transaction: every count comes after the queue's lock
+            with conn.transaction():
+                conn.execute(self._sql["queue_claim_lock"], params)
+                rows = conn.execute(self._sql["run_claim_limited"], params).fetchall()
+            # the last row carries the rate limit's wait, the others are the claimed runs
+            *claimed, (*_, wait) = rows
+            return LimitedClaim(
+                runs=self._claimed_rows(claimed),
+                rate_wait=None if wait is None else float(wait),
+            )
+
+        return self._with_conn(claim)
