@@ -444,3 +444,28 @@ def test_bulk_actions_leave_other_environments_alone(
     staging = make_runlane(environment="staging")
     assert staging.retry_runs(all=True) == BulkResult(3, 3)
     assert runs.counts() == {"queued": 3, "failed": 2}
+
+
+def _queued_in_statistics(runs: Runs) -> bool:
+    row = runs.one(
+        "select coalesce('queued' = any(most_common_vals::text::text[]), false)"
+        " from pg_stats where schemaname = %s and tablename = 'runs' and attname = 'status'",
+        runs.schema,
+    )
+    return bool(row[0])
+
+
+@pytest.mark.parametrize("threshold", [600, 5_000])
+def test_a_large_bulk_retry_refreshes_the_statistics_claims_are_planned_with(
+    operator: Runlane, runs: Runs, monkeypatch: pytest.MonkeyPatch, threshold: int
+) -> None:
+    # Statistics taken while every run was failed say queued runs are rare; a claim planned
+    # with them reads its queue through runs_listing_by_status and sorts the whole retried
+    # backlog. The retry analyses runs once it has moved ANALYZE_AFTER runs into queued.
+    monkeypatch.setattr("runlane.postgres._bulk.ANALYZE_AFTER", threshold)
+    runs.insert(1_200, "failed", queue="held")
+    runs.run("analyze {schema}.runs")
+    assert not _queued_in_statistics(runs)
+    result = operator.retry_runs(status="failed")
+    assert result.changed == 1_200
+    assert _queued_in_statistics(runs) is (threshold <= 1_200)

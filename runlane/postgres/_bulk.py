@@ -27,6 +27,11 @@ T = TypeVar("T")
 
 # a walk starts above every run: no created_at reaches infinity
 _TOP = ("infinity", uuid.UUID(int=2**128 - 1))
+# A bulk retry analyses runs once it has moved this many runs into queued in one walk, then
+# each time the walk's count grows tenfold (10,000, 100,000, 1,000,000: three ANALYZEs of
+# one to two seconds for a million). The first is what matters: from then on the planner
+# knows queued runs are many and claims read runs_claimable (sql/bulk.sql runs_analyze).
+ANALYZE_AFTER = 10_000
 
 
 def _filter_params(runs: BulkFilter) -> dict[str, Any]:
@@ -43,6 +48,8 @@ class BulkMethods:
     """Bulk and progress statements; expects the attributes PostgresStorage has."""
 
     _sql: dict[str, str]
+    # (runs moved into queued by the current retry walk, the count that analyses next)
+    _requeued: tuple[int, int] = (0, ANALYZE_AFTER)
 
     def _with_conn(self, fn: Callable[[Conn], T]) -> T:
         raise NotImplementedError
@@ -89,7 +96,20 @@ class BulkMethods:
             last = None if not picked else (picked[-1][1], picked[-1][0])
             return BulkBatch(visited=len(picked), changed=changed, last=last)
 
-        return self._with_conn(batch)
+        done = self._with_conn(batch)
+        if action == "retry":
+            self._count_requeued(first=before is None, changed=done.changed)
+        return done
+
+    def _count_requeued(self, *, first: bool, changed: int) -> None:
+        """Analyse runs when this retry walk's count of runs moved into queued reaches the
+        next threshold (ANALYZE_AFTER, then tenfold)."""
+        moved, threshold = (0, ANALYZE_AFTER) if first else self._requeued
+        moved += changed
+        if moved >= threshold:
+            self._with_conn(lambda conn: conn.execute(self._sql["runs_analyze"]))
+            threshold = max(threshold, moved) * 10
+        self._requeued = (moved, threshold)
 
     def _transaction(self, conn: Conn) -> AbstractContextManager[object]:
         """A transaction of its own on an idle autocommit connection; else the caller's

@@ -50,6 +50,15 @@ order by created_at desc, id desc
 limit %(batch)s
 for update skip locked;
 
+-- name: runs_analyze
+-- Fresh statistics for runs after a bulk retry moved many runs into queued. Statistics
+-- from before it say queued runs are rare, and with them the planner reads a claim's
+-- queue through runs_listing_by_status and sorts it, walking the whole new backlog on
+-- every claim (176 ms a claim with 300,000 retried runs due in a queue nobody serves),
+-- until autovacuum analyses the table. Needs the table's owner (or, from PostgreSQL 17, the
+-- MAINTAIN privilege); any other role gets a warning and changes nothing.
+analyze {schema}.runs;
+
 -- name: run_progress_many
 -- context.report_progress: the last progress of each attempt that still holds its lease
 -- (fenced by run id, attempt number and lease token); returns the runs written.
