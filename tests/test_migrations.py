@@ -4,6 +4,8 @@ what a runtime does on a schema that was never migrated (or was migrated by some
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
 import threading
 import time
 import uuid
@@ -30,6 +32,7 @@ from runlane.postgres import (
     apply_postgres_storage_migrations,
     postgres_polling_lane,
 )
+from runlane.postgres._compat import ADDITIVE, BREAKING, marker_of
 from runlane.postgres._migrations import _LOCK_CLASS, _checksum, latest_version
 from runlane.postgres._sql import load_migration_files, render
 from tests.helpers import Conn, count_runs
@@ -37,8 +40,10 @@ from tests.helpers import Conn, count_runs
 # A connection string that fails at once if anything tries to use it.
 UNREACHABLE = "host=/nonexistent/runlane-test dbname=nothing connect_timeout=1"
 # the schema version this release installs, and every migration in order
-LATEST = 6
+LATEST = len(load_migration_files())
 ALL = tuple(range(1, LATEST + 1))
+# migrations from this version on carry a compatibility marker (expand/contract)
+FIRST_MARKED = 7
 
 
 @attrs.frozen
@@ -145,7 +150,7 @@ def test_apply_to_fresh_schema_creates_tables_and_ledger(
     assert result == MigrationResult(schema=fresh_schema, applied=ALL, version=LATEST)
     assert latest_version() == LATEST
     assert {"runs", "attempts", "runlane_migrations"} <= tables(db, fresh_schema)
-    first, second, third, fourth, fifth, sixth = ledger(db, fresh_schema)
+    first, second, third, fourth, fifth, sixth, *_ = ledger(db, fresh_schema)
     assert first[:3] == (1, "initial", shipped_checksum())
     assert second[:2] == (2, "announce")
     assert third[:2] == (3, "outbox")
@@ -159,6 +164,7 @@ def test_apply_to_fresh_schema_creates_tables_and_ledger(
         "name",
         "checksum",
         "applied_at",
+        "compatibility",
     ]
 
 
@@ -641,3 +647,116 @@ def test_the_row_checks_refuse_rows_no_statement_should_write(
         db.execute(insert, list(row.values()))
     assert raised.value.diag.constraint_name == broken
     assert count_runs(db, schema) == 0
+
+
+# -- expand/contract: newer schemas a runtime may run on --------------------------------------
+
+
+def add_newer_migration(db: Conn, schema_name: str, compatibility: str | None) -> int:
+    """Record in the ledger a migration one version past this release (as a newer release's
+    runner would), with ``compatibility``; returns its version."""
+    version = LATEST + 1
+    db.execute(
+        sql.SQL(
+            "insert into {}.runlane_migrations (version, name, checksum, compatibility) "
+            "values (%s, 'from_the_future', 'abc', %s)"
+        ).format(sql.Identifier(schema_name)),
+        (version, compatibility),
+    )
+    return version
+
+
+def test_every_migration_from_version_7_is_marked() -> None:
+    """The rule of sql/migrations/README.md: each migration says whether runtimes of the
+    versions before it keep working (an unmarked one would count as breaking)."""
+    for version, name, text in load_migration_files():
+        if version < FIRST_MARKED:
+            continue
+        assert re.search(r"^-- compatibility: (additive|breaking)$", text, re.MULTILINE), (
+            f"migration {version:04d}_{name}.sql has no '-- compatibility: additive' or "
+            "'-- compatibility: breaking' line (see runlane/postgres/sql/migrations/README.md)"
+        )
+
+
+def test_the_marker_is_read_and_left_out_of_the_checksum() -> None:
+    body = "create table {schema}.x (id int);\n"
+    assert marker_of("-- compatibility: additive\n" + body) == ADDITIVE
+    assert marker_of("-- compatibility: breaking\n" + body) == BREAKING
+    assert marker_of(body) == BREAKING  # unmarked counts as breaking
+    assert marker_of("-- compatibility: additive-ish\n" + body) == BREAKING
+    assert _checksum("-- compatibility: additive\n" + body) == _checksum(body)
+    assert _checksum(body) == hashlib.sha256(body.encode()).hexdigest()
+
+
+def test_the_ledger_records_each_migrations_marker(schema: str, db: Conn) -> None:
+    rows = db.execute(
+        sql.SQL("select version, compatibility from {}.runlane_migrations order by 1").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
+    assert rows == [(version, marker_of(text)) for version, _, text in load_migration_files()]
+
+
+def test_a_ledger_from_before_the_column_gets_it_and_its_markers(
+    database_url: str, schema: str, db: Conn
+) -> None:
+    ledger_table = sql.SQL("{}.runlane_migrations").format(sql.Identifier(schema))
+    db.execute(sql.SQL("alter table {} drop column compatibility").format(ledger_table))
+    before = ledger(db, schema)
+    assert migrate(database_url, schema).applied == ()
+    assert ledger(db, schema) == before
+    rows = db.execute(
+        sql.SQL("select version, compatibility from {} order by 1").format(ledger_table)
+    ).fetchall()
+    assert rows == [(version, marker_of(text)) for version, _, text in load_migration_files()]
+
+
+def test_runtime_runs_on_a_newer_additive_schema_and_says_so(
+    schema: str, db: Conn, make_runtime: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    version = add_newer_migration(db, schema, ADDITIVE)
+    runtime: Runlane = make_runtime(schema)
+    with caplog.at_level(logging.INFO, logger="runlane.postgres"):
+        handle = runtime.trigger(ping, Ping(n=3))
+        assert runtime.drain().runs_executed == 1
+    assert runtime.get_run(handle.id).output == 3
+    notes = [r.getMessage() for r in caplog.records if "additive" in r.getMessage()]
+    assert len(notes) == 1, notes  # once per runtime, not per statement
+    assert f"at version {version}, newer than this runlane's {LATEST}" in notes[0]
+    assert f"{version} (from_the_future)" in notes[0]
+
+
+@pytest.mark.parametrize("compatibility", [BREAKING, None], ids=["breaking", "unmarked"])
+def test_runtime_refuses_a_newer_breaking_schema_naming_the_migration(
+    schema: str, db: Conn, make_runtime: Any, compatibility: str | None
+) -> None:
+    version = add_newer_migration(db, schema, compatibility)
+    runtime: Runlane = make_runtime(schema)
+    with pytest.raises(IncompatibleSchema) as caught:
+        runtime.trigger(ping, Ping(n=1))
+    message = str(caught.value)
+    assert f"migration {version} (from_the_future) is marked breaking" in message
+    assert "upgrade runlane" in message
+    assert count_runs(db, schema) == 0
+
+
+def test_migrating_under_a_newer_additive_schema_changes_nothing(
+    database_url: str, schema: str, db: Conn
+) -> None:
+    """A rolled-back application's deploy step may run the migrator of the older release:
+    on an additive newer schema it has nothing to do and says where the schema stands."""
+    version = add_newer_migration(db, schema, ADDITIVE)
+    before = ledger(db, schema), relations(db, schema)
+    result = migrate(database_url, schema)
+    assert result == MigrationResult(schema=schema, applied=(), version=version)
+    assert (ledger(db, schema), relations(db, schema)) == before
+
+
+def test_migrating_under_a_newer_breaking_schema_is_refused(
+    database_url: str, schema: str, db: Conn
+) -> None:
+    version = add_newer_migration(db, schema, BREAKING)
+    before = ledger(db, schema), relations(db, schema)
+    with pytest.raises(IncompatibleSchema, match=f"migration {version} .* breaking"):
+        migrate(database_url, schema)
+    assert (ledger(db, schema), relations(db, schema)) == before

@@ -1,4 +1,10 @@
-"""The migration runner: installs the storage schema under a schema-scoped advisory lock."""
+"""The migration runner: installs the storage schema under a schema-scoped advisory lock.
+
+The ledger (``runlane_migrations``) records each applied migration's version, name,
+checksum and compatibility marker (``additive`` or ``breaking``, see ``_compat.py``). A
+ledger newer than this release is left alone when its newer migrations are all additive (a
+rolled-back application's deploy step may run this runner again), refused otherwise.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,13 @@ import psycopg
 from psycopg import sql
 
 from runlane.errors import ConfigurationError, IncompatibleSchema
-from runlane.postgres._connections import check_conninfo, storage_error
+from runlane.postgres._compat import LedgerRow, marker_of, newer_than_known, without_marker
+from runlane.postgres._connections import (
+    DEFAULT_CONNECT_TIMEOUT,
+    check_conninfo,
+    connect_seconds,
+    storage_error,
+)
 from runlane.postgres._sql import load_migration_files, render, validate_schema_name
 
 __all__ = [
@@ -23,10 +35,12 @@ __all__ = [
 
 LEDGER_TABLE = "runlane_migrations"
 _LEDGER_COLUMNS = {"version", "name", "checksum", "applied_at"}
+# added by this release's runner to a ledger made before it (nullable: older rows)
+_COMPATIBILITY = "compatibility"
 # First key of the two-key advisory lock; the second is hashtext(schema), so migrators of
 # different schemas never wait on each other.
 _LOCK_CLASS = 0x726C6D67
-_CONNECT_TIMEOUT = 10  # seconds, unless the connection string sets connect_timeout
+_CONNECT_TIMEOUT = connect_seconds(DEFAULT_CONNECT_TIMEOUT)  # unless the string sets one
 
 
 @attrs.frozen
@@ -39,7 +53,9 @@ class MigrationResult:
 
 
 def _checksum(text: str) -> str:
-    return hashlib.sha256(text.replace("\r\n", "\n").encode("utf-8")).hexdigest()
+    # the compatibility marker line is not part of it: marking a file changes no checksum
+    body = without_marker(text.replace("\r\n", "\n"))
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
 def latest_version() -> int:
@@ -52,7 +68,8 @@ def known_checksums() -> dict[int, str]:
 
 
 def _check_ledger_shape(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> bool:
-    """True when a ledger exists; raise when something else holds its name."""
+    """True when a ledger exists (with or without its compatibility column, which is then
+    added); raise when something else holds its name."""
     row = conn.execute(
         "select c.oid, c.relkind from pg_class as c "
         "join pg_namespace as n on n.oid = c.relnamespace "
@@ -75,7 +92,13 @@ def _check_ledger_shape(conn: psycopg.Connection[tuple[object, ...]], schema: st
             (oid,),
         )
     }
-    if columns != _LEDGER_COLUMNS:
+    if columns == _LEDGER_COLUMNS:
+        conn.execute(
+            sql.SQL("alter table {}.{} add column {} text").format(
+                sql.Identifier(schema), sql.Identifier(LEDGER_TABLE), sql.Identifier(_COMPATIBILITY)
+            )
+        )
+    elif columns != _LEDGER_COLUMNS | {_COMPATIBILITY}:
         raise IncompatibleSchema(
             f"schema {schema!r} has a table {LEDGER_TABLE!r} that runlane did not create "
             f"(columns {sorted(columns)}); migrate into a fresh schema instead"
@@ -84,15 +107,26 @@ def _check_ledger_shape(conn: psycopg.Connection[tuple[object, ...]], schema: st
 
 
 def _check_ledger_rows(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[int]:
+    """The versions applied; raises when the ledger is not this release's or an additive
+    extension of it."""
     known = {version: (name, _checksum(text)) for version, name, text in load_migration_files()}
-    rows = conn.execute(
-        sql.SQL("select version, name, checksum from {}.{} order by version").format(
-            sql.Identifier(schema), sql.Identifier(LEDGER_TABLE)
-        )
-    ).fetchall()
+    rows = [
+        LedgerRow(int(str(version)), str(name), str(checksum), None if c is None else str(c))
+        for version, name, checksum, c in conn.execute(
+            sql.SQL(
+                "select version, name, checksum, compatibility from {}.{} order by version"
+            ).format(sql.Identifier(schema), sql.Identifier(LEDGER_TABLE))
+        ).fetchall()
+    ]
+    # a newer release's migrations: only when additive (raises naming a breaking one)
+    newer = {row.version for row in newer_than_known(rows, len(known), schema)}
     applied: list[int] = []
-    for version, name, checksum in rows:
-        if not isinstance(version, int) or version not in known:
+    for row in rows:
+        version, name, checksum = row.version, row.name, row.checksum
+        if version in newer:
+            applied.append(version)
+            continue
+        if version not in known:
             raise IncompatibleSchema(
                 f"schema {schema!r} records migration {version!r} ({name}), which this runlane "
                 f"does not know (it knows 1..{len(known)}): the schema was made by a newer or "
@@ -154,13 +188,23 @@ def _apply(connection_string: str, schema: str, timeout_given: bool) -> Migratio
             conn.execute(
                 sql.SQL(
                     "create table {}.{} (version integer primary key, name text not null, "
-                    "checksum text not null, applied_at timestamptz not null default now())"
+                    "checksum text not null, applied_at timestamptz not null default now(), "
+                    "compatibility text)"
                 ).format(sql.Identifier(schema), sql.Identifier(LEDGER_TABLE))
             )
         done = set(_check_ledger_rows(conn, schema))
+        ledger = sql.Identifier(schema), sql.Identifier(LEDGER_TABLE)
         applied: list[int] = []
         for version, name, text in files:
             if version in done:
+                # rows recorded before the compatibility column get the shipped marker
+                conn.execute(
+                    sql.SQL(
+                        "update {}.{} set compatibility = %s "
+                        "where version = %s and compatibility is null"
+                    ).format(*ledger),
+                    (marker_of(text), version),
+                )
                 continue
             try:
                 conn.execute(render(text, schema).encode("utf-8"))
@@ -171,10 +215,11 @@ def _apply(connection_string: str, schema: str, timeout_given: bool) -> Migratio
                     f"({exc.diag.message_primary})"
                 ) from exc
             conn.execute(
-                sql.SQL("insert into {}.{} (version, name, checksum) values (%s, %s, %s)").format(
-                    sql.Identifier(schema), sql.Identifier(LEDGER_TABLE)
-                ),
-                (version, name, _checksum(text)),
+                sql.SQL(
+                    "insert into {}.{} (version, name, checksum, compatibility) "
+                    "values (%s, %s, %s, %s)"
+                ).format(*ledger),
+                (version, name, _checksum(text), marker_of(text)),
             )
             applied.append(version)
-    return MigrationResult(schema=schema, applied=tuple(applied), version=len(files))
+    return MigrationResult(schema=schema, applied=tuple(applied), version=max([len(files), *done]))

@@ -31,6 +31,7 @@ from runlane.postgres._batches import (
     too_large_reason,
 )
 from runlane.postgres._bulk import BulkMethods
+from runlane.postgres._compat import LedgerRow, check_runtime_ledger
 from runlane.postgres._connections import (
     Conn,
     ConnectionSource,
@@ -44,7 +45,7 @@ from runlane.postgres._connections import (
 from runlane.postgres._group import GroupCommit, group_params, groupable
 from runlane.postgres._flow import FlowMethods
 from runlane.postgres._inspect import InspectMethods
-from runlane.postgres._migrations import known_checksums, latest_version
+from runlane.postgres._migrations import known_checksums
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
 from runlane.postgres._queues import QueueMethods, status_queues
 from runlane.postgres._schedules import ScheduleMethods
@@ -258,25 +259,17 @@ class PostgresStorage(
         if self._gate.checked:
             return
         # a missing table is turned into SchemaNotMigrated by _error, like any statement's
-        rows = conn.execute(self._sql["schema_version"]).fetchall()
-        known = known_checksums()
-        version = max((int(row[0]) for row in rows), default=0)
-        latest = latest_version()
-        if version > latest:
-            raise IncompatibleSchema(
-                f"schema {self.schema!r} is at version {version}, newer than this runlane "
-                f"knows ({latest}): upgrade runlane in this application"
-            )
-        if any(known.get(int(v)) != checksum for v, checksum in rows):
-            raise IncompatibleSchema(
-                f"schema {self.schema!r} was made by another runlane release (its migration "
-                "ledger's checksums differ); migrate into a fresh schema"
-            )
-        if version < latest:
-            raise SchemaNotMigrated(
-                f"schema {self.schema!r} is at version {version}, this runlane needs "
-                f"{latest}: {_migrate_hint(self.schema)}"
-            )
+        rows = [
+            LedgerRow(int(version), str(name), str(checksum), compatibility)
+            for version, name, checksum, compatibility in conn.execute(
+                self._sql["schema_version"]
+            ).fetchall()
+        ]
+        # a newer schema whose newer migrations are all additive is accepted (expand/contract)
+        hint = _migrate_hint(self.schema)
+        note = check_runtime_ledger(rows, known_checksums(), self.schema, hint)
+        if note is not None:
+            log.info("runlane: %s", note)
         self._gate.checked = True
 
     def _error(self, exc: psycopg.Error) -> RunlaneError:

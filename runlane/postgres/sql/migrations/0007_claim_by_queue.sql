@@ -1,4 +1,5 @@
 -- runlane schema version 7: a claim reads only the queues it serves.
+-- compatibility: additive
 --
 -- runs_claimable led with the environment, by priority and due time, the queue carried as an
 -- included column: a claim for queue "default" walked, and skipped, every due run of every

@@ -1,4 +1,5 @@
 -- runlane schema version 8: flow control (docs/flow-control.md).
+-- compatibility: additive
 --
 -- * runs.concurrency_key: the key trigger(concurrency_key=...) gave a run of a queue with a
 --   key_concurrency_limit (null otherwise). Two partial indexes, of keyed rows only, so runs
