@@ -19,8 +19,10 @@ from psycopg_pool import ConnectionPool
 
 from runlane._display import shown
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError, StorageUnavailable
+from runlane.postgres._connect_errors import connect_cause, establishing
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
     "Conn",
     "ConnectionSource",
     "DedicatedSource",
@@ -44,6 +46,9 @@ KEEPALIVES: dict[str, Any] = {
     "keepalives_interval": 2,
     "keepalives_count": 3,
 }
+# how long a new connection may take (seconds), unless the lane or the connection string
+# says otherwise: a wrong address fails within it, with one line naming the cause
+DEFAULT_CONNECT_TIMEOUT = 5.0
 # unacknowledged data older than this breaks the connection (libpq 12+, Linux)
 _TCP_USER_TIMEOUT_MS = 20_000
 
@@ -129,12 +134,25 @@ def _scrubbed(text: str, connection_string: str) -> str:
     return text
 
 
-def storage_error(exc: psycopg.Error, connection_string: str, what: str) -> RunlaneError:
+def storage_error(
+    exc: psycopg.Error,
+    connection_string: str,
+    what: str,
+    *,
+    connect_timeout: float | None = None,
+) -> RunlaneError:
     """The runlane error a driver error becomes at the storage boundary (raise it ``from``
-    the driver error)."""
+    the driver error). A connection that could not be made says why, in one sentence
+    (:mod:`runlane.postgres._connect_errors`)."""
     detail = _scrubbed(str(exc).strip() or type(exc).__name__, connection_string)
     if isinstance(exc, psycopg.errors.QueryCanceled):
         return _cancelled(exc, detail, what)
+    if isinstance(exc, psycopg.OperationalError) and establishing(exc):
+        timeout = _conninfo_timeout(connection_string, connect_timeout)
+        cause = connect_cause(exc, describe_target(connection_string), timeout)
+        if cause is not None:
+            said = _scrubbed(cause, connection_string)
+            return StorageUnavailable(f"runlane could not {what}: {said}")
     if connection_failed(exc):
         target = describe_target(connection_string)
         cause = f"{type(exc).__name__}: {detail}"
@@ -146,6 +164,17 @@ def storage_error(exc: psycopg.Error, connection_string: str, what: str) -> Runl
     return RunlaneError(
         f"unexpected database error while trying to {what} ({type(exc).__name__}: {detail})"
     )
+
+
+def _conninfo_timeout(connection_string: str, configured: float | None) -> float:
+    """The connect timeout a connection waited: the connection string's connect_timeout
+    (it wins over the lane's), else the configured one, else the default."""
+    fallback = DEFAULT_CONNECT_TIMEOUT if configured is None else configured
+    try:
+        given = conninfo_to_dict(connection_string).get("connect_timeout")
+        return float(given) if given is not None else fallback
+    except (psycopg.Error, ValueError):
+        return fallback
 
 
 def _cancelled(exc: psycopg.errors.QueryCanceled, detail: str, what: str) -> StorageUnavailable:
@@ -164,6 +193,33 @@ def _cancelled(exc: psycopg.errors.QueryCanceled, detail: str, what: str) -> Sto
         "database is up. A statement_timeout, or a cancel request (pg_cancel_backend, a "
         "driver's cancel), stopped it: check what cancels statements on this connection"
     )
+
+
+def connect_seconds(timeout: float) -> int:
+    """libpq's connect_timeout (whole seconds, at least 1) for a timeout in seconds."""
+    return max(1, round(timeout))
+
+
+class _OwnPoolRecords(logging.Filter):
+    """On the ``psycopg.pool`` logger: the records about runlane's own pools (named
+    ``runlane-...``: reconnect attempts, each connection handed out) leave that logger and go
+    to ``runlane.postgres.pool`` at DEBUG, so a database outage is reported once, by runlane,
+    and not as one WARNING per reconnect try; ``--log-level DEBUG`` (or that logger at
+    DEBUG) shows them. Records about other pools of the process pass untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not any(isinstance(a, str) and a.startswith("runlane-") for a in args):
+            return True
+        if _pool_log.isEnabledFor(logging.DEBUG):
+            _pool_log.debug("%s (psycopg.pool %s)", record.getMessage(), record.levelname)
+        return False
+
+
+_pool_log = logging.getLogger("runlane.postgres.pool")
+_psycopg_pool_log = logging.getLogger("psycopg.pool")
+if not any(isinstance(f, _OwnPoolRecords) for f in _psycopg_pool_log.filters):
+    _psycopg_pool_log.addFilter(_OwnPoolRecords())
 
 
 class ConnectionSource(Protocol):
@@ -204,13 +260,20 @@ class PoolSource:
                 raise psycopg_pool.PoolClosed(f"the pool {self._name!r} was closed")
             if self._pool is not None:
                 return self._pool
+            kwargs: dict[str, Any] = {"autocommit": True, "application_name": self._name[:63]}
+            if "connect_timeout" not in conninfo_to_dict(self._conninfo):
+                kwargs["connect_timeout"] = connect_seconds(self._timeout)
+            # one connection first, made here: a wrong host, port, password or database fails
+            # within the connect timeout with libpq's own reason (the pool would retry it in
+            # its thread, logging each try, until its timeout, and report only the timeout)
+            psycopg.connect(self._conninfo, **kwargs).close()
             pool: ConnectionPool[Conn] = ConnectionPool(
                 self._conninfo,
                 min_size=self._min_size,
                 max_size=self._max_size,
                 open=False,
                 name=self._name,
-                kwargs={"autocommit": True, "application_name": self._name[:63]},
+                kwargs=kwargs,
                 timeout=self._timeout,
             )
             try:
@@ -355,7 +418,7 @@ class DedicatedSource:
             conn = psycopg.connect(
                 self._conninfo,
                 autocommit=True,
-                connect_timeout=max(1, int(self._timeout)),
+                connect_timeout=connect_seconds(self._timeout),
                 application_name=self._name[:63],
                 **self._options,
             )

@@ -14,7 +14,12 @@ import psycopg
 
 from runlane._display import shown
 from runlane.errors import ConfigurationError, SchemaNotMigrated
-from runlane.postgres._connections import check_conninfo, storage_error
+from runlane.postgres._connections import (
+    DEFAULT_CONNECT_TIMEOUT,
+    check_conninfo,
+    connect_seconds,
+    storage_error,
+)
 from runlane.postgres._sql import grant_blocks, render, validate_schema_name
 
 __all__ = [
@@ -35,7 +40,7 @@ GRANT_LANES: Final = ("polling", "rabbitmq")
 # at most 63 bytes. Anything else is refused before it reaches SQL (and is quoted anyway).
 _ROLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.@-]{0,62}$")
 _RESERVED_ROLES = frozenset({"public", "none", "current_role", "current_user", "session_user"})
-_CONNECT_TIMEOUT = 10  # seconds, unless the connection string sets connect_timeout
+_CONNECT_TIMEOUT = connect_seconds(DEFAULT_CONNECT_TIMEOUT)  # unless the string sets one
 _PRIVILEGE_NOT_GRANTED = "01007"  # a warning: the grantor lacks the grant option
 
 

@@ -23,7 +23,7 @@ from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
 from runlane.postgres._acquirer import PollingAcquirer
-from runlane.postgres._connections import check_conninfo
+from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, check_conninfo
 from runlane.postgres._listener import PostgresListener
 from runlane.postgres._sql import notify_channel, validate_schema_name
 from runlane.postgres._storage import PostgresStorage
@@ -157,7 +157,7 @@ def postgres_polling_lane(
     pool_min_size: int = 1,
     pool_max_size: int = 10,
     lease_duration: timedelta = timedelta(seconds=30),
-    connect_timeout: float = 10.0,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     poll_interval: timedelta = timedelta(seconds=1),
     listen: bool = True,
 ) -> PostgresPollingLane:

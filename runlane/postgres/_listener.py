@@ -20,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from runlane._backoff import Backoff
+from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, connect_seconds
 
 __all__ = ["PostgresListener"]
 
@@ -38,7 +39,7 @@ class PostgresListener:
         environment: str,
         on_wake: Callable[[str | None], None],
         name: str,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         self._conninfo = connection_string
         self._channel = channel
@@ -69,7 +70,7 @@ class PostgresListener:
         conn = psycopg.connect(
             self._conninfo,
             autocommit=True,
-            connect_timeout=max(1, int(self._connect_timeout)),
+            connect_timeout=connect_seconds(self._connect_timeout),
             application_name=self._name[:63],
             keepalives=1,
             keepalives_idle=5,

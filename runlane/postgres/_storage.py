@@ -33,6 +33,7 @@ from runlane.postgres._batches import (
 from runlane.postgres._bulk import BulkMethods
 from runlane.postgres._compat import LedgerRow, check_runtime_ledger
 from runlane.postgres._connections import (
+    DEFAULT_CONNECT_TIMEOUT,
     Conn,
     ConnectionSource,
     DedicatedSource,
@@ -125,7 +126,7 @@ class PostgresStorage(
         schema: str,
         pool_min_size: int = 1,
         pool_max_size: int = 10,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         statement_timeout: float | None = 60.0,
         _source: ConnectionSource | None = None,
         _gate: _SchemaGate | None = None,
@@ -171,7 +172,12 @@ class PostgresStorage(
             try:
                 self._source.open()
             except psycopg.Error as exc:
-                raise storage_error(exc, self._conninfo, "open its connection pool") from exc
+                raise storage_error(
+                    exc,
+                    self._conninfo,
+                    "connect to the database",
+                    connect_timeout=self._connect_timeout,
+                ) from exc
             self._opened = True
 
     def close(self) -> None:
@@ -279,7 +285,12 @@ class PostgresStorage(
             return translated
         if self._closed and connection_failed(exc):
             return self._closed_error()
-        return storage_error(exc, self._conninfo, f"use schema {self.schema!r}")
+        return storage_error(
+            exc,
+            self._conninfo,
+            f"use schema {self.schema!r}",
+            connect_timeout=self._connect_timeout,
+        )
 
     def _with_conn(self, fn: Callable[[Conn], T]) -> T:
         """Run ``fn`` on a connection, retrying a few times when the connection itself broke.
