@@ -19,7 +19,7 @@ from tests.helpers import wait_until
 
 pytest.importorskip("fastapi", reason="fastapi is in the dev extra: pip install -e '.[dev]'")
 pytest.importorskip("httpx2", reason="httpx2 (the TestClient's client) is in the dev extra")
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fastapi"
 

@@ -12,7 +12,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import attrs
 import psycopg
@@ -87,15 +87,16 @@ def transaction() -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
+Transaction = Annotated[psycopg.Connection[Any], Depends(transaction)]
+
+
 class ThumbnailRequest(BaseModel):
     image: str = Field(min_length=1, max_length=200)
     width: int = Field(gt=0, le=4000)
 
 
 @app.post("/thumbnails", status_code=202)
-def request_thumbnail(
-    body: ThumbnailRequest, conn: psycopg.Connection[Any] = Depends(transaction)
-) -> dict[str, str]:
+def request_thumbnail(body: ThumbnailRequest, conn: Transaction) -> dict[str, str]:
     # a plain `def` endpoint: runlane's blocking calls belong in FastAPI's thread pool
     handle = runlane.trigger(make_thumbnail, body.model_dump(), connection=conn)
     inserted = conn.execute(
