@@ -25,8 +25,10 @@ Every lane must pass the lane conformance suite in ``tests/lanes/``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -36,7 +38,7 @@ from runlane.maintenance._types import MaintenanceLimits
 from runlane.storage import ClaimedRun, MaintenanceFence, Storage
 from runlane.tasks import Queue
 
-__all__ = ["Acquirer", "AcquirerOptions", "Lane"]
+__all__ = ["Acquirer", "AcquirerOptions", "Lane", "RunEndWatcher"]
 
 
 @attrs.frozen
@@ -84,6 +86,20 @@ class Acquirer(Protocol):
         """Stop background threads and release connections, within ``timeout``."""
 
 
+class RunEndWatcher(Protocol):
+    """Wake-ups on runs ending (``wait_for_run``); a hint, polling stays the fallback."""
+
+    @property
+    def connected(self) -> bool:
+        """True while announcements arrive (a slow fallback poll is then enough)."""
+
+    def watch(self, run_id: uuid.UUID) -> AbstractContextManager[threading.Event]:
+        """An event set when the run is announced as ended, or when announcements may have
+        been missed; the caller clears it before each look at the run."""
+
+    def close(self, timeout: float | None = None) -> None: ...
+
+
 class Lane(Protocol):
     """How a runtime stores and delivers runs; ``postgres_polling_lane`` makes one.
 
@@ -107,6 +123,10 @@ class Lane(Protocol):
     def prepare(self, storage: Storage, environment: str) -> None:
         """Called once per runtime (and again after it is reopened) before its first
         operation on ``storage``: a transport lane enables its outbox for the environment."""
+
+    def watch_run_ends(self, environment: str, name: str) -> RunEndWatcher | None:
+        """What ``wait_for_run`` waits on (a thread named ``name`` once started), or None
+        when the lane announces no ends (``wait_for_run`` then polls)."""
 
     def create_acquirer(
         self,

@@ -52,7 +52,7 @@ from runlane.errors import (
     WorkerFailed,
 )
 from runlane.flow import check_run_key
-from runlane.lanes import Lane
+from runlane.lanes import Lane, RunEndWatcher
 from runlane.maintenance._pass import MaintenanceScope, ScheduleEntry, run_maintenance_pass
 from runlane.maintenance._services import ServiceErrorCallback, Services
 from runlane.maintenance._types import MaintenanceLimits, MaintenanceResult, RetentionPolicy
@@ -83,6 +83,9 @@ __all__ = ["Runlane", "create_runlane"]
 log = logging.getLogger("runlane")
 
 _EAGER_RESUME_LIMIT = 100
+# wait_for_run: while run ends are announced, how often it still looks (a lost announcement)
+_ENDS_FALLBACK_POLL_SECONDS = 1.0
+_end_watchers = iter(range(1, 1 << 62))
 # a worker whose threads could not all start: what its started slots get to stop
 _START_FAILED_CLOSE_SECONDS = 10.0
 
@@ -123,6 +126,8 @@ class Runlane:
         self._started = False
         self._closed = False
         self._owned: list[Worker | Services] = []
+        # wait_for_run's wake-ups, made by the first wait (False: not made yet)
+        self._run_ends: RunEndWatcher | bool | None = False
         self._connect()
         _telemetry.register_runtime(self)
 
@@ -224,6 +229,7 @@ class Runlane:
             self._closed = True
             self._started = False
             owned, self._owned = self._owned, []
+            run_ends, self._run_ends = self._run_ends, False
         # every part runs even when one raises; the first error is raised at the end
         closing = Closing(f"the runtime of environment {self.environment!r}")
         for item in owned:
@@ -234,6 +240,9 @@ class Runlane:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             with closing.part(item.name):
                 item.close(remaining)
+        if not isinstance(run_ends, bool) and run_ends is not None:
+            with closing.part("its run-end listener"):
+                run_ends.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
         with closing.part("its connections"):
             self._storage.close()
         closing.raise_first()
@@ -508,20 +517,62 @@ class Runlane:
         self, run_id: uuid.UUID | str, timeout: timedelta | float | None = None
     ) -> RunSnapshot:
         """Block until the run is terminal and return it; raises TimeoutError after
-        ``timeout``. Polls with a capped backoff (10 ms growing to 250 ms)."""
+        ``timeout``. Wakes when the run's end is announced (LISTEN/NOTIFY on the schema's
+        ends channel, one listener per runtime while someone waits); looks again every
+        second in case an announcement was lost, and polls with a capped backoff (10 ms
+        growing to 250 ms) while the listener is not connected or the lane announces
+        nothing (``listen=False``)."""
         self._check_open()
         limit = None if timeout is None else as_duration("timeout", timeout).total_seconds()
         deadline = None if limit is None else time.monotonic() + limit
+        key = run_key(run_id)
+        snapshot = self.get_run(key)  # RunNotFound before any listener is started
+        watcher = self._end_watcher()
+        if watcher is None:
+            return self._poll_for_run(key, snapshot, deadline, timeout)
+        with watcher.watch(key) as ended:
+            pause = 0.01
+            while True:
+                ended.clear()
+                snapshot = self.get_run(key)
+                if snapshot.is_terminal:
+                    return snapshot
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"run {snapshot.id} is still {snapshot.status} after {timeout}"
+                    )
+                wait = _ENDS_FALLBACK_POLL_SECONDS if watcher.connected else pause
+                pause = min(pause * 2, 0.25)
+                ended.wait(wait if remaining is None else min(wait, remaining))
+
+    def _poll_for_run(
+        self,
+        key: uuid.UUID,
+        snapshot: RunSnapshot,
+        deadline: float | None,
+        timeout: timedelta | float | None,
+    ) -> RunSnapshot:
         pause = 0.01
-        while True:
-            snapshot = self.get_run(run_id)
-            if snapshot.is_terminal:
-                return snapshot
+        while not snapshot.is_terminal:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"run {snapshot.id} is still {snapshot.status} after {timeout}")
             wait = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
             time.sleep(wait)
             pause = min(pause * 2, 0.25)
+            snapshot = self.get_run(key)
+        return snapshot
+
+    def _end_watcher(self) -> RunEndWatcher | None:
+        """The runtime's run-end wake-ups, made on first use; None when the lane has none."""
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            if isinstance(self._run_ends, bool):
+                self._run_ends = self._lane.watch_run_ends(
+                    self.environment, f"runlane-run-ends-{next(_end_watchers)}"
+                )
+            return self._run_ends
 
     def cancel(self, run_id: uuid.UUID | str) -> CancelResult:
         """Cancel a run: queued, retrying, released and waiting runs are cancelled at once; a

@@ -217,14 +217,11 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         "outbox_environments",
         "queue_states",
         "workers",
+        "queue_flow",
+        "queue_starts",
     }
     assert [row[:2] for row in ledger(db, fresh_schema)] == [
-        (1, "initial"),
-        (2, "announce"),
-        (3, "outbox"),
-        (4, "operations"),
-        (5, "hot_path"),
-        (6, "operator"),
+        (version, name) for version, name, _ in load_migration_files()
     ]
     triggers = db.execute(
         "select tgname from pg_trigger t join pg_class c on c.oid = t.tgrelid "
@@ -232,7 +229,11 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         "where n.nspname = %s and not t.tgisinternal order by 1",
         (fresh_schema,),
     ).fetchall()
-    assert triggers == [("runlane_runs_inserted",), ("runlane_runs_updated",)]
+    assert triggers == [
+        ("runlane_runs_ended",),
+        ("runlane_runs_inserted",),
+        ("runlane_runs_updated",),
+    ]
     # the run written under version 1 is intact and runs under version 2
     assert runtime.get_run(uuid.UUID(int=5)).payload == {"n": 5}
     assert runtime.drain().runs_executed == 1

@@ -24,6 +24,7 @@ from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
 from runlane.postgres._acquirer import PollingAcquirer
 from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, check_conninfo
+from runlane.postgres._ends import RunEnds
 from runlane.postgres._listener import PostgresListener
 from runlane.postgres._sql import notify_channel, validate_schema_name
 from runlane.postgres._storage import PostgresStorage
@@ -105,6 +106,18 @@ class PostgresPollingLane:
             make_listener=lambda on_wake, name: self.create_listener(
                 options.environment, on_wake, name
             ),
+        )
+
+    def watch_run_ends(self, environment: str, name: str) -> RunEnds | None:
+        """Wake-ups on runs ending for ``wait_for_run``; None in poll-only mode."""
+        if not self.listen:
+            return None
+        return RunEnds(
+            connection_string=self.connection_string,
+            schema=self.schema,
+            environment=environment,
+            connect_timeout=self.connect_timeout,
+            name=name,
         )
 
     def create_listener(

@@ -23,6 +23,7 @@ from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
 from runlane.postgres import PostgresStorage
+from runlane.postgres._ends import RunEnds
 from runlane.postgres._lane import check_storage_options
 from runlane.postgres._listener import PostgresListener
 from runlane.postgres._sql import notify_channel
@@ -134,6 +135,16 @@ class RabbitMQLane:
         )
         publisher.add_listener(listener)
         listener.start()  # its first (re)connect wakes the publisher: pending items go
+
+    def watch_run_ends(self, environment: str, name: str) -> RunEnds:
+        """Wake-ups on runs ending for ``wait_for_run`` (runs live in Postgres here too)."""
+        return RunEnds(
+            connection_string=self.connection_string,
+            schema=self.schema,
+            environment=environment,
+            connect_timeout=self.connect_timeout,
+            name=name,
+        )
 
     def create_acquirer(
         self,

@@ -1,0 +1,102 @@
+"""Wake-ups on runs ending, for ``wait_for_run`` (migration 9 announces them).
+
+One listener thread per runtime, started by the first wait and stopped by ``close()``,
+LISTENs on the schema's ends channel; each waiter registers the run it waits for and gets
+an event that is set when that run's id is announced, and after every (re)connect of the
+listener (what was sent while it was away is lost, so every waiter looks again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from runlane.postgres._listener import PostgresListener
+from runlane.postgres._sql import notify_channel
+
+__all__ = ["RunEnds", "ends_channel"]
+
+log = logging.getLogger("runlane.listener")
+
+
+def ends_channel(schema: str) -> str:
+    """The channel migration 9's trigger announces ended runs on."""
+    return f"runlane-ends.{notify_channel(schema)[len('runlane.') :]}"[:63]
+
+
+class RunEnds:
+    """Events set when watched runs end. Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        connection_string: str,
+        schema: str,
+        environment: str,
+        connect_timeout: float,
+        name: str,
+    ) -> None:
+        self._listener = PostgresListener(
+            connection_string=connection_string,
+            channel=ends_channel(schema),
+            environment=environment,
+            on_wake=self._on_wake,
+            name=name,
+            connect_timeout=connect_timeout,
+        )
+        self._lock = threading.Lock()
+        self._waiters: dict[uuid.UUID, list[threading.Event]] = {}
+        self._started = False
+        self._closed = False
+
+    @property
+    def connected(self) -> bool:
+        """True while the LISTEN is active (then a polling fallback can be slow)."""
+        return self._listener.connected.is_set()
+
+    @contextmanager
+    def watch(self, run_id: uuid.UUID) -> Iterator[threading.Event]:
+        """An event set when ``run_id`` is announced as ended (or the listener reconnected);
+        the caller clears it before each look at the run."""
+        event = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(run_id, []).append(event)
+            start = not self._started and not self._closed
+            self._started = self._started or start
+        if start:
+            self._listener.start()
+        try:
+            yield event
+        finally:
+            with self._lock:
+                events = self._waiters.get(run_id, [])
+                if event in events:
+                    events.remove(event)
+                if not events:
+                    self._waiters.pop(run_id, None)
+
+    def _on_wake(self, payload: str | None) -> None:
+        with self._lock:
+            if payload is None:
+                events = [e for waiting in self._waiters.values() for e in waiting]
+            else:
+                events = []
+                for text in payload.split(","):
+                    try:
+                        run_id = uuid.UUID(text)
+                    except ValueError:
+                        log.debug("runlane: ignoring a malformed run-end payload %r", payload)
+                        continue
+                    events.extend(self._waiters.get(run_id, ()))
+        for event in events:
+            event.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        with self._lock:
+            self._closed = True
+            started = self._started
+        if started:
+            self._listener.close(timeout)
