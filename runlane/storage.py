@@ -646,6 +646,13 @@ class Storage(Protocol):
     def run_bulk_count(self, runs: BulkFilter, limit: int) -> int:
         """How many runs meet ``runs`` (at most ``limit``)."""
 
+    def run_bulk_count_within(
+        self, runs: BulkFilter, limit: int, seconds: float
+    ) -> tuple[int, bool]:
+        """``(count, True)`` as :meth:`run_bulk_count` gives it when the count takes at most
+        ``seconds`` of the database's time; else ``(estimate, False)``, the database's
+        estimate of how many runs meet ``runs``, read without a scan."""
+
     def run_bulk_batch(
         self,
         action: str,

@@ -469,3 +469,25 @@ def test_a_large_bulk_retry_refreshes_the_statistics_claims_are_planned_with(
     result = operator.retry_runs(status="failed")
     assert result.changed == 1_200
     assert _queued_in_statistics(runs) is (threshold <= 1_200)
+
+
+def test_a_count_that_would_take_too_long_gives_the_databases_estimate(
+    operator: Runlane, runs: Runs
+) -> None:
+    from runlane.storage import BulkFilter  # noqa: PLC0415
+
+    runs.insert(30_000, "queued", queue="big")
+    runs.insert(10, "queued", queue="small")
+    runs.run("analyze {schema}.runs")
+    storage = operator._storage
+    big = BulkFilter(environment="default", statuses=(RunStatus.QUEUED,), queue="big")
+    small = BulkFilter(environment="default", statuses=(RunStatus.QUEUED,), queue="small")
+    assert storage.run_bulk_count_within(small, 10_001, 5.0) == (10, True)
+    assert storage.run_bulk_count_within(big, 10_001, 5.0) == (10_001, True)
+    # one millisecond is not enough to count 30,000 runs: the planner's estimate instead,
+    # of every match (not bounded by the limit), read without a scan
+    estimate, exact = storage.run_bulk_count_within(big, 10_001, 0.001)
+    assert not exact
+    assert 15_000 <= estimate <= 60_000
+    # the connection is usable afterwards: the timeout was the count's transaction's own
+    assert storage.run_bulk_count_within(small, 10_001, 5.0) == (10, True)

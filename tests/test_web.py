@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from flask import Flask, Request
+from psycopg import sql
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
@@ -682,3 +683,26 @@ def test_runlane_web_serves_from_a_database_url(database_url: str, schema: str) 
         assert process.stdout is not None
         process.stdout.close()
     assert code == 0
+
+
+def test_a_bulk_confirmation_too_slow_to_count_shows_an_estimate(
+    make_runlane: RunlaneFactory, db: Conn, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rl = make_runlane()
+    db.execute(
+        sql.SQL(
+            "insert into {}.runs (id, environment, task_id, queue, status, payload, max_attempts,"
+            " due_at) select gen_random_uuid(), 'default', 'web.t', 'big', 'queued', 'null', 1,"
+            " now() from generate_series(1, 30000)"
+        ).format(sql.Identifier(schema))
+    )
+    db.execute(sql.SQL("analyze {}.runs").format(sql.Identifier(schema)))
+    with served(create_app(rl, authorize=everyone)) as base:
+        _, _, exact = http(base + "/runs/bulk?action=cancel&queue=big")
+        assert "More than <b>10,000</b> runs match" in exact
+        monkeypatch.setattr("runlane.web._app.BULK_COUNT_SECONDS", 0.001)
+        status, _, estimated = http(base + "/runs/bulk?action=cancel&queue=big")
+        assert status == 200
+        assert "About <b>" in estimated
+        assert "an estimate" in estimated
+        assert "Cancel up to 10,000 runs" in estimated

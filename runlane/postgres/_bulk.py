@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
+import psycopg
 from psycopg.pq import TransactionStatus
 
 from runlane.models import RunStatus
@@ -64,6 +65,37 @@ class BulkMethods:
         def count(conn: Conn) -> int:
             row = conn.execute(self._sql["run_bulk_count"], params).fetchone()
             return 0 if row is None else int(row[0])
+
+        return self._with_conn(count)
+
+    def run_bulk_count_within(
+        self, runs: BulkFilter, limit: int, seconds: float
+    ) -> tuple[int, bool]:
+        params = {
+            **_filter_params(runs),
+            "statuses": [status.value for status in runs.statuses],
+            "limit": limit,
+        }
+
+        def count(conn: Conn) -> tuple[int, bool]:
+            try:
+                with conn.transaction():
+                    conn.execute(
+                        "select set_config('statement_timeout', %s, true)",
+                        (f"{max(1, round(seconds * 1000))}ms",),
+                    )
+                    row = conn.execute(self._sql["run_bulk_count"], params).fetchone()
+                return (0 if row is None else int(row[0])), True
+            except psycopg.errors.QueryCanceled:
+                pass
+            # the count's own plan, without its bound: the Limit node's row estimate
+            unbounded = {**params, "limit": None}
+            row = conn.execute(
+                "explain (format json) " + self._sql["run_bulk_count"], unbounded
+            ).fetchone()
+            assert row is not None
+            (limited,) = row[0][0]["Plan"]["Plans"]
+            return int(limited["Plan Rows"]), False
 
         return self._with_conn(count)
 

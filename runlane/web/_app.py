@@ -30,6 +30,7 @@ from flask import (
 )
 from werkzeug.exceptions import HTTPException
 
+from runlane._bulk import BulkFilters, bulk_filter
 from runlane._display import shown
 from runlane._inspect import encode_cursor
 from runlane._status import unhealthy
@@ -56,6 +57,9 @@ PAGE_SIZE = 50  # runs per page of the runs list
 CHILDREN_SHOWN = 50  # children listed on a run's page
 THROUGHPUT_CAP = 50_000  # finishes the chart counts at most (the newest)
 BULK_COUNT_CAP = 10_000  # a bulk confirmation counts up to this many matches
+# ... within this much of the database's time; a count that would take longer (the filter
+# matches few of many runs it must read) shows the database's estimate, marked as one
+BULK_COUNT_SECONDS = 0.1
 BULK_LIMIT = 10_000  # runs one confirmed bulk action changes at most (newest first)
 REFRESH_SECONDS = 10  # pages reload themselves this often (app.config RUNLANE_REFRESH_SECONDS)
 
@@ -372,26 +376,44 @@ class _Console:
             abort(403, f"this console does not allow bulk {action} here")
         return str(action)
 
-    def bulk_call(self, action: str, filters: RunFilters, **options: Any) -> Any:
+    def check_filters(self, filters: RunFilters) -> None:
         if not filters.any:
             raise ConfigurationError(
                 "choose at least one filter (status, task, queue or a time) before a bulk "
                 "action; the console does not act on every run at once"
             )
+
+    def bulk_call(self, action: str, filters: RunFilters, **options: Any) -> Any:
+        self.check_filters(filters)
         method = self.runlane.retry_runs if action == "retry" else self.runlane.cancel_runs
         return method(**attrs.asdict(filters, recurse=False), **options)
 
     def bulk_confirm(self) -> str:
         action = self.bulk_action(request.args)
         filters = _filters(request.args)
-        counted = self.bulk_call(action, filters, limit=BULK_COUNT_CAP + 1, dry_run=True)
+        self.check_filters(filters)
+        runs, _ = bulk_filter(
+            action,
+            self.runlane.environment,
+            BulkFilters(
+                status=filters.status,
+                task=filters.task,
+                queue=filters.queue,
+                created_after=filters.created_after,
+                created_before=filters.created_before,
+            ),
+        )
+        counted, exact = self.storage().run_bulk_count_within(
+            runs, BULK_COUNT_CAP + 1, BULK_COUNT_SECONDS
+        )
         return render_template(
             "runlane/bulk.html",
             page="runs",
             action=action,
             filters=filters,
-            matched=min(counted.matched, BULK_COUNT_CAP),
-            more=counted.matched > BULK_COUNT_CAP,
+            matched=min(counted, BULK_COUNT_CAP) if exact else counted,
+            more=exact and counted > BULK_COUNT_CAP,
+            estimated=not exact,
             limit=BULK_LIMIT,
         )
 
