@@ -26,9 +26,18 @@ def unhealthy(report: StatusReport) -> list[str]:
     if report.tokens_past_timeout:
         problems.append(f"{report.tokens_past_timeout} pending wait tokens are past their timeout")
     if report.resolved_tokens_with_waiting_runs:
+        most = report.resolved_tokens[0] if report.resolved_tokens else None
         problems.append(
             f"{report.resolved_tokens_with_waiting_runs} resolved wait tokens still have "
-            "waiting runs"
+            f"{report.runs_waiting_on_resolved_tokens} waiting runs"
+            + (
+                ""
+                if most is None
+                else f" (most: token {most.token_id}, {most.waiting_runs} runs, resolved "
+                f"{most.resolved_age_seconds:.0f}s ago)"
+            )
+            + "; maintenance resumes them (wait_token_resume_limit a pass): a count that "
+            "does not fall between looks is stuck"
         )
     if report.stuck_cancellations:
         problems.append(f"{report.stuck_cancellations} runs are stuck in cancellation_requested")
@@ -72,6 +81,7 @@ def format_report(report: StatusReport) -> list[str]:
         ("tombstones' remaining children", report.tombstone_remaining_children),
         ("pending tokens past timeout", report.tokens_past_timeout),
         ("resolved tokens with waiting runs", report.resolved_tokens_with_waiting_runs),
+        ("runs waiting on resolved tokens", report.runs_waiting_on_resolved_tokens),
         ("pending outbox items", "n/a" if report.outbox_pending is None else report.outbox_pending),
     ]
     if report.outbox_oldest_age_seconds is not None:
@@ -96,6 +106,12 @@ def format_report(report: StatusReport) -> list[str]:
             f"  {q.name:<20} {q.queued:>8} {q.running:>8} {q.retrying:>9} {q.waiting:>8} "
             f"{f'{q.live_leases}/{limit}':>13}" + ("  PAUSED" if q.paused else "")
         )
+    if report.resolved_tokens:
+        lines.append("resolved tokens with waiting runs (most first)")
+        lines += [
+            f"  {t.token_id}  {t.waiting_runs:>6} runs  resolved {t.resolved_age_seconds:.0f}s ago"
+            for t in report.resolved_tokens
+        ]
     lines.append("maintenance bands")
     if not report.maintenance_leases:
         lines.append("  (no band has been owned yet: is `runlane maintenance` running?)")

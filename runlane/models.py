@@ -17,6 +17,7 @@ __all__ = [
     "MaintenanceLeaseStatus",
     "QueueInfo",
     "QueueStatus",
+    "ResolvedTokenStatus",
     "RunError",
     "RunHandle",
     "RunHistory",
@@ -215,6 +216,16 @@ class MaintenanceLeaseStatus:
 
 
 @attrs.frozen
+class ResolvedTokenStatus:
+    """A resolved wait token whose runs are still waiting (``StatusReport.resolved_tokens``):
+    ``waiting_runs`` should fall from one look to the next while maintenance resumes them."""
+
+    token_id: uuid.UUID
+    waiting_runs: int
+    resolved_age_seconds: float  # since the token completed or timed out (database time)
+
+
+@attrs.frozen
 class QueueStatus:
     """One queue's runs in ``StatusReport.queues``: ``retrying`` counts retrying and released
     runs, ``live_leases`` running attempts holding a lease (what ``concurrency_limit``, None
@@ -259,6 +270,12 @@ class StatusReport:
     # unpaused schedules whose awaited slot is long past (database time): maintenance is not
     # firing them (at most 100 ids, the most overdue first)
     late_schedules: tuple[str, ...] = ()
+    # runs still waiting on resolved tokens (all of them), and the tokens holding the most (at
+    # most 10, most first): a stuck backlog on one token is told from one draining by
+    # whether its count falls between looks (seed: alert on terminal tokens whose
+    # waiting-run count does not fall)
+    runs_waiting_on_resolved_tokens: int = 0
+    resolved_tokens: tuple[ResolvedTokenStatus, ...] = ()
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runlane import QueueStatus, RunContext, queue, task
+from runlane import MaintenanceLimits, QueueStatus, RunContext, queue, task
 from runlane._status import unhealthy
 from runlane.cli import EXIT_FAILURE, main
 from tests.conftest import RunlaneFactory
@@ -161,3 +161,48 @@ def test_watch_takes_a_positive_number(capsys: pytest.CaptureFixture[str]) -> No
             main(["status", "m:a", "--watch", bad])
         assert exited.value.code == 2
         assert "--watch" in capsys.readouterr().err
+
+
+@task(id="status.wait_on_token")
+def wait_on_token(payload: Any, context: RunContext) -> Any:
+    return context.wait_for_token(payload["token"])
+
+
+def test_resolved_tokens_report_their_waiting_runs_so_a_stuck_one_shows(
+    make_runlane: RunlaneFactory, db: Any, schema: str
+) -> None:
+    """Seed: alert on terminal tokens whose waiting-run count does not fall. status() counts
+    the runs waiting on resolved tokens and names the tokens holding the most, so one
+    token's stuck backlog is told from one that maintenance is draining."""
+    rl = make_runlane(tasks=[wait_on_token])
+    big, small = rl.create_wait_token(), rl.create_wait_token()
+    rl.trigger_many(wait_on_token, [{"token": str(big.id)}] * 3 + [{"token": str(small.id)}])
+    assert rl.drain().runs_executed == 4
+    assert rl.status().resolved_tokens == ()
+    # both tokens resolve while their eager resume does not happen (as when it failed)
+    sdb = SchemaDb(db, schema)
+    sdb.run(
+        "update {schema}.wait_tokens set status = 'completed', resolved_at = now() "
+        "- interval '2 minutes', output = '1' where id = any(%s)",
+        [big.id, small.id],
+    )
+    report = rl.status()
+    assert report.resolved_tokens_with_waiting_runs == 2
+    assert report.runs_waiting_on_resolved_tokens == 4
+    assert [(t.token_id, t.waiting_runs) for t in report.resolved_tokens] == [
+        (big.id, 3),
+        (small.id, 1),
+    ]
+    assert report.resolved_tokens[0].resolved_age_seconds >= 119
+    (problem,) = [p for p in unhealthy(report) if "resolved wait tokens" in p]
+    assert "2 resolved wait tokens still have 4 waiting runs" in problem
+    assert f"most: token {big.id}, 3 runs" in problem
+    # a maintenance pass that resumes two runs: the counts fall (draining, not stuck)
+    rl.run_maintenance_once(MaintenanceLimits(wait_token_resume_limit=2))
+    after = rl.status()
+    assert after.runs_waiting_on_resolved_tokens == 2
+    assert sum(t.waiting_runs for t in after.resolved_tokens) == 2
+    rl.run_maintenance_once()
+    final = rl.status()
+    assert (final.runs_waiting_on_resolved_tokens, final.resolved_tokens) == (0, ())
+    assert not [p for p in unhealthy(final) if "resolved wait tokens" in p]

@@ -22,7 +22,14 @@ from runlane.errors import (
     SchemaNotMigrated,
     StaleLease,
 )
-from runlane.models import RunError, RunSnapshot, RunStatus, WaitToken, WaitTokenStatus
+from runlane.models import (
+    ResolvedTokenStatus,
+    RunError,
+    RunSnapshot,
+    RunStatus,
+    WaitToken,
+    WaitTokenStatus,
+)
 from runlane.postgres._batches import (
     pipelined,
     refusing_too_large,
@@ -43,8 +50,8 @@ from runlane.postgres._connections import (
     connection_lost,
     storage_error,
 )
-from runlane.postgres._group import GroupCommit, group_params, groupable
 from runlane.postgres._flow import FlowMethods
+from runlane.postgres._group import GroupCommit, group_params, groupable
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
@@ -795,7 +802,9 @@ class PostgresStorage(
                 assert row is not None
                 cur.execute(self._sql["queue_list"], {"environment": environment})
                 queues = status_queues(cur.fetchall())
-            return {**row, "queues": queues}
+                cur.execute(self._sql["status_resolved_tokens"], {"environment": environment})
+                resolved = tuple(ResolvedTokenStatus(**token) for token in cur.fetchall())
+            return {**row, "queues": queues, "resolved_tokens": resolved}
 
         return self._with_conn(counts)
 

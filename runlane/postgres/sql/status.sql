@@ -40,7 +40,24 @@ select
     (select count(distinct r.wait_token_id) from {schema}.runs as r
       join {schema}.wait_tokens as t on t.id = r.wait_token_id
       where r.environment = %(environment)s and r.status = 'waiting'
-        and r.wait_kind = 'token' and t.status <> 'pending') as resolved_tokens_with_waiting_runs;
+        and r.wait_kind = 'token' and t.status <> 'pending') as resolved_tokens_with_waiting_runs,
+    (select count(*) from {schema}.runs as r
+      join {schema}.wait_tokens as t on t.id = r.wait_token_id
+      where r.environment = %(environment)s and r.status = 'waiting'
+        and r.wait_kind = 'token' and t.status <> 'pending') as runs_waiting_on_resolved_tokens;
+
+-- name: status_resolved_tokens
+-- The resolved tokens with the most runs still waiting on them (at most 10): a count that
+-- does not fall from one look to the next is a stuck resume, one that falls is draining.
+select r.wait_token_id as token_id, count(*) as waiting_runs,
+       extract(epoch from now() - min(t.resolved_at))::float8 as resolved_age_seconds
+from {schema}.runs as r
+join {schema}.wait_tokens as t on t.id = r.wait_token_id
+where r.environment = %(environment)s and r.status = 'waiting'
+  and r.wait_kind = 'token' and t.status <> 'pending'
+group by r.wait_token_id
+order by count(*) desc, r.wait_token_id
+limit 10;
 
 -- name: maintenance_missing
 -- The worker's watch: retries or releases are past due while no maintenance band of the
