@@ -9,18 +9,18 @@ own error.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-import pytest
 
 from runlane import RunContext, RunHandle, RunlaneError, queue, task
 from runlane._ids import new_run_ids
-from runlane.postgres._group import GroupCommit
+from runlane.postgres._group import GROUP_ROW_CHARS, GroupCommit, groupable
 from runlane.storage import InsertedRun, NewRuns
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, Greet, q, run_row, storage_of, wait_until
@@ -46,7 +46,7 @@ def runs_locked(database_url: str, schema: str) -> Iterator[None]:
 
 
 def grouped(
-    database_url: str, schema: str, group: GroupCommit, calls: list[Callable[[], Any]]
+    database_url: str, schema: str, group: GroupCommit, calls: Sequence[Callable[[], Any]]
 ) -> list[Any]:
     """Run ``calls[0]`` with its statement held in flight, queue the others behind it, let
     go; each call's result, or the exception it raised."""
@@ -123,7 +123,7 @@ def test_queued_triggers_share_one_statement_each_with_its_own_options(
     ]
     tasks = [greet, greet, greet, greet, greet, mail, mail]
     calls = [
-        (lambda t=t, o=o, i=i: rl.trigger(t, Greet(name=f"n{i}"), **o))
+        functools.partial(rl.trigger, t, Greet(name=f"n{i}"), **o)
         for i, (t, o) in enumerate(zip(tasks, options, strict=True))
     ]
     handles = grouped(database_url, schema, group, calls)
@@ -160,7 +160,7 @@ def test_one_key_in_a_group_makes_one_run_and_a_stored_key_resolves(
     group = storage_of(rl)._group  # type: ignore[attr-defined]
     calls: list[Callable[[], RunHandle]] = [lambda: rl.trigger(greet, Greet(name="first"))]
     calls += [
-        (lambda i=i: rl.trigger(greet, Greet(name=f"s{i}"), idempotency_key="same"))
+        functools.partial(rl.trigger, greet, Greet(name=f"s{i}"), idempotency_key="same")
         for i in range(5)
     ]
     calls.append(lambda: rl.trigger(greet, Greet(name="again"), idempotency_key="old"))
@@ -171,11 +171,14 @@ def test_one_key_in_a_group_makes_one_run_and_a_stored_key_resolves(
     assert sum(h.created for h in same) == 1
     assert len({h.id for h in same}) == 1
     assert run_row(db, schema, same[0].id)["idempotency_key"] == "same"
-    assert handles[6].id == stored.id and not handles[6].created
-    assert handles[7].created and handles[7].task_id == "mail"
+    assert handles[6].id == stored.id
+    assert not handles[6].created
+    assert handles[7].created
+    assert handles[7].task_id == "mail"
     assert handles[7].id != same[0].id
     rows = db.execute(q("select count(*) from {s}.runs", schema)).fetchone()
-    assert rows is not None and rows[0] == 4  # before, first, same (greet), same (mail)
+    assert rows is not None
+    assert rows[0] == 4
 
 
 def test_a_row_postgres_refuses_fails_its_own_call_only(
@@ -194,7 +197,7 @@ def test_a_row_postgres_refuses_fails_its_own_call_only(
         database_url,
         schema,
         group,
-        [(lambda b=b: storage.run_insert_many(b)) for b in batches],
+        [functools.partial(storage.run_insert_many, b) for b in batches],
     )
     assert isinstance(results[1], RunlaneError)
     assert isinstance(results[4], RunlaneError)
@@ -202,9 +205,7 @@ def test_a_row_postgres_refuses_fails_its_own_call_only(
         assert results[i] == [InsertedRun(id=batches[i].ids[0], queue="default", created=True)]
     ids = {row[0] for row in db.execute(q("select id from {s}.runs", schema)).fetchall()}
     assert ids == {batches[i].ids[0] for i in (0, 2, 3, 5)}
-    assert run_row(db, schema, batches[5].ids[0])["trace_context"] == {
-        "traceparent": "00-ab-cd-01"
-    }
+    assert run_row(db, schema, batches[5].ids[0])["trace_context"] == {"traceparent": "00-ab-cd-01"}
 
 
 def test_a_group_repeated_after_its_answer_was_lost_finds_its_runs(
@@ -238,9 +239,8 @@ def test_a_lone_call_and_large_or_batched_calls_do_not_wait_for_a_group() -> Non
     assert group.insert(runs) == [InsertedRun(runs.ids[0], "default", True)]
     assert group.insert(runs) == [InsertedRun(runs.ids[0], "default", True)]
     assert seen == ["alone", "alone"]
-    assert group._in_flight == 0 and group._queue == []
-
-    from runlane.postgres._group import GROUP_ROW_CHARS, groupable
+    assert group._in_flight == 0
+    assert group._queue == []
 
     assert groupable(runs)
     assert not groupable(new_runs("[" + "1," * GROUP_ROW_CHARS + "1]"))
@@ -285,7 +285,8 @@ def test_a_failed_leader_still_wakes_its_group() -> None:
         assert not thread.is_alive()
     assert sorted(written) == sorted([first.ids[0], *(r.ids[0] for r in others)])
     assert out[3] == [InsertedRun(others[2].ids[0], "default", True)]
-    assert group._in_flight == 0 and group._queue == []
+    assert group._in_flight == 0
+    assert group._queue == []
 
 
 def test_many_threads_triggering_at_once_each_get_their_run(
