@@ -2,7 +2,7 @@
 rates and trigger-to-start latency, on the same Postgres as the polling lane's figures.
 
 The broker is the one at ``--amqp-url`` (or ``RUNLANE_BENCH_AMQP_URL``), else a private node
-on 127.0.0.1 started with :func:`runlane.testing.start_rabbitmq_node` and removed afterwards;
+on 127.0.0.1 started with ``runlane._rabbit_nodes.start_rabbitmq_node`` and removed afterwards;
 when neither is possible (no rabbitmq-server package, no pika) the rows are skipped with a
 note saying why.
 """
@@ -21,7 +21,7 @@ import attrs
 
 from benchmarks._common import Row, log, pct, ratio_row, wait_until_zero
 from runlane import RunContext, Runlane, create_runlane, task
-from runlane.testing import rabbitmq_available, start_rabbitmq_node
+from runlane._rabbit_nodes import rabbitmq_available, start_rabbitmq_node
 
 __all__ = ["RabbitBench", "RabbitBroker", "rabbit_rows"]
 

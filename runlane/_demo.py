@@ -8,6 +8,7 @@ from datetime import timedelta
 import attrs
 
 from runlane._display import shown
+from runlane._rabbit_nodes import RabbitNode, rabbitmq_available, start_rabbitmq_node
 from runlane.context import RunContext
 from runlane.errors import ConfigurationError, NonRetryableError
 from runlane.models import RunHandle
@@ -15,12 +16,7 @@ from runlane.postgres import apply_postgres_storage_migrations, postgres_polling
 from runlane.retry import RetryPolicy
 from runlane.runtime import Runlane, create_runlane
 from runlane.tasks import queue, task
-from runlane.testing import (
-    RabbitNode,
-    rabbitmq_available,
-    start_embedded_postgres,
-    start_rabbitmq_node,
-)
+from runlane.testing import start_embedded_postgres
 
 __all__ = ["DEMO_LANES", "run_demo"]
 

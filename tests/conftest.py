@@ -13,15 +13,15 @@ import pytest
 from psycopg import sql
 
 from runlane import Queue, Runlane, Task, create_runlane
-from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
-from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
-from runlane.testing import (
+from runlane._rabbit_nodes import (
     RabbitNode,
     rabbitmq_available,
     rabbitmq_test_verdict,
     start_rabbitmq_cluster,
     start_rabbitmq_node,
 )
+from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
+from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
 
 RunlaneFactory = Callable[..., Runlane]
 RabbitRuntimes = Callable[..., Runlane]

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import runlane._demo
+from runlane._rabbit_nodes import rabbitmq_available
 from runlane.cli import EXIT_CONFIGURATION, main
-from runlane.testing import rabbitmq_available
 from tests.conftest import require_rabbitmq
 
 RUN_LINE = re.compile(r"^  [0-9a-f-]{36}  (completed|failed)\s+(.*)$")

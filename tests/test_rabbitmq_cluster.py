@@ -25,9 +25,9 @@ import pytest
 from psycopg import sql
 
 from runlane import RunContext, Runlane, create_runlane, queue, task
+from runlane._rabbit_nodes import RabbitNode
 from runlane.models import RunStatus
 from runlane.rabbitmq import rabbitmq_lane
-from runlane.testing import RabbitNode
 
 pytestmark = pytest.mark.slow
 

@@ -43,9 +43,9 @@ from runlane import (
     Task,
     task,
 )
+from runlane._rabbit_nodes import RabbitNode
 from runlane.postgres import PostgresStorage
 from runlane.storage import OutboxItem
-from runlane.testing import RabbitNode
 from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import (
     Executions,

@@ -33,10 +33,10 @@ from runlane import (
     queue,
     task,
 )
+from runlane._rabbit_nodes import RabbitNode
 from runlane.lanes import AcquirerOptions
 from runlane.rabbitmq import rabbitmq_lane
 from runlane.rabbitmq._consumer import RabbitAcquirer
-from runlane.testing import RabbitNode
 from tests.conftest import RabbitRuntimes
 from tests.helpers import (
     Executions,

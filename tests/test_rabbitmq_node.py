@@ -16,8 +16,8 @@ import pika  # type: ignore[import-untyped, unused-ignore]
 import pika.exceptions  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-import runlane.testing
-from runlane.testing import (
+import runlane._rabbit_nodes
+from runlane._rabbit_nodes import (
     RABBITMQ_INSTALL_COMMAND,
     RabbitNode,
     rabbitmq_available,
@@ -164,9 +164,9 @@ def test_node_ports_are_picked_outside_the_ephemeral_range() -> None:
     """Outgoing connections take local ports from the kernel's ephemeral range, so a node's
     port there could be taken while it is down (even by a client reconnecting to it, which
     may connect to itself); the helpers pick ports outside it."""
-    low, high = runlane.testing._ephemeral_ports()
+    low, high = runlane._rabbit_nodes._ephemeral_ports()
     for _ in range(50):
-        port = runlane.testing._free_port()
+        port = runlane._rabbit_nodes._free_port()
         assert not low <= port <= high, (port, low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))  # it was free
@@ -235,7 +235,7 @@ def test_quorum_queue_survives_sigkill_of_a_cluster_node(
 def test_rabbitmq_available_names_the_install_command(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(runlane.testing, "RABBITMQ_SERVER", tmp_path / "rabbitmq-server")
+    monkeypatch.setattr(runlane._rabbit_nodes, "RABBITMQ_SERVER", tmp_path / "rabbitmq-server")
     reason = rabbitmq_available()
     assert reason is not None
     assert "\n" not in reason

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         restart_embedded_postgres(server)
         amqp_url = None
         if args.lane == "rabbitmq":
-            from runlane.testing import start_rabbitmq_node  # noqa: PLC0415
+            from runlane._rabbit_nodes import start_rabbitmq_node  # noqa: PLC0415
 
             amqp_url, node = start_rabbitmq_node(directory)
         schema = f"soak_{uuid.uuid4().hex[:8]}"
