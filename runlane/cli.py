@@ -199,10 +199,14 @@ def _cmd_drain(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.finish()
         runlane.close()
-    print(
+    summary = (
         f"Executed {result.runs_executed} runs: {result.completed} completed, "
         f"{result.failed} failed, {result.retried} retried"
     )
+    if _json_lines:  # every line is JSON: the summary is a record with the counts
+        log.info(summary, extra=attrs.asdict(result))
+    else:
+        print(summary)
     return 0
 
 
@@ -245,17 +249,20 @@ class _Stopper:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested.is_set():
-            log.warning(
-                "%s: second signal: exiting now; runs still executing are left to lease expiry",
-                self.name,
+            _print(
+                f"{self.name}: second signal: exiting now; runs still executing are left to "
+                "lease expiry",
+                logging.WARNING,
+                signal=signal.Signals(signum).name,
+                exit_code=EXIT_FORCED,
             )
-            _print("second signal: exiting now; runs still executing are left to lease expiry")
             _stop_logging()  # what was logged so far is written first
             os._exit(EXIT_FORCED)
         self.requested.set()
         _print(
             f"{signal.Signals(signum).name} received; closing {self.name} "
-            "(a second signal exits at once)"
+            "(a second signal exits at once)",
+            signal=signal.Signals(signum).name,
         )
         self._start_closer()
 
@@ -290,7 +297,13 @@ class _Stopper:
                 signal.signal(sig, handler)
 
 
-def _print(message: str) -> None:
+def _print(message: str, level: int = logging.INFO, **fields: Any) -> None:
+    """One line of the CLI's own on stderr: ``runlane: <message>``, or, under
+    ``--log-format json``, a log record of ``runlane.cli`` (one JSON object, with ``fields``)
+    so that every line the process writes is JSON."""
+    if _json_lines:
+        log.log(level, message, extra=fields)
+        return
     print(f"runlane: {message}", file=sys.stderr, flush=True)
 
 
@@ -306,7 +319,7 @@ def _supervise(stopper: _Stopper, wait_until_closed: Callable[[], object]) -> in
         if not stopper.requested.is_set():
             raise
         # asked to stop: a failure seen while closing is reported, the close stays clean
-        _print(f"warning: while closing: {_one_line(exc)}")
+        _print(f"warning: while closing: {_one_line(exc)}", logging.WARNING)
     finally:
         stopper.wait_for_closer()
     if stopper.close_error is not None:
@@ -341,9 +354,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 beside = f" with maintenance ({services.name})" if services is not None else ""
                 _print(
                     f"{worker.name} running {args.concurrency} slots{beside} "
-                    f"(environment {runlane.environment!r}); SIGTERM or Ctrl-C stops it"
+                    f"(environment {runlane.environment!r}); SIGTERM or Ctrl-C stops it",
+                    worker=worker.name,
+                    concurrency=args.concurrency,
+                    environment=runlane.environment,
                 )
-                return _supervise(stopper, lambda: _wait_for_both(worker, services))
+                code = _supervise(stopper, lambda: _wait_for_both(worker, services))
+                _print(f"{worker.name} stopped", worker=worker.name, exit_code=code)
+                return code
             finally:
                 worker.close(timeout=args.shutdown_timeout)  # idempotent
                 if services is not None:
@@ -354,7 +372,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _report_service_error(error: BaseException, info: ServiceErrorInfo) -> None:
-    _print(f"{info.phase} ({info.operation}): {_one_line(error)}")
+    _print(
+        f"{info.phase} ({info.operation}): {_one_line(error)}",
+        logging.WARNING,
+        phase=info.phase,
+        operation=info.operation,
+    )
 
 
 def _wait_for_both(worker: Any, services: Services | None) -> None:
@@ -377,24 +400,29 @@ def _wait_for_both(worker: Any, services: Services | None) -> None:
 def _cmd_maintenance(args: argparse.Namespace) -> int:
     runlane = load_app(args.app)
 
-    def report(error: BaseException, info: ServiceErrorInfo) -> None:
-        _print(f"{info.phase} ({info.operation}): {_one_line(error)}")
-
     stopper = _Stopper()
     try:
         if args.once:
-            print(_describe(runlane.run_maintenance_once()))
+            result = runlane.run_maintenance_once()
+            if _json_lines:
+                log.info("maintenance pass done", extra=attrs.asdict(result))
+            else:
+                print(_describe(result))
             return 0
         with stopper.installed():
             runlane.status()  # an unmigrated schema fails here, with the migrate hint
-            services = runlane.start_services(on_service_error=report)
+            services = runlane.start_services(on_service_error=_report_service_error)
             try:
                 stopper.attach(services.name, lambda: services.close(timeout=args.shutdown_timeout))
                 _print(
                     f"{services.name} maintaining environment {runlane.environment!r}; "
-                    "SIGTERM or Ctrl-C stops it"
+                    "SIGTERM or Ctrl-C stops it",
+                    services=services.name,
+                    environment=runlane.environment,
                 )
-                return _supervise(stopper, services.wait_until_closed)
+                code = _supervise(stopper, services.wait_until_closed)
+                _print(f"{services.name} stopped", services=services.name, exit_code=code)
+                return code
             finally:
                 services.close(timeout=args.shutdown_timeout)  # idempotent
                 runlane.close()
@@ -566,6 +594,18 @@ class _CliLogListener(logging.handlers.QueueListener):
 
 
 _log_listener: _CliLogListener | None = None
+# --log-format json is in effect: the CLI's own lines are log records too (see _print)
+_json_lines = False
+_previous_thread_hook = threading.excepthook
+
+
+def _log_thread_exception(hook: threading.ExceptHookArgs) -> None:
+    """Under --log-format json, an exception escaping a thread is a JSON record too."""
+    if hook.exc_type is SystemExit:
+        return
+    exc_info = (hook.exc_type, hook.exc_value, hook.exc_traceback)
+    name = hook.thread.name if hook.thread is not None else "?"
+    log.error("uncaught exception in thread %s", name, exc_info=exc_info)  # type: ignore[arg-type]
 
 
 def _flush_logging(timeout: float = 1.0) -> None:
@@ -580,8 +620,12 @@ def _flush_logging(timeout: float = 1.0) -> None:
 
 def _stop_logging() -> None:
     """Write every queued record, stop the log thread and take the CLI's handler off."""
-    global _log_listener
+    global _log_listener, _json_lines  # noqa: PLW0603 - see _configure_logging
     listener, _log_listener = _log_listener, None
+    if _json_lines:
+        _json_lines = False
+        logging.captureWarnings(False)
+        threading.excepthook = _previous_thread_hook
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, _CliHandler | _CliQueueHandler)]:
         root.removeHandler(handler)
@@ -590,11 +634,14 @@ def _stop_logging() -> None:
 
 
 def _configure_logging(level: str, fmt: str) -> None:
-    global _log_listener  # noqa: PLW0603 - one listener per process, like the root logger
+    global _log_listener, _json_lines  # noqa: PLW0603 - one per process, like the root logger
     _stop_logging()
     handler = _CliHandler()
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
+        _json_lines = True
+        logging.captureWarnings(True)  # warnings.warn(): a py.warnings record, not a plain line
+        threading.excepthook = _log_thread_exception
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
@@ -784,10 +831,22 @@ def _run(args: argparse.Namespace) -> int:
         os.close(devnull)
         return EXIT_PIPE
     except RunlaneError as exc:
+        code = EXIT_CONFIGURATION if isinstance(exc, ConfigurationError) else EXIT_FAILURE
+        if _json_lines:  # the traceback, when asked, goes in the record's "exception"
+            info = exc if getattr(args, "traceback", False) else None
+            log.error(  # noqa: TRY400 - the traceback only with --traceback
+                "error: %s", _one_line(exc), exc_info=info, extra={"exit_code": code}
+            )
+            return code
         if getattr(args, "traceback", False):
             traceback.print_exception(exc, file=sys.stderr)
         _print(f"error: {_one_line(exc)}")
-        return EXIT_CONFIGURATION if isinstance(exc, ConfigurationError) else EXIT_FAILURE
+        return code
+    except Exception:
+        if not _json_lines:
+            raise  # a bug: the whole traceback
+        log.exception("unexpected error", extra={"exit_code": EXIT_FAILURE})
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
     return code
