@@ -163,3 +163,172 @@ def test_page_examples_run(page: Path, docs_database: str, monkeypatch: pytest.M
         for value in namespace.values():
             if isinstance(value, Runlane):
                 value.close()
+
+
+# -- names ---------------------------------------------------------------------------------
+# Every runlane name the docs and README mention must exist: a dotted ``runlane.x.y`` resolves
+# (a module, an attribute, a Runlane or RunContext method when ``runlane`` is the runtime, or a
+# logger/metric/span name runlane's code spells as a string), and a snake_case name in
+# backticks is one runlane's code defines, takes or says. The docs once told users to call
+# ``cancel_run``, which never existed.
+
+DOTTED = re.compile(r"\brunlane(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+SPAN = re.compile(r"`([^`\n]+)`")
+BARE = re.compile(r"([a-z_][a-z0-9_]*)(\(.*\))?")
+FILE_SUFFIXES = {"md", "py", "toml", "yml", "sql", "html", "txt"}
+# names the docs use that are not runlane's code: example role names, AMQP queue names built
+# from parts (runlane.s.<environment>.<queue>), the child key prefix, a Postgres function,
+# a dunder, the console's form field and action names
+NOT_CODE = {
+    "app_producer",
+    "app_worker",
+    "app_maintenance",
+    "app_operator",
+    "runlane_owner",
+    "runlane.s.a",
+    "runlane.s.a.b.c",
+    "runlane.child",
+    "pg_terminate_backend",
+    "__str__",
+}
+
+
+@attrs.frozen
+class SourceNames:
+    identifiers: frozenset[str]  # every name runlane's code (and SQL, and messages) spells
+    literals: frozenset[str]  # its string constants: logger, metric and span names
+
+
+def _source_names() -> SourceNames:
+    import ast  # noqa: PLC0415 - only this check parses
+
+    identifiers: set[str] = set()
+    literals: set[str] = set()
+    for path in sorted((ROOT / "runlane").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name):
+                identifiers.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                identifiers.add(node.attr)
+            elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+                identifiers.add(node.name)
+            elif isinstance(node, ast.arg | ast.keyword):
+                identifiers.add(node.arg or "")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                literals.add(node.value)
+                identifiers.update(re.findall(r"[A-Za-z_]\w*", node.value))
+    for path in sorted((ROOT / "runlane").rglob("*.sql")):
+        identifiers.update(re.findall(r"[A-Za-z_]\w*", path.read_text()))
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):  # a test a page names
+        identifiers.update(re.findall(r"def (test_\w+)", path.read_text()))
+    for path in sorted((ROOT / "examples").rglob("*.py")):  # what the examples define
+        identifiers.update(re.findall(r"(?:def|class) (\w+)", path.read_text()))
+    return SourceNames(frozenset(identifiers), frozenset(literals))
+
+
+def _resolves(dotted: str) -> bool:
+    """``dotted`` names a module or an attribute (an attrs field included) under runlane."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        rest = parts[cut:]
+        break
+    else:  # pragma: no cover - "runlane" itself imports
+        return False
+    for part in rest:
+        fields = {a.name for a in getattr(target, "__attrs_attrs__", ())}
+        if hasattr(target, part):
+            target = getattr(target, part)
+        elif part in fields:
+            target = None
+        else:
+            return False
+    return True
+
+
+def unknown_names(text: str, names: SourceNames) -> set[str]:
+    """The runlane names ``text`` mentions that do not exist."""
+    from runlane import RunContext  # noqa: PLC0415
+
+    unknown: set[str] = set()
+    for match in DOTTED.finditer(text):
+        name = match.group(0)
+        last = name.rsplit(".", 1)[1]
+        if last in FILE_SUFFIXES or name in NOT_CODE or name in names.literals:
+            continue
+        if _resolves(name) or any(lit.startswith(f"{name}.") for lit in names.literals):
+            continue
+        method = name.split(".")[1]  # `runlane.trigger(...)`: the runtime in examples
+        if hasattr(Runlane, method) or hasattr(RunContext, method):
+            continue
+        unknown.add(name)
+    for match in SPAN.finditer(text):
+        bare = BARE.fullmatch(match.group(1).strip())
+        if bare is None or "_" not in bare.group(1):
+            continue
+        if bare.group(1) not in names.identifiers and bare.group(1) not in NOT_CODE:
+            unknown.add(bare.group(1))
+    return unknown
+
+
+@pytest.fixture(scope="module")
+def source_names() -> SourceNames:
+    return _source_names()
+
+
+@pytest.mark.parametrize(
+    "page",
+    [*pages(), ROOT / "README.md", *sorted((ROOT / "examples").rglob("README.md"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_every_runlane_name_in_the_docs_exists(page: Path, source_names: SourceNames) -> None:
+    unknown = unknown_names(page.read_text(), source_names)
+    assert not unknown, f"{page.relative_to(ROOT)} names what runlane does not have: {unknown}"
+
+
+def test_the_name_check_catches_a_missing_name(source_names: SourceNames) -> None:
+    text = (
+        "to cancel a run, call `cancel_run`; `runlane.cancel(run_id)` works, "
+        "and so do `runlane.testing.run_until_idle`, `runlane.worker` (a logger) and "
+        "`Runlane.list_runs`, but not `runlane.testing.start_rabbitmq_node` nor "
+        "`runlane.integrations.flask.FlaskApp`"
+    )
+    assert unknown_names(text, source_names) == {
+        "cancel_run",
+        "runlane.testing.start_rabbitmq_node",
+        "runlane.integrations.flask.FlaskApp",
+    }
+
+
+def test_runtime_messages_name_only_calls_that_exist(source_names: SourceNames) -> None:
+    """A message telling the user to call ``runlane.x(...)``, ``Runlane.x(...)`` or
+    ``context.x(...)`` names a method that exists."""
+    from runlane import RunContext  # noqa: PLC0415
+
+    calls = re.compile(r"\b(runlane|Runlane|context)\.([a-z_]\w*)\(")
+    missing = {
+        f"{owner}.{method}"
+        for literal in source_names.literals
+        for owner, method in calls.findall(literal)
+        if not hasattr(RunContext if owner == "context" else Runlane, method)
+        and not _resolves(f"runlane.{method}")
+    }
+    # "call cancel_run": a named call in prose, a method of the runtime, the context or the
+    # package, or a dotted name that resolves
+    for literal in source_names.literals:
+        for name in re.findall(r"\bcall `?([A-Za-z_][\w.]*\w)", literal):
+            if "_" not in name and "." not in name:
+                continue  # a word ("call it", "call start")
+            owner, _, method = name.rpartition(".")
+            known = (
+                hasattr(Runlane, method)
+                or hasattr(RunContext, method)
+                or _resolves(f"runlane.{name}")
+                or (owner in ("Runlane", "runlane") and hasattr(Runlane, method))
+            )
+            if not known:
+                missing.add(name)
+    assert not missing, f"runlane's messages tell users to call {missing}"
