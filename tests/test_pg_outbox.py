@@ -9,6 +9,7 @@ polling lane get no items.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -32,9 +33,11 @@ class Collector:
 
     def __init__(self) -> None:
         self.items: list[OutboxItem] = []
+        self.claimed_at: list[float | None] = []
 
-    def submit(self, items: Sequence[OutboxItem]) -> None:
+    def submit(self, items: Sequence[OutboxItem], claimed_at: float | None = None) -> None:
         self.items.extend(items)
+        self.claimed_at.append(claimed_at)
 
     def close(self, timeout: float | None = None) -> None:
         pass
@@ -97,10 +100,15 @@ def test_an_eager_trigger_stores_its_items_claimed_under_ids_the_producer_knows(
     storage.attach_eager_publisher(collector)
     now = new_runs(2)
     later = new_runs(1, delay=timedelta(hours=1))
+    before = time.monotonic()
     storage.run_insert_many(now)
+    after = time.monotonic()
     storage.run_insert_many(later)
     handed = {item.run_id: item for item in collector.items}
     assert set(handed) == set(now.ids)  # only runs due now are published eagerly
+    # with the monotonic time taken before the claiming statement was sent
+    assert collector.claimed_at[0] is not None
+    assert before <= collector.claimed_at[0] <= after
     token = collector.items[0].claim_token
     for run_id, item in handed.items():
         assert item.id == eager_item_id(token, run_id)
@@ -218,3 +226,23 @@ def test_deferring_and_recovering(storage: PostgresStorage, dbx: SchemaDb, liste
     status = storage.outbox_status(ENV)
     assert status["outbox_pending"] == 2
     assert status["outbox_oldest_age_seconds"] >= 0
+
+
+def test_unclaim_releases_only_under_the_current_claim_and_counts_no_failure(
+    storage: PostgresStorage, dbx: SchemaDb
+) -> None:
+    """A publisher that will not publish under a claim about to expire gives the items back
+    for a sweep at once; a claim already lost changes nothing."""
+    storage.run_insert_many(new_runs(2))
+    first = storage.outbox_claim_page(10, CLAIM)
+    assert len(first) == 2
+    dbx.run("update {schema}.outbox set claim_expires_at = now() - interval '1 second'")
+    second = storage.outbox_claim_page(10, CLAIM)  # another publisher, after expiry
+    assert storage.outbox_unclaim(first) == set()  # the first publisher's claim is gone
+    assert storage.outbox_claim_page(10, CLAIM) == []  # still the second's
+    assert storage.outbox_unclaim(second[:1]) == {second[0].id}
+    rows = dbx.all("select id, claim_token, failures, last_error from {schema}.outbox")
+    by_id = {row[0]: row[1:] for row in rows}
+    assert by_id[second[0].id] == (None, 0, None)
+    assert by_id[second[1].id] == (second[1].claim_token, 0, None)
+    assert [i.id for i in storage.outbox_claim_page(10, CLAIM)] == [second[0].id]

@@ -7,6 +7,7 @@ Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -30,9 +31,13 @@ def eager_item_id(claim: uuid.UUID, run_id: uuid.UUID) -> uuid.UUID:
 
 
 class EagerPublisher(Protocol):
-    """Publishes the items of an eager trigger after its commit (a transport lane's)."""
+    """Publishes the items of an eager trigger after its commit (a transport lane's).
 
-    def submit(self, items: Sequence[OutboxItem]) -> None: ...
+    ``claimed_at`` is the ``time.monotonic()`` taken before the statement that claimed them
+    was sent: their claim started later, so the publisher can tell, from its own elapsed
+    time and no stored time, when the claim is about to expire."""
+
+    def submit(self, items: Sequence[OutboxItem], claimed_at: float | None = None) -> None: ...
 
     def close(self, timeout: float | None = ...) -> None: ...
 
@@ -71,6 +76,7 @@ class OutboxMethods:
         claim expires)."""
         claim = uuid.uuid4()
         pieces = split_runs(runs)
+        claimed_at = time.monotonic()  # before the statement: the claim starts after
 
         def insert(conn: Conn) -> tuple[list[InsertedRun], list[uuid.UUID]]:
             params = [{**self._insert_params(piece), "claim": str(claim)} for piece in pieces]
@@ -84,7 +90,8 @@ class OutboxMethods:
                 [
                     OutboxItem(eager_item_id(claim, r), r, runs.environment, runs.queue, claim)
                     for r in due_now
-                ]
+                ],
+                claimed_at,
             )
         return made
 
@@ -110,6 +117,17 @@ class OutboxMethods:
         params = {"ids": [i.id for i in items], "tokens": [i.claim_token for i in items]}
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["outbox_published"], params)}
+        )
+
+    def outbox_unclaim(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]:
+        """Give up the claim on the items still claimed by it, for a sweep to take them now
+        (not a failure: the publisher would not publish them under a claim about to
+        expire); returns the ids released."""
+        if not items:
+            return set()
+        params = {"ids": [i.id for i in items], "tokens": [i.claim_token for i in items]}
+        return self._with_conn(
+            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_unclaim"], params)}
         )
 
     def outbox_failed(

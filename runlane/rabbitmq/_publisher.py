@@ -10,6 +10,13 @@ failure), then its result is recorded fenced by the item's claim token: success 
 the item, failure releases it with a back-off. A result written under a lost claim changes
 nothing and is counted as stale.
 
+Items are published and recorded in chunks of at most a page, and none is published once
+its claim is about to expire (less than ``publish_timeout`` plus a recording allowance
+left, told by this process's monotonic clock from before the statement that claimed them,
+never by a stored time): those are released for a sweep to claim afresh. A backlog larger
+than one claim can cover is therefore published once, not once by this thread and again
+by the sweeps that take its expired claims.
+
 A connection belongs to one thread (pika); other threads only queue requests.
 """
 
@@ -56,6 +63,8 @@ class OutboxStorage(Protocol):
         self, items: Sequence[OutboxItem], error: str, delay: timedelta
     ) -> set[uuid.UUID]: ...
 
+    def outbox_unclaim(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]: ...
+
     def outbox_next_due(self) -> float | None: ...
 
 
@@ -71,6 +80,10 @@ _RESWEEP_MAX = 60.0
 # never checked it: an older runlane, a polling-lane runtime of the environment) is tried
 # again this late, with that reason as its error: the broker is not asked and not blamed
 _REFUSED_DELAY = 60.0
+# what a claim must still have left, past one publish's timeout, for an item to be published
+# under it: time to record the chunk's results (at most half of what the claim leaves past
+# the publish timeout, so that a short claim still publishes)
+_RECORD_ALLOWANCE = 5.0
 
 
 @attrs.define
@@ -78,6 +91,15 @@ class PublisherStats:
     published: int = 0  # confirmed and recorded
     failed: int = 0  # not confirmed (broker down, unroutable, nacked); released to retry
     stale: int = 0  # results written under a lost claim: changed nothing
+    unclaimed: int = 0  # not published under a claim about to expire: left to a sweep
+
+
+@attrs.frozen
+class _Claimed:
+    """Items under one claim, and the monotonic time after which none is published."""
+
+    items: list[OutboxItem]
+    deadline: float
 
 
 @attrs.define(eq=False)
@@ -111,8 +133,13 @@ class OutboxPublisher:
         self._max_backoff = max_backoff
         self.name = f"runlane-publisher-{next(_numbers)}"
         self.stats = PublisherStats()
+        claim_s = claim.total_seconds()
+        # a claim with less than this left publishes nothing more (see the module docstring)
+        self._margin = publish_timeout + min(
+            _RECORD_ALLOWANCE, max(0.0, claim_s - publish_timeout) / 2
+        )
         self._cond = threading.Condition()
-        self._eager: list[OutboxItem] = []
+        self._eager: list[_Claimed] = []
         self._requests: list[_Request] = []
         self._sweep = False
         self._next_sweep: float | None = None  # monotonic time of a sweep after a back-off
@@ -139,14 +166,19 @@ class OutboxPublisher:
             self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
             self._thread.start()
 
-    def submit(self, items: Sequence[OutboxItem]) -> None:
-        """Publish an eager trigger's items (asynchronously; the caller has committed)."""
+    def submit(self, items: Sequence[OutboxItem], claimed_at: float | None = None) -> None:
+        """Publish an eager trigger's items (asynchronously; the caller has committed).
+        ``claimed_at``: ``time.monotonic()`` before the statement that claimed them."""
+        start = time.monotonic() if claimed_at is None else claimed_at
         with self._cond:
             if self._closing:
                 return  # their claim expires and another publisher takes them
             self._ensure_thread()
-            self._eager.extend(items)
+            self._eager.append(_Claimed(list(items), self._deadline_of(start)))
             self._cond.notify_all()
+
+    def _deadline_of(self, claimed_at: float) -> float:
+        return claimed_at + self._claim.total_seconds() - self._margin
 
     def wake(self) -> None:
         """Items were stored unclaimed: sweep the outbox soon."""
@@ -223,11 +255,11 @@ class OutboxPublisher:
     def _loop(self) -> None:
         while True:
             eager, requests, sweep, closing = self._next_work()
-            if eager:
+            for claimed in eager:
                 if closing:
-                    self._flush_on_close(eager)
+                    self._flush_on_close(claimed)
                 else:
-                    self._publish_and_record(eager)
+                    self._publish_and_record(claimed)
             self._serve(requests)
             if sweep and not closing:
                 self._sweep_pages()
@@ -235,7 +267,7 @@ class OutboxPublisher:
                 self._finish_closing()
                 return
 
-    def _next_work(self) -> tuple[list[OutboxItem], list[_Request], bool, bool]:
+    def _next_work(self) -> tuple[list[_Claimed], list[_Request], bool, bool]:
         """Wait for work (serving heartbeats meanwhile), then take all of it."""
         with self._cond:
             while not (self._eager or self._requests or self._sweep or self._closing):
@@ -256,8 +288,7 @@ class OutboxPublisher:
     def _serve(self, requests: list[_Request]) -> None:
         for request in requests:
             try:
-                page = self._claim_page(request.limit)
-                request.published = self._publish_and_record(page)
+                request.published = self._publish_and_record(self._claim_page(request.limit))
             except BaseException as exc:
                 request.error = exc
             finally:
@@ -270,8 +301,8 @@ class OutboxPublisher:
         for request in waiting:
             request.error = RunlaneClosed(f"{self.name} is closed")
             request.done.set()
-        if rest:
-            self._flush_on_close(rest)
+        for claimed in rest:
+            self._flush_on_close(claimed)
 
     def _serve_heartbeats(self) -> None:
         conn = self._conn
@@ -283,12 +314,12 @@ class OutboxPublisher:
             log.info("runlane: %s lost its broker connection (%s)", self.name, exc)
             self._disconnect()
 
-    def _flush_on_close(self, items: list[OutboxItem]) -> None:
+    def _flush_on_close(self, claimed: _Claimed) -> None:
         deadline = self._deadline
         if deadline is not None and time.monotonic() >= deadline:
-            self._record_failure(items, "the publisher closed before publishing", 0.0)
+            self._record_failure(claimed.items, "the publisher closed before publishing", 0.0)
             return
-        self._publish_and_record(items)
+        self._publish_and_record(claimed)
 
     def _sweep_pages(self) -> None:
         """Publish pages until a short one; then sweep again when the next item becomes
@@ -300,9 +331,9 @@ class OutboxPublisher:
                 log.warning("runlane: %s could not read the outbox (%s)", self.name, exc)
                 self._schedule_sweep()
                 return
-            if page:
+            if page.items:
                 self._publish_and_record(page)
-            if len(page) < self._page_size:
+            if len(page.items) < self._page_size:
                 break
         else:
             with self._cond:
@@ -318,8 +349,10 @@ class OutboxPublisher:
                 if self._next_sweep is None or due < self._next_sweep:
                     self._next_sweep = due
 
-    def _claim_page(self, limit: int) -> list[OutboxItem]:
-        return self._storage.outbox_claim_page(limit, self._claim)
+    def _claim_page(self, limit: int) -> _Claimed:
+        start = time.monotonic()  # the claims start after this
+        items = self._storage.outbox_claim_page(limit, self._claim)
+        return _Claimed(items, self._deadline_of(start))
 
     def _schedule_sweep(self) -> None:
         self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
@@ -354,22 +387,36 @@ class OutboxPublisher:
             except AMQP_ERRORS:
                 log.debug("closing a broken broker connection failed", exc_info=True)
 
-    def _publish_and_record(self, items: list[OutboxItem]) -> int:
-        """Publish with confirms; record successes and failures; returns those recorded."""
-        items = self._refuse_unnameable(items)
-        if not items:
-            return 0
-        done, failed, error = self._publish(items)
-        if failed and not done and self._conn is None:
-            # the connection may have died since its last use: one fresh try
-            done, failed, error = self._publish(failed)
-        recorded = self._record_success(done)
-        if failed:
-            self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
-            self._record_failure(failed, error, self._backoff)
-            self._schedule_sweep()
-        else:
-            self._backoff = 0.0
+    def _publish_and_record(self, claimed: _Claimed) -> int:
+        """Publish with confirms and record the results, a page at a time, while the claim
+        has time left: what is left when it is about to expire is released for a sweep,
+        and what is left when the broker is gone is released with the failure. Returns the
+        items recorded as published."""
+        items = self._refuse_unnameable(claimed.items)
+        recorded = 0
+        for start in range(0, len(items), self._page_size):
+            rest = items[start + self._page_size :]
+            done, failed, error, late = self._publish(
+                items[start : start + self._page_size], claimed.deadline
+            )
+            if failed and not done and self._conn is None:
+                # the connection may have died since its last use: one fresh try
+                done, failed, error, later = self._publish(failed, claimed.deadline)
+                late += later
+            recorded += self._record_success(done)
+            if late:
+                self._unclaim(late + rest)
+                return recorded
+            if failed:
+                if self._conn is None:  # the broker is gone: the rest waits with these
+                    failed += rest
+                self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
+                self._record_failure(failed, error, self._backoff)
+                self._schedule_sweep()
+                if self._conn is None:
+                    return recorded
+            else:
+                self._backoff = 0.0
         return recorded
 
     def _refuse_unnameable(self, items: list[OutboxItem]) -> list[OutboxItem]:
@@ -385,17 +432,25 @@ class OutboxPublisher:
             self._record_failure([item], problem, _REFUSED_DELAY)
         return kept
 
-    def _publish(self, items: list[OutboxItem]) -> tuple[list[OutboxItem], list[OutboxItem], str]:
+    def _publish(
+        self, items: list[OutboxItem], deadline: float
+    ) -> tuple[list[OutboxItem], list[OutboxItem], str, list[OutboxItem]]:
+        """Publish ``items`` until ``deadline``: (confirmed, failed, the error, not tried
+        because their claim is about to expire)."""
         done: list[OutboxItem] = []
         failed: list[OutboxItem] = []
         error = ""
+        if time.monotonic() >= deadline:
+            return [], [], "", list(items)
         try:
             channel = self._connect()
         except AMQP_ERRORS as exc:
             error = f"broker {describe(self._params)} unreachable: {type(exc).__name__}: {exc}"
             log.warning("runlane: %s: %s", self.name, error)
-            return [], list(items), error
+            return [], list(items), error, []
         for index, item in enumerate(items):
+            if time.monotonic() >= deadline:
+                return done, failed, error, items[index:]
             name = queue_name(self._schema, item.environment, item.queue)
             try:
                 with self._watchdog.bound(self._conn, self._publish_timeout):
@@ -411,7 +466,7 @@ class OutboxPublisher:
                 self._disconnect()
                 failed.extend(items[index:])
                 break
-        return done, failed, error
+        return done, failed, error, []
 
     def _publish_one(self, channel: BlockingChannel, name: str, item: OutboxItem) -> None:
         """Declare the queue once per connection, publish, and wait for the confirm."""
@@ -455,6 +510,30 @@ class OutboxPublisher:
                 stale,
             )
         return len(applied)
+
+    def _unclaim(self, items: list[OutboxItem]) -> None:
+        """Release items whose claim is about to expire, and sweep for them."""
+        if not items:
+            return
+        self.stats.unclaimed += len(items)
+        log.info(
+            "runlane: %s: the claim on %d item(s) is about to expire before they are "
+            "published; released for a sweep",
+            self.name,
+            len(items),
+        )
+        try:
+            self._storage.outbox_unclaim(items)
+        except RunlaneError as exc:
+            log.warning(
+                "runlane: %s could not release %d item(s) (%s); they are published after "
+                "their claims expire",
+                self.name,
+                len(items),
+                exc,
+            )
+        with self._cond:
+            self._sweep = True
 
     def _record_failure(self, items: list[OutboxItem], error: str, delay: float) -> None:
         self.stats.failed += len(items)

@@ -59,6 +59,16 @@ using unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as i(id, token)
 where o.id = i.id and o.claim_token = i.token
 returning o.id;
 
+-- name: outbox_unclaim
+-- Items the publisher will not publish under its claim (about to expire): released for a
+-- sweep at once, if the claim is still the publisher's. Not a failure: nothing is counted.
+update {schema}.outbox as o
+set claim_token = null,
+    claim_expires_at = null
+from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as i(id, token)
+where o.id = i.id and o.claim_token = i.token
+returning o.id;
+
 -- name: outbox_failed
 -- Not confirmed: the items are released for a later try after a back-off, if the claim is
 -- still the publisher's.
