@@ -51,6 +51,10 @@ class Tracked:
     # time.monotonic() when the claim or the last applied extension was sent: the lease
     # runs at least until this plus the lease duration (database time ran no slower)
     confirmed_at: float = 0.0
+    # time.monotonic() when the handler began (None: claimed, not started), and whether
+    # storage was told (run_mark_started)
+    begun_at: float | None = None
+    marked: bool = False
 
     def cancel(self, reason: StopReason) -> None:
         """Ask the attempt to stop (the first reason sticks); a run not started yet learns
@@ -131,6 +135,7 @@ class LeaseTracker:
             if item is None:
                 return False
             item.context, item.task, item.deadline = context, task, deadline
+            item.begun_at = time.monotonic()
             if item.stop_reason is not None:
                 context._request_stop(item.stop_reason)
         if deadline is not None:
@@ -147,6 +152,34 @@ class LeaseTracker:
         """Runs claimed ahead and still not started at ``before`` (monotonic)."""
         with self._lock:
             return [t for t in self._tracked.values() if t.context is None and t.held_at < before]
+
+    def started_unmarked(self, begun_before: float) -> list[Tracked]:
+        """Attempts whose handler began before ``begun_before`` (monotonic) and whose start
+        storage was not told yet; they are marked as told (``unmark`` after a failed write)."""
+        with self._lock:
+            due = [
+                t
+                for t in self._tracked.values()
+                if not t.marked and t.begun_at is not None and t.begun_at < begun_before
+            ]
+            for item in due:
+                item.marked = True
+        return due
+
+    def next_mark_at(self, after: float) -> float | None:
+        """When (monotonic) the next handler start is due to be told: its begin + ``after``."""
+        with self._lock:
+            begun = [
+                t.begun_at
+                for t in self._tracked.values()
+                if not t.marked and t.begun_at is not None
+            ]
+        return None if not begun else min(begun) + after
+
+    def unmark(self, items: Sequence[Tracked]) -> None:
+        with self._lock:
+            for item in items:
+                item.marked = False
 
     def tracked(self) -> list[Tracked]:
         with self._lock:

@@ -73,6 +73,7 @@ def format_report(report: StatusReport) -> list[str]:
     rows: list[tuple[str, object]] = [
         ("queued and due", report.queued_due),
         ("running", report.running),
+        ("  of which claimed, not started", report.claimed_not_started),
         ("waiting", report.waiting),
         ("retrying/released past due", report.deferred_past_due),
         ("expired active leases", report.expired_leases),

@@ -110,10 +110,19 @@ class RunSnapshot:
     finished_at: datetime | None
     # the last ``context.report_progress``: {"fraction": ..., "message": ..., "data": ...}
     progress: Any = None
+    # running or cancellation_requested, and the current attempt's handler has started (a
+    # worker records a start within about a second, handlers that end sooner not at all);
+    # False for a run only claimed: prefetched by a worker, or between its claim and start
+    executing: bool = False
 
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+    @property
+    def claimed_not_started(self) -> bool:
+        """Holds a lease (``running``) but its handler has not been seen to start."""
+        return self.status is RunStatus.RUNNING and not self.executing
 
 
 @attrs.frozen
@@ -275,6 +284,10 @@ class StatusReport:
     # whether its count falls between looks (seed: alert on terminal tokens whose
     # waiting-run count does not fall)
     runs_waiting_on_resolved_tokens: int = 0
+    # of ``running``: runs whose current attempt's handler has not been seen to start (claimed
+    # ahead by a worker, or started under a second ago); running - claimed_not_started are
+    # executing (RunSnapshot.executing)
+    claimed_not_started: int = 0
     resolved_tokens: tuple[ResolvedTokenStatus, ...] = ()
 
 

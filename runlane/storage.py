@@ -487,6 +487,11 @@ class Storage(Protocol):
         thread (close at its deadline); the blocked call raises ``StorageUnavailable``. A
         no-op when idle, and on a storage that is not a dedicated view."""
 
+    def run_mark_started(self, leases: Sequence[LeaseRef]) -> int:
+        """The attempts' handlers started: their runs show as executing rather than only
+        claimed (``RunSnapshot.executing``, ``StatusReport.claimed_not_started``). Fenced;
+        returns the runs marked."""
+
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta, *, beat: WorkerBeat | None = None
     ) -> dict[LeaseRef, RunStatus]:

@@ -8,17 +8,26 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runlane import MaintenanceLimits, QueueStatus, RunContext, queue, task
-from runlane._status import unhealthy
+from runlane import (
+    MaintenanceLimits,
+    QueueStatus,
+    RunContext,
+    RunStatus,
+    queue,
+    task,
+)
+from runlane._status import format_report, unhealthy
 from runlane.cli import EXIT_FAILURE, main
 from tests.conftest import RunlaneFactory
-from tests.helpers import SchemaDb, importable_app
+from tests.helpers import SchemaDb, importable_app, storage_of, wait_until
 
 APP = textwrap.dedent(
     """
@@ -206,3 +215,57 @@ def test_resolved_tokens_report_their_waiting_runs_so_a_stuck_one_shows(
     final = rl.status()
     assert (final.runs_waiting_on_resolved_tokens, final.resolved_tokens) == (0, ())
     assert not [p for p in unhealthy(final) if "resolved wait tokens" in p]
+
+
+def test_running_tells_executing_runs_from_ones_only_claimed(
+    make_runlane: RunlaneFactory,
+) -> None:
+    """A worker's claim puts runs in ``running`` before their handlers start (prefetch, or a
+    claim in flight): status() and list_runs tell the two apart once the worker has
+    recorded its handler's start."""
+    began, release = threading.Event(), threading.Event()
+
+    @task(id="status.slow")
+    def slow(payload: Any, context: RunContext) -> int:
+        began.set()
+        release.wait(30)
+        return int(payload["n"])
+
+    rl = make_runlane(tasks=[slow])
+    first, second = rl.trigger_many(slow, [{"n": 1}, {"n": 2}])
+    worker = rl.create_delivery_worker(concurrency=1)
+    try:
+        assert began.wait(15)
+        # another claimer (a worker claiming ahead of its slots) holds the second run
+        (held,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(minutes=1))
+        assert held.id == second.id
+
+        def split() -> bool:
+            report = rl.status()
+            return (report.running, report.claimed_not_started) == (2, 1)
+
+        wait_until(
+            split,
+            timeout=10,
+            what="the worker to record its handler's start",
+            state=lambda: (rl.status().running, rl.status().claimed_not_started),
+        )
+        report = rl.status()
+        assert report.running == 2
+        assert "of which claimed, not started" in "\n".join(format_report(report))
+        page = rl.list_runs(status="running")
+        assert {(s.id, s.executing, s.claimed_not_started) for s in page.runs} == {
+            (first.id, True, False),
+            (second.id, False, True),
+        }
+        assert rl.get_run(first.id).executing
+        assert rl.get_run(second.id).claimed_not_started
+    finally:
+        release.set()
+        worker.close(timeout=10)
+    done = rl.get_run(first.id)
+    assert (done.status, done.executing, done.claimed_not_started) == (
+        RunStatus.COMPLETED,
+        False,
+        False,
+    )

@@ -621,6 +621,14 @@ class PostgresStorage(
             lambda conn: {row[0] for row in conn.execute(self._sql["run_release_many"], params)}
         )
 
+    def run_mark_started(self, leases: Sequence[LeaseRef]) -> int:
+        if not leases:
+            return 0
+        params = _lease_params(leases)
+        return self._with_conn(
+            lambda conn: len(conn.execute(self._sql["run_mark_started"], params).fetchall())
+        )
+
     def run_extend_leases(
         self, leases: Sequence[LeaseRef], lease: timedelta, *, beat: WorkerBeat | None = None
     ) -> dict[LeaseRef, RunStatus]:
@@ -1067,4 +1075,5 @@ def _snapshot(row: dict[str, Any]) -> RunSnapshot:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         progress=row.get("progress"),
+        executing=bool(row.get("executing", False)),
     )

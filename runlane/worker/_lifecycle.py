@@ -56,6 +56,11 @@ _STATEMENT_OUTPUT_CHARS = 16 * 1024 * 1024
 # after close's deadline: how long a cancelled statement gets to return
 _CLOSE_GRACE_SECONDS = 0.5
 
+# a handler still running this long after it began is told to storage (run_mark_started):
+# its run shows as executing rather than only claimed. Handlers that end sooner cost no write.
+MARK_STARTED_AFTER_SECONDS = 0.1
+_MARK_RETRY_SECONDS = 1.0  # after a failed mark (storage unavailable)
+
 
 @attrs.define
 class LifecycleStats:
@@ -69,6 +74,7 @@ class LifecycleStats:
     progress: int = 0  # progress writes applied
     beats_alone: int = 0  # heartbeats sent in a statement of their own
     beats_with_extensions: int = 0  # heartbeats carried by a lease extension
+    marked_started: int = 0  # handler starts told to storage (run_mark_started)
 
 
 @attrs.define
@@ -125,6 +131,7 @@ class LifecycleWriter:
         # attempts with progress not yet written (runlane/_progress.py)
         self._progress: dict[LeaseRef, AttemptProgress] = {}
         self._in_flight = 0
+        self._marks_retry_at = 0.0  # time.monotonic() before which no mark is retried
         self._closing = False
         self._finished = False  # the thread has made its final flush
         self._deadline: float | None = None
@@ -252,6 +259,10 @@ class LifecycleWriter:
         """Seconds until lease work (an extension, a timeout, a heartbeat) is due; at most
         one."""
         deadline = self._tracker.next_deadline()
+        mark_at = self._tracker.next_mark_at(MARK_STARTED_AFTER_SECONDS)
+        if mark_at is not None:
+            mark_at = max(mark_at, self._marks_retry_at)
+            deadline = mark_at if deadline is None else min(deadline, mark_at)
         beat_at = self._beat_alone_at()
         if beat_at is not None:
             deadline = beat_at if deadline is None else min(deadline, beat_at)
@@ -304,6 +315,7 @@ class LifecycleWriter:
             with self._cond:
                 self._pending.failures.append(timeout_failure(item.claimed, item.task))
             self._on_timeout(item)
+        self._mark_started(now)
         beat = self._beat
         if self._tracker.extension_due(now):
             try:
@@ -328,6 +340,24 @@ class LifecycleWriter:
                     exc,
                     beat.heartbeat_seconds,
                 )
+
+    def _mark_started(self, now: float) -> None:
+        """Tell storage which handlers have been running for a while (one statement for all
+        of them): their runs are executing, not only claimed. A failure is retried next tick;
+        a lost lease simply marks nothing."""
+        if now < self._marks_retry_at:
+            return
+        started = self._tracker.started_unmarked(now - MARK_STARTED_AFTER_SECONDS)
+        if not started:
+            return
+        try:
+            self._storage.run_mark_started([item.ref for item in started])
+        except StorageUnavailable as exc:
+            self._tracker.unmark(started)
+            self._marks_retry_at = now + _MARK_RETRY_SECONDS
+            log.warning("runlane: marking started handlers failed (%s); retrying", exc)
+        else:
+            self.stats.marked_started += len(started)
 
     def _beat_alone_at(self) -> float | None:
         """When the heartbeat is due in a statement of its own (monotonic), None when there

@@ -63,6 +63,8 @@ grant update (status, attempt, releases, output, error, due_at, lease_token,
     on {schema}.runs to {role};
 -- context.report_progress (fenced like the other attempt writes)
 grant update (progress) on {schema}.runs to {role};
+-- a handler started (run_mark_started, fenced like the other attempt writes)
+grant update (started_attempt) on {schema}.runs to {role};
 grant insert (run_id, attempt, lease_token, outcome, error, started_at)
     on {schema}.attempts to {role};
 grant select on {schema}.steps to {role};

@@ -17,7 +17,9 @@ cross join lateral (
     select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
        max_attempts, priority,
            payload, output, error, idempotency_key, parent_run_id, created_at, updated_at,
-           due_at, started_at, finished_at, progress
+           due_at, started_at, finished_at, progress,
+       (status in ('running', 'cancellation_requested')
+        and started_attempt is not distinct from attempt) as executing
     from {schema}.runs
     where environment = %(environment)s
       and status = s.status
@@ -35,7 +37,9 @@ limit %(limit)s;
 select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
        max_attempts, priority, payload,
        output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at, progress
+       started_at, finished_at, progress,
+       (status in ('running', 'cancellation_requested')
+        and started_attempt is not distinct from attempt) as executing
 from {schema}.runs
 where environment = %(environment)s
   and status = %(status)s

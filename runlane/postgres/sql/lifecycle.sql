@@ -110,6 +110,19 @@ with input as (
 )
 select id from done;
 
+-- name: run_mark_started
+-- The attempts whose handlers started (a worker writes them once each, in batches): the run
+-- is executing, not only claimed. Fenced by run, attempt and lease token.
+update {schema}.runs as r
+set started_attempt = i.attempt
+from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
+    as i(id, attempt, lease_token)
+where r.id = i.id
+  and r.attempt = i.attempt
+  and r.lease_token = i.lease_token
+  and r.status in ('running', 'cancellation_requested')
+returning r.id;
+
 -- name: run_extend_leases
 -- An expired lease is not revived: its queue slot may already belong to another attempt.
 -- A delivery worker's heartbeat rides along (worker_id not null; no leases for a heartbeat

@@ -87,7 +87,9 @@ where environment = %(environment)s
 select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
        max_attempts, priority, payload,
        output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at, progress
+       started_at, finished_at, progress,
+       (status in ('running', 'cancellation_requested')
+        and started_attempt is not distinct from attempt) as executing
 from {schema}.runs
 where id = %(id)s and environment = %(environment)s;
 
@@ -95,6 +97,8 @@ where id = %(id)s and environment = %(environment)s;
 select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
        max_attempts, priority, payload,
        output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at, progress
+       started_at, finished_at, progress,
+       (status in ('running', 'cancellation_requested')
+        and started_attempt is not distinct from attempt) as executing
 from {schema}.runs
 where id = any(%(ids)s::uuid[]) and environment = %(environment)s;

@@ -15,6 +15,9 @@ select
     (select count(*) from {schema}.runs
       where environment = %(environment)s and status = 'running') as running,
     (select count(*) from {schema}.runs
+      where environment = %(environment)s and status = 'running'
+        and started_attempt is distinct from attempt) as claimed_not_started,
+    (select count(*) from {schema}.runs
       where environment = %(environment)s and status in ('retrying', 'released')
         and due_at < now()) as deferred_past_due,
     (select count(*) from {schema}.runs
