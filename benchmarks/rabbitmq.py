@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from benchmarks._common import Row, log, pct, ratio_row, wait_until_zero
+from benchmarks._statements import counting_statements
 from runlane import RunContext, Runlane, create_runlane, task
 from runlane._rabbit_nodes import rabbitmq_available, start_rabbitmq_node
 
@@ -87,9 +88,10 @@ def _wait_published(url: str, schema: str, timeout: float = 600) -> None:
     )
 
 
-def bench_rabbit_one_process(bench: RabbitBench) -> float:
+def bench_rabbit_one_process(bench: RabbitBench) -> tuple[float, float]:
     """``runs`` no-op runs triggered and published first (the broker holds them all), then
-    one worker at ``concurrency`` consumes them: runs/s from its start to the last one."""
+    one worker at ``concurrency`` consumes them: runs/s from its start to the last one, and
+    the statements its threads sent per run."""
     url, noop, runs = bench.url, bench.noop, bench.runs
     schema = bench.fresh_schema(url)
     with _runtime(url, schema, bench.amqp_url, [noop]) as runlane:
@@ -97,30 +99,39 @@ def bench_rabbit_one_process(bench: RabbitBench) -> float:
             runlane.trigger_many(noop, [None] * min(1000, runs - start))
         _wait_published(url, schema)
         started = time.perf_counter()
-        with runlane.create_delivery_worker(concurrency=bench.concurrency):
+        with (
+            counting_statements(skip_this_thread=True) as statements,
+            runlane.create_delivery_worker(concurrency=bench.concurrency),
+        ):
             bench.wait_drained(url, schema)
             elapsed = time.perf_counter() - started
-    return runs / elapsed
+            sent = statements.per(runs)
+    return runs / elapsed, sent
 
 
 def bench_rabbit_enqueue(bench: RabbitBench) -> dict[str, float]:
     """``trigger`` one run at a time: the call's rate (it returns after the commit; the eager
-    publish happens on the publisher thread), and the rate until every item is published."""
+    publish happens on the publisher thread), the rate until every item is published, and
+    the statements per run of both (the trigger's, the publisher's records)."""
     url, noop = bench.url, bench.noop
     schema = bench.fresh_schema(url)
     with _runtime(url, schema, bench.amqp_url, [noop]) as runlane:
         runlane.trigger(noop, None)  # connect the publisher first, as a running app would
         _wait_published(url, schema)
         single = bench.triggers
-        started = time.perf_counter()
-        for _ in range(single):
-            runlane.trigger(noop, None)
-        returned = time.perf_counter() - started
-        _wait_published(url, schema)
-        published = time.perf_counter() - started
+        with counting_statements() as calls:  # the triggers' and the publisher's meanwhile
+            started = time.perf_counter()
+            for _ in range(single):
+                runlane.trigger(noop, None)
+            returned = time.perf_counter() - started
+        with counting_statements(skip_this_thread=True) as rest:  # not the polling's
+            _wait_published(url, schema)
+            published = time.perf_counter() - started
+        sent = (calls.value + rest.value) / single
     return {
         "rabbitmq: trigger one by one, calls return (runs/s)": single / returned,
         "rabbitmq: trigger one by one, all published (runs/s)": single / published,
+        "rabbitmq:   statements per run, trigger and publish": sent,
     }
 
 
@@ -164,8 +175,8 @@ def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[R
     """The RabbitMQ lane's rows of the table (each figure is logged as it is measured);
     throughput is compared with the polling lane's one process when that was measured."""
     rows: list[Row] = []
-    rabbit = bench_rabbit_one_process(bench)
-    log(f"rabbitmq: one process {rabbit:,.0f} runs/s")
+    rabbit, sent = bench_rabbit_one_process(bench)
+    log(f"rabbitmq: one process {rabbit:,.0f} runs/s, {sent:.3f} statements a run")
     label = "rabbitmq: processing, one process, concurrency 8 (runs/s)"
     if polling_one_process:
         rows.append(
@@ -173,9 +184,10 @@ def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[R
         )
     else:
         rows.append(Row(label, rabbit))
+    rows.append(Row("rabbitmq:   statements per run, processing", sent, ",.3f"))
     for label, rate in bench_rabbit_enqueue(bench).items():
-        log(f"{label} {rate:,.0f}")
-        rows.append(Row(label, rate))
+        log(f"{label} {rate:,.3f}")
+        rows.append(Row(label, rate, ",.3f" if "statements" in label else ",.0f"))
     latencies = bench_rabbit_wakeup(bench)
     for q in (0.50, 0.95, 0.99):
         rows.append(

@@ -51,6 +51,7 @@ from benchmarks._common import (
     server_url,
     wait_drained,
 )
+from benchmarks._statements import counting_statements
 from benchmarks.rabbitmq import RabbitBench, RabbitBroker, rabbit_rows
 from runlane import RunContext, Runlane, create_runlane, task
 from runlane.postgres import postgres_polling_lane
@@ -64,15 +65,18 @@ def _enqueue(runlane: Runlane, runs: int) -> None:
         runlane.trigger_many(noop, [None] * min(1000, runs - start))
 
 
-def bench_trigger(url: str, count: int) -> float:
-    """``trigger`` one run at a time (a payload of the floor's width): runs/s."""
+def bench_trigger(url: str, count: int) -> tuple[float, float]:
+    """``trigger`` one run at a time (a payload of the floor's width): runs/s, and the
+    statements sent per run."""
     schema = fresh_schema(url)
     with runtime(url, schema) as runlane:
         runlane.trigger(noop, {"order": -1})  # connect first, as a running app would have
-        started = time.perf_counter()
-        for i in range(count):
-            runlane.trigger(noop, {"order": i})
-        return count / (time.perf_counter() - started)
+        with counting_statements() as statements:
+            started = time.perf_counter()
+            for i in range(count):
+                runlane.trigger(noop, {"order": i})
+            elapsed = time.perf_counter() - started
+        return count / elapsed, statements.per(count)
 
 
 def bench_trigger_many(url: str, count: int) -> float:
@@ -96,6 +100,7 @@ class Processed:
     rate: float
     python_cores: float
     postgres_cores: float | None
+    statements: float  # per run: claims, completions, lease extensions, the listener's
 
 
 def bench_one_process(url: str, runs: int) -> Processed:
@@ -105,17 +110,21 @@ def bench_one_process(url: str, runs: int) -> Processed:
         server_before = postgres_cpu_seconds()
         python_before = time.process_time()
         started = time.perf_counter()
-        with runlane.create_delivery_worker(concurrency=CONCURRENCY):
+        with (
+            counting_statements(skip_this_thread=True) as statements,
+            runlane.create_delivery_worker(concurrency=CONCURRENCY),
+        ):
             wait_drained(url, schema)
             elapsed = time.perf_counter() - started
             python = time.process_time() - python_before
             server_after = postgres_cpu_seconds()
+            sent = statements.per(runs)
     server = (
         None
         if server_before is None or server_after is None or server_after <= server_before
         else (server_after - server_before) / elapsed
     )
-    return Processed(runs / elapsed, python / elapsed, server)
+    return Processed(runs / elapsed, python / elapsed, server, sent)
 
 
 def two_process_bound(one: Processed) -> float | None:
@@ -271,6 +280,7 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
                 0.5,
             )
         )
+        rows.append(Row("  statements per run, processing", processed.statements, ",.3f"))
     if "two" in only:
         two = _measure("runlane: two processes (runs/s)", lambda: bench_processes(url, runs, 2))
         rows.append(ratio_row("processing, two processes (runs/s)", two, "one process", one, 1.6))
@@ -290,10 +300,12 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
         floor = _measure(
             "floor: autocommit INSERT loop (rows/s)", lambda: floors.insert_loop(url, count)
         )
-        value = _measure("runlane: trigger one by one (runs/s)", lambda: bench_trigger(url, count))
+        value, sent = bench_trigger(url, count)
+        log(f"{'runlane: trigger one by one (runs/s)':<58} {value:>12,.0f}")
         rows.append(
             ratio_row("trigger one by one (runs/s)", value, "autocommit INSERT loop", floor, 0.7)
         )
+        rows.append(Row("  statements per run, trigger one by one", sent, ",.3f"))
     if "trigger_many" in only:
         unnest = _measure(
             "floor: unnest INSERT x1000 (rows/s)", lambda: floors.insert_unnest(url, runs)
