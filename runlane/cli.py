@@ -130,11 +130,13 @@ def load_app(spec: str) -> Runlane:
 def _where(exc: BaseException) -> str:
     """`` (at path:line)``: the innermost frame of the application's code (not the standard
     library's, nor the import machinery's) in the traceback, where the import failed."""
-    stdlib = sysconfig.get_paths()["stdlib"]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}:{exc.lineno})"
+    skipped = ("<", sysconfig.get_paths()["stdlib"], os.path.dirname(__file__) + os.sep)
     frames = [
         frame
         for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith(("<", stdlib))
+        if not frame.filename.startswith(skipped)
     ]
     if not frames:
         return ""
