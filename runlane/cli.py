@@ -192,7 +192,8 @@ def _queues(value: str | None) -> list[str] | None:
 
 def _cmd_drain(args: argparse.Namespace) -> int:
     runlane = load_app(args.app)
-    progress = _DrainProgress() if sys.stderr.isatty() else None
+    # a terminal's progress line is not a JSON object: none under --log-format json
+    progress = _DrainProgress() if sys.stderr.isatty() and not _json_lines else None
     try:
         result = runlane.drain(
             max_runs=args.max_runs, queues=_queues(args.queues), on_progress=progress

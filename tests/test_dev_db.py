@@ -42,6 +42,7 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
     runlane("dev-db", "stop", "--dir", str(directory))  # whatever the test left running
 
 
+@pytest.mark.slow  # half a minute: initdb, two starts and stops, a dozen CLI processes
 def test_start_keeps_the_data_across_stop_and_start(data_dir: Path) -> None:
     where = ("--dir", str(data_dir))
     result = runlane("dev-db", "status", *where)

@@ -100,6 +100,7 @@ def test_the_wheel_and_sdist_hold_what_runlane_needs(wheel: tuple[Path, Path]) -
     assert {"README.md", "LICENSE", "pyproject.toml", "runlane/cli.py"} <= members
 
 
+@pytest.mark.slow  # building, a venv, an install: about half a minute
 def test_the_wheel_installs_into_a_clean_venv_and_runs_the_quick_start(
     wheel: tuple[Path, Path], tmp_path: Path, database_url: str, fresh_schema: str
 ) -> None:
