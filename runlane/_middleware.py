@@ -29,7 +29,7 @@ Middleware = Callable[["RunContext"], AbstractContextManager[Any]]
 
 _HINT = (
     "each middleware is a callable taking the attempt's RunContext and returning a context "
-    "manager, e.g. `lambda context: app.app_context()` or a function decorated with "
+    "manager, e.g. lambda context: app.app_context(), or a function decorated with "
     "@contextlib.contextmanager"
 )
 

@@ -8,6 +8,7 @@ before and after. docs/bad-input.md lists the same cases with their messages.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import textwrap
@@ -141,6 +142,10 @@ def _runtime(url: str, **options: Any) -> Runlane:
     return create_runlane(
         lane=postgres_polling_lane(connection_string=url, schema="unused_schema"), **options
     )
+
+
+def _generator_middleware(context: Any) -> Iterator[None]:
+    yield  # not decorated with @contextlib.contextmanager
 
 
 def _lane(url: str, **options: Any) -> Any:
@@ -794,6 +799,30 @@ CASES: list[Case] = [
         lambda e: _runtime(e.url, environment="prod\x00"),
         ConfigurationError,
         "use 1-200 characters from letters, digits",
+    ),
+    api(
+        "middleware-not-callable",
+        lambda e: _runtime(e.url, middleware=["sentry"]),
+        ConfigurationError,
+        "middleware[0] must be callable, got 'sentry'",
+    ),
+    api(
+        "middleware-a-context-manager",
+        lambda e: _runtime(e.url, middleware=[contextlib.nullcontext()]),
+        ConfigurationError,
+        "a new one is needed for every attempt",
+    ),
+    api(
+        "middleware-takes-no-context",
+        lambda e: _runtime(e.url, middleware=[contextlib.ExitStack]),
+        ConfigurationError,
+        "cannot be called with one argument (the RunContext)",
+    ),
+    api(
+        "middleware-a-generator-function",
+        lambda e: _runtime(e.url, middleware=[_generator_middleware]),
+        ConfigurationError,
+        "decorate it with @contextlib.contextmanager",
     ),
     api(
         "max-payload-bytes-zero",
