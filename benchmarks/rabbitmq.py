@@ -20,7 +20,12 @@ from typing import Any
 import attrs
 
 from benchmarks._common import Row, log, pct, ratio_row, wait_until_zero
-from benchmarks._statements import counting_statements
+from benchmarks._statements import (
+    PerRun,
+    counting_statements,
+    server_cpu_seconds,
+    wal_position,
+)
 from runlane import RunContext, Runlane, create_runlane, task
 from runlane._rabbit_nodes import rabbitmq_available, start_rabbitmq_node
 
@@ -88,7 +93,7 @@ def _wait_published(url: str, schema: str, timeout: float = 600) -> None:
     )
 
 
-def bench_rabbit_one_process(bench: RabbitBench) -> tuple[float, float]:
+def bench_rabbit_one_process(bench: RabbitBench) -> tuple[float, PerRun]:
     """``runs`` no-op runs triggered and published first (the broker holds them all), then
     one worker at ``concurrency`` consumes them: runs/s from its start to the last one, and
     the statements its threads sent per run."""
@@ -98,6 +103,7 @@ def bench_rabbit_one_process(bench: RabbitBench) -> tuple[float, float]:
         for start in range(0, runs, 1000):
             runlane.trigger_many(noop, [None] * min(1000, runs - start))
         _wait_published(url, schema)
+        wal, cpu = wal_position(url), server_cpu_seconds(url)
         started = time.perf_counter()
         with (
             counting_statements(skip_this_thread=True) as statements,
@@ -105,8 +111,8 @@ def bench_rabbit_one_process(bench: RabbitBench) -> tuple[float, float]:
         ):
             bench.wait_drained(url, schema)
             elapsed = time.perf_counter() - started
-            sent = statements.per(runs)
-    return runs / elapsed, sent
+            per_run = PerRun.between(url, runs, statements.per(runs), wal, cpu)
+    return runs / elapsed, per_run
 
 
 def bench_rabbit_enqueue(bench: RabbitBench) -> dict[str, float]:
@@ -176,7 +182,7 @@ def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[R
     throughput is compared with the polling lane's one process when that was measured."""
     rows: list[Row] = []
     rabbit, sent = bench_rabbit_one_process(bench)
-    log(f"rabbitmq: one process {rabbit:,.0f} runs/s, {sent:.3f} statements a run")
+    log(f"rabbitmq: one process {rabbit:,.0f} runs/s, {sent.statements:.3f} statements a run")
     label = "rabbitmq: processing, one process, concurrency 8 (runs/s)"
     if polling_one_process:
         rows.append(
@@ -184,7 +190,9 @@ def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[R
         )
     else:
         rows.append(Row(label, rabbit))
-    rows.append(Row("rabbitmq:   statements per run, processing", sent, ",.3f"))
+    rows += [
+        attrs.evolve(row, measure=f"rabbitmq: {row.measure}") for row in sent.rows("processing")
+    ]
     for label, rate in bench_rabbit_enqueue(bench).items():
         log(f"{label} {rate:,.3f}")
         rows.append(Row(label, rate, ",.3f" if "statements" in label else ",.0f"))

@@ -51,7 +51,7 @@ from benchmarks._common import (
     server_url,
     wait_drained,
 )
-from benchmarks._statements import counting_statements
+from benchmarks._statements import PerRun, counting_statements, server_cpu_seconds, wal_position
 from benchmarks.rabbitmq import RabbitBench, RabbitBroker, rabbit_rows
 from runlane import RunContext, Runlane, create_runlane, task
 from runlane.postgres import postgres_polling_lane
@@ -65,18 +65,19 @@ def _enqueue(runlane: Runlane, runs: int) -> None:
         runlane.trigger_many(noop, [None] * min(1000, runs - start))
 
 
-def bench_trigger(url: str, count: int) -> tuple[float, float]:
-    """``trigger`` one run at a time (a payload of the floor's width): runs/s, and the
-    statements sent per run."""
+def bench_trigger(url: str, count: int) -> tuple[float, PerRun]:
+    """``trigger`` one run at a time (a payload of the floor's width): runs/s, and what a run
+    cost the database."""
     schema = fresh_schema(url)
     with runtime(url, schema) as runlane:
         runlane.trigger(noop, {"order": -1})  # connect first, as a running app would have
+        wal, cpu = wal_position(url), server_cpu_seconds(url)
         with counting_statements() as statements:
             started = time.perf_counter()
             for i in range(count):
                 runlane.trigger(noop, {"order": i})
             elapsed = time.perf_counter() - started
-        return count / elapsed, statements.per(count)
+        return count / elapsed, PerRun.between(url, count, statements.per(count), wal, cpu)
 
 
 def bench_trigger_many(url: str, count: int) -> float:
@@ -100,7 +101,7 @@ class Processed:
     rate: float
     python_cores: float
     postgres_cores: float | None
-    statements: float  # per run: claims, completions, lease extensions, the listener's
+    per_run: PerRun  # claims, completions, lease extensions, the listener's
 
 
 def bench_one_process(url: str, runs: int) -> Processed:
@@ -108,6 +109,7 @@ def bench_one_process(url: str, runs: int) -> Processed:
     with runtime(url, schema) as runlane:
         _enqueue(runlane, runs)
         server_before = postgres_cpu_seconds()
+        wal, cpu = wal_position(url), server_cpu_seconds(url)
         python_before = time.process_time()
         started = time.perf_counter()
         with (
@@ -118,13 +120,13 @@ def bench_one_process(url: str, runs: int) -> Processed:
             elapsed = time.perf_counter() - started
             python = time.process_time() - python_before
             server_after = postgres_cpu_seconds()
-            sent = statements.per(runs)
+            per_run = PerRun.between(url, runs, statements.per(runs), wal, cpu)
     server = (
         None
         if server_before is None or server_after is None or server_after <= server_before
         else (server_after - server_before) / elapsed
     )
-    return Processed(runs / elapsed, python / elapsed, server, sent)
+    return Processed(runs / elapsed, python / elapsed, server, per_run)
 
 
 def two_process_bound(one: Processed) -> float | None:
@@ -280,7 +282,7 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
                 0.5,
             )
         )
-        rows.append(Row("  statements per run, processing", processed.statements, ",.3f"))
+        rows += processed.per_run.rows("processing")
     if "two" in only:
         two = _measure("runlane: two processes (runs/s)", lambda: bench_processes(url, runs, 2))
         rows.append(ratio_row("processing, two processes (runs/s)", two, "one process", one, 1.6))
@@ -305,7 +307,7 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
         rows.append(
             ratio_row("trigger one by one (runs/s)", value, "autocommit INSERT loop", floor, 0.7)
         )
-        rows.append(Row("  statements per run, trigger one by one", sent, ",.3f"))
+        rows += sent.rows("trigger one by one")
     if "trigger_many" in only:
         unnest = _measure(
             "floor: unnest INSERT x1000 (rows/s)", lambda: floors.insert_unnest(url, runs)
