@@ -106,15 +106,16 @@ def _traceback(exc: BaseException) -> str:
     return truncate_traceback(_storable(text))
 
 
-def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Failure:
-    """The failure recorded for an attempt that passed its task's timeout (retried per policy)."""
+def timeout_failure(claimed: ClaimedRun, task: Task[Any, Any] | None) -> Outcome:
+    """The failure recorded for an attempt that passed its task's timeout (retried per
+    policy), as the outcome the failure log reads."""
     timeout = task.timeout if task is not None else None
     exc = TaskTimeout(
         f"attempt {claimed.attempt} of task {claimed.task_id!r} ran longer than its timeout "
         f"({timeout}); its handler was signalled through context.cancelled and its result, "
         "should it still return, is discarded"
     )
-    return _failure(claimed, exc, retry=task, with_tb=False)
+    return Outcome(_failure(claimed, exc, retry=task, with_tb=False), handler_ran=True, error=exc)
 
 
 def refused_output_failure(completion: Completion, reason: str) -> Failure:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -177,3 +178,28 @@ def test_worker_warns_when_maintenance_is_not_running(
         wait_for_status(rl, handle.id, RunStatus.COMPLETED, timeout=30)
         threading.Event().wait(0.3)
     assert warnings() == []
+
+
+@task(id="logs.slow", schema=Job, retry=RetryPolicy(max_attempts=1), timeout=timedelta(seconds=0.3))
+def slow(payload: Job, context: RunContext) -> str:
+    context.cancelled.wait(10)  # signalled at the timeout
+    return payload.kind
+
+
+def test_a_final_timeout_is_logged_once_at_error(
+    make_runlane: RunlaneFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="runlane")
+    rl = make_runlane(tasks=[slow])
+    handle = rl.trigger(slow, {"kind": "late"})
+    with rl.create_delivery_worker(concurrency=1):
+        assert rl.wait_for_run(handle.id, timeout=30).status is RunStatus.FAILED
+    named = [r for r in caplog.records if str(handle.id) in r.getMessage()]
+    (failure,) = [r for r in named if r.levelno >= logging.WARNING]
+    assert failure.name == "runlane.worker"
+    assert failure.levelno == logging.ERROR
+    assert "failed for good at attempt 1" in failure.getMessage()
+    assert "TaskTimeout" in failure.getMessage()
+    assert failure.exc_info is not None
+    assert type(failure.exc_info[1]).__name__ == "TaskTimeout"
+    assert failure.outcome == "failed"  # type: ignore[attr-defined]

@@ -32,6 +32,7 @@ import attrs
 
 from runlane._backoff import Backoff
 from runlane._execution import refused_output_failure, timeout_failure
+from runlane._failure_log import log_failure
 from runlane._leases import LeaseTracker, Tracked
 from runlane._progress import THROTTLE_SECONDS, AttemptProgress
 from runlane.errors import RunlaneError, StorageUnavailable
@@ -312,8 +313,12 @@ class LifecycleWriter:
             self._on_tick()
         now = time.monotonic()
         for item in self._tracker.expire_timeouts(now):
+            timed_out = timeout_failure(item.claimed, item.task)
             with self._cond:
-                self._pending.failures.append(timeout_failure(item.claimed, item.task))
+                self._pending.failures.append(timed_out.write)  # type: ignore[arg-type]
+            # the attempt's one failure record (WARNING when retried, ERROR when final)
+            ran = now - item.begun_at if item.begun_at is not None else 0.0
+            log_failure(item.claimed, timed_out, ran)
             self._on_timeout(item)
         self._mark_started(now)
         beat = self._beat
