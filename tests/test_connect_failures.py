@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from runlane import StorageUnavailable, create_runlane, queue, task
 from runlane.cli import EXIT_FAILURE, main
@@ -62,9 +62,7 @@ def password_role(database_url: str, db: psycopg.Connection[Any]) -> Iterator[st
 
 
 def _with(database_url: str, **changes: Any) -> str:
-    params = conninfo_to_dict(database_url)
-    params.update(changes)
-    return make_conninfo(**params)
+    return make_conninfo(database_url, **changes)
 
 
 def _wrong_url(cause: str, database_url: str, request: pytest.FixtureRequest) -> str:

@@ -44,7 +44,8 @@ def test_the_docs_show_the_example_verbatim() -> None:
 def documents(text: str) -> list[dict[str, Any]]:
     """The JSON documents the console exporters wrote, one after another."""
     decoder = json.JSONDecoder()
-    found, at = [], 0
+    found: list[dict[str, Any]] = []
+    at = 0
     while True:
         while at < len(text) and text[at].isspace():
             at += 1
