@@ -32,6 +32,7 @@ from hypothesis.stateful import (
 )
 from psycopg import sql
 
+from runlane.flow import RateLimit
 from runlane.models import RunStatus
 from runlane.postgres import PostgresStorage
 from runlane.retry import RetryPolicy, next_retry_delay
@@ -43,9 +44,11 @@ from runlane.storage import (
     FailureApplied,
     LeaseRef,
     NewRuns,
+    QueueLimits,
     StepStored,
     SuspendResult,
 )
+from runlane.tasks import queue
 from tests.helpers import Conn, run_together
 
 ENV = "env"
@@ -958,3 +961,175 @@ def test_concurrent_claimers_claim_every_run_exactly_once(
         )
     ).fetchone()
     assert other_row == ("queued", 0)
+
+
+# -- flow control: rate limits and per-key limits under every interleaving -----------------------
+
+FLOW_QUEUE = "flow"
+FLOW_KEYS = ("a", "b", None, None)
+FLOW_PER = timedelta(hours=1)  # the rate window: time moves by rule, never by the wall clock
+
+
+class FlowFencingMachine(RuleBasedStateMachine):
+    """Claims by two claimers, completions, lapsed leases finalized by attempt expiry, killed
+    claimers (every lease of theirs lapses at once), time moving on, and the database clock
+    stepping back or forward (every stored time shifted), against one queue with a
+    concurrency limit, a per-key limit and a rate limit: after every step no key holds more
+    live leases than its limit, the queue no more than its own, and no window of the rate's
+    period holds more starts than the rate allows."""
+
+    storages: ClassVar[tuple[PostgresStorage, PostgresStorage]]
+    db: ClassVar[Conn]
+    schema: ClassVar[str]
+    limits: ClassVar[QueueLimits]
+    rate_bound: ClassVar[int]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.db.execute(
+            self.q("truncate {s}.runs, {s}.attempts, {s}.queue_flow, {s}.queue_starts cascade")
+        )
+        # leases held, by claimer
+        self.held: tuple[list[ClaimedRun], list[ClaimedRun]] = ([], [])
+
+    def q(self, text: str) -> sql.Composed:
+        return sql.SQL(text).format(s=sql.Identifier(self.schema))
+
+    @rule(key=st.sampled_from(FLOW_KEYS), count=st.integers(1, 4))
+    def trigger(self, key: str | None, count: int) -> None:
+        runs = attrs.evolve(new_runs(count, max_attempts=2), queue=FLOW_QUEUE, concurrency_key=key)
+        self.storages[0].run_insert_many(runs)
+
+    @rule(claimer=st.integers(0, 1), limit=st.integers(1, 6))
+    def claim(self, claimer: int, limit: int) -> None:
+        result = self.storages[claimer].run_claim_limited(
+            ENV, FLOW_QUEUE, self.limits, limit, LEASE
+        )
+        self.held[claimer].extend(result.runs)
+
+    @rule(claimer=st.integers(0, 1), data=st.data())
+    def complete(self, claimer: int, data: st.DataObject) -> None:
+        held = self.held[claimer]
+        if not held:
+            return
+        run = held.pop(data.draw(st.integers(0, len(held) - 1)))
+        self.storages[claimer].run_complete_many(
+            [Completion(run.id, run.attempt, run.lease_token, "null")]
+        )  # a lease that lapsed meanwhile is refused: nothing to check here
+
+    @rule(claimer=st.integers(0, 1), data=st.data())
+    def lease_lapses(self, claimer: int, data: st.DataObject) -> None:
+        held = self.held[claimer]
+        if not held:
+            return
+        run = held.pop(data.draw(st.integers(0, len(held) - 1)))
+        self.lapse([run.id])
+
+    @rule(claimer=st.integers(0, 1))
+    def claimer_killed(self, claimer: int) -> None:
+        self.lapse([run.id for run in self.held[claimer]])
+        self.held[claimer].clear()
+
+    def lapse(self, ids: list[uuid.UUID]) -> None:
+        self.db.execute(
+            self.q(
+                "update {s}.runs set lease_expires_at = now() - interval '1 second' "
+                "where id = any(%s) and status = 'running'"
+            ),
+            (ids,),
+        )
+
+    @rule()
+    def expire_lapsed(self) -> None:
+        expire_lapsed(self.storages[1])
+
+    @rule(fraction=st.sampled_from([0.25, 0.5, 1.0, 1.5]))
+    def time_passes(self, fraction: float) -> None:
+        """Every stored time moves into the past, as if that much time had passed."""
+        self.shift(-FLOW_PER * fraction)
+
+    @rule(step=st.sampled_from([timedelta(minutes=-10), timedelta(minutes=30)]))
+    def clock_steps(self, step: timedelta) -> None:
+        """The database clock stepped back (stored times now lie in the future) or forward."""
+        self.shift(-step)
+
+    def shift(self, by: timedelta) -> None:
+        """Shift every stored start stamp (not lease expiries: lapsing is its own rule)."""
+        for statement in (
+            "update {s}.runs set attempt_started_at = attempt_started_at + %s "
+            "where attempt_started_at is not null",
+            "update {s}.attempts set started_at = started_at + %s",
+            "update {s}.queue_flow set last_start = last_start + %s, rate_tat = rate_tat + %s",
+            "update {s}.queue_starts set started_at = started_at + %s",
+        ):
+            self.db.execute(self.q(statement), (by,) * statement.count("%s"))
+
+    @invariant()
+    def no_key_and_no_queue_over_its_limit(self) -> None:
+        rows = self.db.execute(
+            self.q(
+                "select concurrency_key, count(*) from {s}.runs "
+                "where status in ('running', 'cancellation_requested') "
+                "and lease_expires_at > now() group by 1"
+            )
+        ).fetchall()
+        live = {key: int(n) for key, n in rows}
+        for key, n in live.items():
+            if key is not None:
+                assert n <= (self.limits.key_limit or 0), (key, n)
+        assert sum(live.values()) <= (self.limits.concurrency_limit or 0)
+
+    @invariant()
+    def no_window_over_the_rate(self) -> None:
+        starts = sorted(
+            row[0]
+            for row in self.db.execute(
+                self.q(
+                    "select started_at from {s}.attempts union all "
+                    "select attempt_started_at from {s}.runs where status = 'running'"
+                )
+            )
+        )
+        j = 0
+        for i, start in enumerate(starts):
+            j = max(j, i)
+            while j < len(starts) and starts[j] < start + FLOW_PER:
+                j += 1
+            assert j - i <= self.rate_bound, (j - i, starts[i:j])
+
+
+@pytest.mark.parametrize("burst", [None, 1])
+def test_flow_limits_hold_under_every_interleaving(
+    database_url: str, schema: str, db: Conn, burst: int | None
+) -> None:
+    storages = tuple(
+        PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=1)
+        for _ in range(2)
+    )
+    for storage in storages:
+        storage.open()
+    try:
+
+        class Machine(FlowFencingMachine):
+            pass
+
+        rate = RateLimit(4, FLOW_PER, burst=burst)
+        Machine.storages = (storages[0], storages[1])
+        Machine.db = db
+        Machine.schema = schema
+        Machine.limits = QueueLimits.of(
+            queue(FLOW_QUEUE, concurrency_limit=5, key_concurrency_limit=1, rate_limit=rate)
+        )
+        Machine.rate_bound = rate.count + (rate.burst or 0)
+        run_state_machine_as_test(
+            Machine,
+            settings=settings(
+                max_examples=60,
+                stateful_step_count=40,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
+    finally:
+        for storage in storages:
+            storage.close()

@@ -66,7 +66,7 @@ class FlowMethods:
         def claim(conn: Conn) -> LimitedClaim:
             # two statements, one transaction: every count comes after the queue's lock
             with conn.transaction():
-                conn.execute(self._sql["queue_claim_lock"], params)
+                conn.execute(self._sql["queue_claim_lock_flow"], params)
                 rows = conn.execute(self._sql["run_claim_limited"], params).fetchall()
             # the last row carries the rate limit's wait, the others are the claimed runs
             *claimed, (*_, wait) = rows
