@@ -20,8 +20,9 @@ from psycopg import sql
 
 from runlane import Runlane, RunStatus
 from runlane.postgres import apply_postgres_storage_migrations
+from tests._optional import require
 
-django = pytest.importorskip("django", reason="django is in the dev extra: pip install -e '.[dev]'")
+django = require("django")
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "django"
 

@@ -15,11 +15,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests._optional import require
 from tests.helpers import wait_until
 
-pytest.importorskip("fastapi", reason="fastapi is in the dev extra: pip install -e '.[dev]'")
-pytest.importorskip("httpx2", reason="httpx2 (the TestClient's client) is in the dev extra")
-from fastapi.testclient import TestClient
+require("fastapi")
+require("httpx2")  # the client FastAPI's TestClient uses
+from fastapi.testclient import TestClient  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fastapi"
 

@@ -19,9 +19,10 @@ import pytest
 from psycopg import sql
 
 from runlane import ConfigurationError, RunContext, RunStatus, task
+from tests._optional import require
 from tests.conftest import RunlaneFactory
 
-flask = pytest.importorskip("flask", reason="flask is in the dev extra: pip install -e '.[dev]'")
+flask = require("flask")
 from runlane.integrations.flask import COMMANDS, FlaskRunlane  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"

@@ -15,11 +15,10 @@ import attrs
 import pytest
 
 from runlane import NonRetryableError, RunContext, Runlane, RunStatus, task
+from tests._optional import require
 from tests.conftest import RunlaneFactory
 
-sentry_sdk = pytest.importorskip(
-    "sentry_sdk", reason="sentry-sdk is in the dev extra: pip install -e '.[dev]'"
-)
+sentry_sdk = require("sentry_sdk", "sentry-sdk")
 from sentry_sdk.envelope import Envelope  # noqa: E402
 from sentry_sdk.transport import Transport  # noqa: E402
 
