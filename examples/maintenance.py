@@ -1,6 +1,6 @@
 # examples/maintenance.py: always-on maintenance services in their own supervised process
 # (or: `runlane maintenance quickstart:runlane`). Several replicas are safe: each band is
-# owned by one replica at a time through a durable lease.
+# owned by one replica at a time through a durable lease. DATABASE_URL as for worker.py.
 import signal
 import sys
 

@@ -2,7 +2,9 @@
 # SIGTERM or Ctrl-C closes it gracefully: claiming stops, handlers are asked to stop
 # (context.stop_reason is SHUTDOWN) and runs they did not finish are handed back with their
 # attempt unspent. Supervise the process: wait_until_closed() raises WorkerFailed when a
-# slot fails, so the process exits non-zero and is restarted.
+# slot fails, so the process exits non-zero and is restarted. Set DATABASE_URL to the
+# database your producers use (`export DATABASE_URL="$(runlane dev-db url)"` for the local
+# one): unset, quickstart.py starts a throw-away database (the embedded extra) of its own.
 import signal
 
 from quickstart import runlane
