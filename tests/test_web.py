@@ -706,3 +706,17 @@ def test_a_bulk_confirmation_too_slow_to_count_shows_an_estimate(
         assert "About <b>" in estimated
         assert "an estimate" in estimated
         assert "Cancel up to 10,000 runs" in estimated
+
+
+def test_the_console_counts_attempts_as_the_cli_does(console: dict[str, Any]) -> None:
+    """Attempts spent against max_attempts (docs/architecture.md, "Counting attempts"), in
+    the run page and the runs table, with the latest attempt's number beside them."""
+    rl: Runlane = console["rl"]
+    failed = rl.get_run(console["ids"]["fail"])
+    assert failed.attempts_spent >= 1
+    with served(create_app(rl)) as base:
+        _, _, page = http(f"{base}/runs/{failed.id}")
+        spent = f"{failed.attempts_spent} of {failed.max_attempts} spent (latest #{failed.attempt})"
+        assert spent in page
+        _, _, listing = http(f"{base}/runs?task={failed.task_id}")
+        assert f"<td>{failed.attempts_spent}/{failed.max_attempts}</td>" in listing
