@@ -20,8 +20,10 @@ import psycopg
 
 from runlane import RunContext, RunHandle, RunlaneError, queue, task
 from runlane._ids import new_run_ids
+from runlane.postgres import PostgresStorage
 from runlane.postgres._group import GROUP_ROW_CHARS, GroupCommit, groupable
-from runlane.storage import InsertedRun, NewRuns
+from runlane.postgres._outbox import eager_item_id
+from runlane.storage import InsertedRun, NewRuns, OutboxItem
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, Greet, q, run_row, storage_of, wait_until
 
@@ -322,3 +324,59 @@ def test_many_threads_triggering_at_once_each_get_their_run(
     assert errors == []
     assert len({h.id for hs in handles for h in hs}) == threads * 25
     assert commits(db, schema) < threads * 25
+
+
+class Collector:
+    """An eager publisher that remembers each hand-over."""
+
+    def __init__(self) -> None:
+        self.handed: list[list[OutboxItem]] = []
+
+    def submit(self, items: Sequence[OutboxItem], claimed_at: float | None = None) -> None:
+        assert claimed_at is not None
+        self.handed.append(list(items))
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_eager_triggers_share_a_statement_and_one_claim_for_their_items(
+    database_url: str, db: Conn, schema: str
+) -> None:
+    """On a transport lane the queued calls' runs go in one statement whose items of runs
+    due now are claimed by one token and handed to the publisher at once; a delayed run's
+    item waits unclaimed, and a repeated key's call gets the run without an item."""
+    storage = PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=3)
+    collector = Collector()
+    storage.attach_eager_publisher(collector)
+    try:
+        storage.outbox_enable("default", timedelta(minutes=5))
+        batches = [new_runs() for _ in range(4)]
+        batches.append(new_runs(delay=timedelta(hours=1)))
+        batches.append(new_runs(idempotency_keys=["k"]))
+        batches.append(new_runs(idempotency_keys=["k"], queue="other"))
+        results = grouped(
+            database_url,
+            schema,
+            storage._eager_group,
+            [functools.partial(storage.run_insert_many, b) for b in batches],
+        )
+        assert commits(db, schema) == 2
+        for i in range(6):
+            assert results[i] == [InsertedRun(batches[i].ids[0], "default", True)]
+        assert results[6] == [InsertedRun(batches[5].ids[0], "default", False)]
+        lone, group = collector.handed
+        assert [item.run_id for item in lone] == [batches[0].ids[0]]
+        assert sorted(item.run_id for item in group) == sorted(
+            b.ids[0] for b in (*batches[1:4], batches[5])
+        )
+        (token,) = {item.claim_token for item in group}
+        assert all(item.id == eager_item_id(token, item.run_id) for item in group)
+        stored = dict(
+            db.execute(q("select run_id, claim_token from {s}.outbox", schema)).fetchall()
+        )
+        assert stored[batches[4].ids[0]] is None  # delayed: unclaimed, for a later sweep
+        assert all(stored[item.run_id] == token for item in group)
+        assert len(stored) == 6
+    finally:
+        storage.close()

@@ -13,11 +13,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
-from psycopg.rows import dict_row
+import psycopg
+from psycopg.rows import TupleRow, dict_row, tuple_row
 
 from runlane.models import RunStatus
 from runlane.postgres._batches import pipelined, refusing_too_large, split_runs
 from runlane.postgres._connections import Conn
+from runlane.postgres._group import group_params
 from runlane.storage import ClaimedRun, DeliveryState, InsertedRun, NewRuns, OutboxItem
 
 __all__ = ["EagerPublisher", "OutboxMethods", "eager_item_id"]
@@ -63,6 +65,11 @@ class OutboxMethods:
     ) -> list[InsertedRun]:
         raise NotImplementedError
 
+    def _resolve_conflicts(
+        self, cur: psycopg.Cursor[TupleRow], runs: NewRuns, inserted: set[uuid.UUID]
+    ) -> list[InsertedRun]:
+        raise NotImplementedError
+
     # -- the producer side ---------------------------------------------------------------
 
     def outbox_enable(self, environment: str, claim: timedelta) -> None:
@@ -89,6 +96,48 @@ class OutboxMethods:
             publisher.submit(
                 [
                     OutboxItem(eager_item_id(claim, r), r, runs.environment, runs.queue, claim)
+                    for r in due_now
+                ],
+                claimed_at,
+            )
+        return made
+
+    def _insert_eager_alone(self, runs: NewRuns) -> list[InsertedRun]:
+        """_insert_eager with the attached publisher (a group's call written alone)."""
+        assert self._eager is not None  # only called when one is attached
+        return self._insert_eager(runs, self._eager)
+
+    def _insert_eager_together(self, groups: Sequence[NewRuns]) -> list[list[InsertedRun]]:
+        """The eager triggers of several calls in one statement and one commit (_group),
+        their due items under one claim and handed to the publisher at once; each call's
+        handles, in order."""
+        publisher = self._eager
+        assert publisher is not None  # only called when one is attached
+        claim = uuid.uuid4()
+        params = {**group_params(groups), "claim": str(claim)}
+        claimed_at = time.monotonic()  # before the statement: the claim starts after
+
+        def insert(conn: Conn) -> tuple[list[list[InsertedRun]], list[uuid.UUID]]:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(self._sql["run_insert_group_claimed"], params)
+                rows = cur.fetchall()
+                inserted = {row[0] for row in rows}
+                made = [
+                    [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
+                    if inserted.issuperset(runs.ids)
+                    else self._resolve_conflicts(cur, runs, inserted)
+                    for runs in groups
+                ]
+            return made, [row[0] for row in rows if row[1]]
+
+        made, due_now = self._with_conn(insert)
+        if due_now:
+            where = {i: runs for runs in groups for i in runs.ids}
+            publisher.submit(
+                [
+                    OutboxItem(
+                        eager_item_id(claim, r), r, where[r].environment, where[r].queue, claim
+                    )
                     for r in due_now
                 ],
                 claimed_at,

@@ -158,6 +158,7 @@ class PostgresStorage(
         self._eager: EagerPublisher | None = _eager
         self._owns_eager = False  # the storage it was attached to closes it
         self._group = GroupCommit(self._insert_direct, self._insert_together)
+        self._eager_group = GroupCommit(self._insert_eager_alone, self._insert_eager_together)
         self._lock = threading.Lock()
         self._opened = False
         self._closed = False
@@ -373,10 +374,12 @@ class PostgresStorage(
             return self._resolve_conflicts(cur, runs, inserted)
 
     def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
+        if connection is None and runs.concurrency_key is None and groupable(runs):
+            # concurrent triggers share a statement
+            group = self._group if self._eager is None else self._eager_group
+            return group.insert(runs)
         if connection is None and self._eager is not None:
             return self._insert_eager(runs, self._eager)
-        if connection is None and runs.concurrency_key is None and groupable(runs):
-            return self._group.insert(runs)  # concurrent triggers share a statement
         return self._insert_direct(runs, connection)
 
     def _insert_together(self, groups: Sequence[NewRuns]) -> list[list[InsertedRun]]:

@@ -28,3 +28,30 @@ from rows from (unnest(%(ids)s::uuid[]), unnest(%(environments)s::text[]),
 order by i.environment collate "C", i.task_id collate "C", i.idempotency_key collate "C", i.id
 on conflict do nothing
 returning r.id;
+
+-- name: run_insert_group_claimed
+-- run_insert_group for the eager triggers of a transport lane (as run_insert_many_claimed):
+-- the items of runs due now are stored claimed by %(claim)s, one claim for the group, and
+-- the statement returns whether each inserted run is due now.
+with claim as materialized (
+    select set_config('runlane.outbox_claim', %(claim)s, true)
+)
+insert into {schema}.runs as r (
+    id, environment, task_id, queue, status, priority, payload, max_attempts,
+    idempotency_key, parent_run_id, due_at, trace_context)
+select i.id, i.environment, i.task_id, i.queue, 'queued', i.priority, i.payload,
+       i.max_attempts, i.idempotency_key, i.parent_run_id,
+       coalesce(i.run_at, now() + i.delay_seconds * interval '1 second'),
+       i.trace_context::jsonb
+from rows from (unnest(%(ids)s::uuid[]), unnest(%(environments)s::text[]),
+                unnest(%(task_ids)s::text[]), unnest(%(queues)s::text[]),
+                unnest(%(priorities)s::integer[]), jsonb_array_elements(%(payloads)s::jsonb),
+                unnest(%(max_attempts)s::integer[]), unnest(%(idempotency_keys)s::text[]),
+                unnest(%(parent_run_ids)s::uuid[]), unnest(%(run_ats)s::timestamptz[]),
+                unnest(%(delay_seconds)s::float8[]), unnest(%(trace_contexts)s::text[]))
+    as i(id, environment, task_id, queue, priority, payload, max_attempts, idempotency_key,
+         parent_run_id, run_at, delay_seconds, trace_context)
+cross join claim
+order by i.environment collate "C", i.task_id collate "C", i.idempotency_key collate "C", i.id
+on conflict do nothing
+returning r.id, r.due_at <= now() as due_now;
