@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -169,4 +170,40 @@ def test_flask_runlane_commands_run_the_example_inside_its_app(shop: Any) -> Non
         assert helped.returncode == 0
         assert "--concurrency" in helped.stdout
     finally:
-        app.extensions["shop"]["close"]()
+        app.extensions["shop"]["pool"].close()  # the runtime stays open for the module
+
+
+def test_flask_runlane_worker_runs_the_example_until_sigterm(shop: Any) -> None:
+    app = shop.create_app()
+    env = {
+        **os.environ,
+        "DATABASE_URL": shop.DATABASE_URL,
+        "RUNLANE_SCHEMA": shop.RUNLANE_SCHEMA,
+        "SHOP_SCHEMA": shop.SHOP_SCHEMA,
+    }
+    argv = [sys.executable, "-m", "flask", "--app", "shop.app", "runlane", "worker"]
+    try:
+        with subprocess.Popen(
+            [*argv, "--concurrency", "2"],
+            cwd=EXAMPLE,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as worker:
+            try:
+                client = app.test_client()
+                placed = client.post("/orders", json={"item": "widget", "quantity": 1}).get_json()
+                order_id, run_id = placed["order_id"], uuid.UUID(placed["run_id"])
+                client.post(f"/orders/{order_id}/approve", json={"approved_by": "bob"})
+                run = shop.runlane.wait_for_run(run_id, timeout=60)
+                assert run.status is RunStatus.COMPLETED, run.error
+                assert client.get(f"/orders/{order_id}").get_json()["status"] == "shipped"
+                worker.send_signal(signal.SIGTERM)
+                _, err = worker.communicate(timeout=60)
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+        assert worker.returncode == 0, err
+    finally:
+        app.extensions["shop"]["pool"].close()  # the runtime stays open for the module
