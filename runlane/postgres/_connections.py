@@ -28,6 +28,8 @@ __all__ = [
     "DedicatedSource",
     "PoolSource",
     "check_conninfo",
+    "connect_seconds",
+    "connect_timeout_option",
     "connection_failed",
     "connection_lost",
     "describe_target",
@@ -200,6 +202,14 @@ def connect_seconds(timeout: float) -> int:
     return max(1, round(timeout))
 
 
+def connect_timeout_option(conninfo: str, timeout: float) -> dict[str, Any]:
+    """``connect_timeout`` for ``psycopg.connect``: the configured one, unless the
+    connection string sets its own (which wins, as the docs say)."""
+    if "connect_timeout" in conninfo_to_dict(conninfo):
+        return {}
+    return {"connect_timeout": connect_seconds(timeout)}
+
+
 class _OwnPoolRecords(logging.Filter):
     """On the ``psycopg.pool`` logger: the records about runlane's own pools (named
     ``runlane-...``: reconnect attempts, each connection handed out) leave that logger and go
@@ -260,9 +270,11 @@ class PoolSource:
                 raise psycopg_pool.PoolClosed(f"the pool {self._name!r} was closed")
             if self._pool is not None:
                 return self._pool
-            kwargs: dict[str, Any] = {"autocommit": True, "application_name": self._name[:63]}
-            if "connect_timeout" not in conninfo_to_dict(self._conninfo):
-                kwargs["connect_timeout"] = connect_seconds(self._timeout)
+            kwargs: dict[str, Any] = {
+                "autocommit": True,
+                "application_name": self._name[:63],
+                **connect_timeout_option(self._conninfo, self._timeout),
+            }
             # one connection first, made here: a wrong host, port, password or database fails
             # within the connect timeout with libpq's own reason (the pool would retry it in
             # its thread, logging each try, until its timeout, and report only the timeout)
@@ -418,8 +430,8 @@ class DedicatedSource:
             conn = psycopg.connect(
                 self._conninfo,
                 autocommit=True,
-                connect_timeout=connect_seconds(self._timeout),
                 application_name=self._name[:63],
+                **connect_timeout_option(self._conninfo, self._timeout),
                 **self._options,
             )
         with self._lock:

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from runlane._backoff import Backoff
-from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, connect_seconds
+from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, connect_timeout_option
 
 __all__ = ["PostgresListener"]
 
@@ -70,7 +70,7 @@ class PostgresListener:
         conn = psycopg.connect(
             self._conninfo,
             autocommit=True,
-            connect_timeout=connect_seconds(self._connect_timeout),
+            **connect_timeout_option(self._conninfo, self._connect_timeout),
             application_name=self._name[:63],
             keepalives=1,
             keepalives_idle=5,
