@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, LiteralString, cast
+from typing import Any
 
 import pytest
 from psycopg import sql
@@ -142,7 +142,7 @@ def test_a_claim_does_not_read_a_paused_queues_backlog(
         "concurrency_limit": None,
         "worker_id": None,
     }
-    claim = cast("LiteralString", statements(schema)["run_claim"])
+    claim = statements(schema)["run_claim"]
     with db.transaction(force_rollback=True):
         plan = db.execute("explain (analyze, buffers, format json) " + claim, params).fetchone()
     assert plan is not None
