@@ -27,6 +27,7 @@ from runlane import (
     ConfigurationError,
     MaintenanceLimits,
     PayloadValidationError,
+    RateLimit,
     RetentionPolicy,
     RetryPolicy,
     RunContext,
@@ -418,6 +419,30 @@ CASES: list[Case] = [
         lambda e: e.rl.trigger(free, {}, queue="bad.nope"),
         ConfigurationError,
         "pass queue('bad.nope') in create_runlane(queues=[...])",
+    ),
+    api(
+        "concurrency-key-without-key-limit",
+        lambda e: e.rl.trigger(free, {}, concurrency_key="customer-1"),
+        ConfigurationError,
+        "which has no key_concurrency_limit: define the queue with queue(...",
+    ),
+    api(
+        "concurrency-key-over-200-bytes",
+        lambda e: e.rl.trigger_many(free, [{}, {}], concurrency_key="é" * 101),
+        ConfigurationError,
+        "concurrency_key must be at most 200 bytes in UTF-8, got 202 bytes",
+    ),
+    api(
+        "concurrency-key-with-nul",
+        lambda e: e.rl.trigger(free, {}, concurrency_key="a\x00b"),
+        ConfigurationError,
+        "concurrency_key must not contain the NUL character",
+    ),
+    api(
+        "concurrency-key-empty",
+        lambda e: e.rl.trigger(free, {}, concurrency_key=""),
+        ConfigurationError,
+        "concurrency_key must be a non-empty string or None",
     ),
     api(
         "queue-not-a-string",
@@ -859,6 +884,48 @@ CASES: list[Case] = [
         lambda e: queue("mail", concurrency_limit=0),
         ConfigurationError,
         "concurrency_limit must be a positive integer (at most 2147483647",
+    ),
+    api(
+        "rate-limit-count-zero",
+        lambda e: RateLimit(0, 1),
+        ConfigurationError,
+        "RateLimit count must be an integer from 1 to 2147483647",
+    ),
+    api(
+        "rate-limit-per-zero",
+        lambda e: RateLimit(10, 0),
+        ConfigurationError,
+        "RateLimit per must be a positive period of at most a day",
+    ),
+    api(
+        "rate-limit-per-over-a-day",
+        lambda e: RateLimit(10, timedelta(days=2)),
+        ConfigurationError,
+        "RateLimit per must be from 1 millisecond to 1 day",
+    ),
+    api(
+        "rate-limit-finer-than-a-microsecond",
+        lambda e: RateLimit(2_000, timedelta(milliseconds=1)),
+        ConfigurationError,
+        "more than one start a microsecond",
+    ),
+    api(
+        "rate-limit-burst-over-count",
+        lambda e: RateLimit(10, 1, burst=11),
+        ConfigurationError,
+        "RateLimit burst must be an integer from 0 to 10",
+    ),
+    api(
+        "queue-rate-limit-not-a-rate-limit",
+        lambda e: queue("mail", rate_limit=100),  # type: ignore[arg-type]
+        ConfigurationError,
+        "rate_limit must be a runlane.RateLimit or None",
+    ),
+    api(
+        "queue-key-limit-zero",
+        lambda e: queue("mail", key_concurrency_limit=0),
+        ConfigurationError,
+        "key_concurrency_limit must be an integer from 1 to 2147483647",
     ),
     api(
         "queue-limit-over-int32",
