@@ -153,3 +153,15 @@ def test_pool_records_of_runlane_pools_stay_at_debug(caplog: pytest.LogCaptureFi
     pool_log.warning("error connecting in %r: %s", "runlane-runlane", "refused")
     assert [(r.name, r.levelname) for r in caplog.records] == [("runlane.postgres.pool", "DEBUG")]
     assert "error connecting in 'runlane-runlane': refused" in caplog.records[0].getMessage()
+
+
+def test_asking_psycopg_pool_for_debug_shows_its_records_unchanged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import runlane.postgres._connections  # noqa: F401, PLC0415 - installs the filter
+
+    pool_log = logging.getLogger("psycopg.pool")
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG, logger="psycopg.pool")
+    pool_log.warning("error connecting in %r: %s", "runlane-runlane", "refused")
+    assert [(r.name, r.levelname) for r in caplog.records] == [("psycopg.pool", "WARNING")]

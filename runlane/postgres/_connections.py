@@ -215,12 +215,15 @@ class _OwnPoolRecords(logging.Filter):
     ``runlane-...``: reconnect attempts, each connection handed out) leave that logger and go
     to ``runlane.postgres.pool`` at DEBUG, so a database outage is reported once, by runlane,
     and not as one WARNING per reconnect try; ``--log-level DEBUG`` (or that logger at
-    DEBUG) shows them. Records about other pools of the process pass untouched."""
+    DEBUG) shows them; so does setting ``psycopg.pool`` itself to DEBUG, as psycopg logs
+    them. Records about other pools of the process pass untouched."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
         if not any(isinstance(a, str) and a.startswith("runlane-") for a in args):
             return True
+        if logging.NOTSET < _psycopg_pool_log.level <= logging.DEBUG:
+            return True  # psycopg.pool itself was asked for everything: as it logs them
         if _pool_log.isEnabledFor(logging.DEBUG):
             _pool_log.debug("%s (psycopg.pool %s)", record.getMessage(), record.levelname)
         return False
