@@ -513,3 +513,31 @@ def test_the_rabbitmq_lane_obeys_key_limits_and_defers_held_back_deliveries(
             assert rl.wait_for_run(h.id, timeout=30).status is RunStatus.COMPLETED
     assert peak_per_key(flow.intervals(name)) == {"a": 1, "b": 1, "c": 1}
     assert stats.deferred > 0  # the held-back deliveries went back through the outbox
+
+
+def test_the_rabbitmq_lane_obeys_a_rate_limit(
+    rabbit_runtime: Any, rabbitmq_url: str, db: Conn, schema: str
+) -> None:
+    name = f"rated{uuid.uuid4().hex[:8]}"
+    count, per = 5, timedelta(seconds=0.5)
+
+    @task(id="flow.rabbit_rated", queue=name, retry=ONCE)
+    def rated(payload: Any, context: RunContext) -> None:
+        return None
+
+    rl = rabbit_runtime(
+        amqp_url=rabbitmq_url,
+        tasks=[rated],
+        queues=[queue(name, rate_limit=RateLimit(count, per))],
+        defer_delay=timedelta(milliseconds=100),
+    )
+    flow = FlowDb(db, schema)
+    with rl.create_delivery_worker(concurrency=4) as worker:
+        wait_until(worker.acquirer.consuming.is_set, timeout=15, what="the consumer")
+        handles = rl.trigger_many(rated, [None] * 15)
+        for h in handles:
+            assert rl.wait_for_run(h.id, timeout=30).status is RunStatus.COMPLETED
+    starts = flow.starts(name)
+    assert len(starts) == 15
+    assert most_in_a_window(starts, per) == count
+    assert worker.acquirer.stats.deferred > 0
