@@ -53,6 +53,7 @@ def unhealthy(report: StatusReport) -> list[str]:
         problems.append(f"the oldest pending outbox item is {age:.0f}s old")
     if report.broker is not None and report.broker.startswith("unreachable"):
         problems.append(f"broker {report.broker}")
+    problems.extend(report.broker_problems)
     if report.late_schedules:
         problems.append(
             f"{len(report.late_schedules)} schedules are late, their next fire time long past "

@@ -276,6 +276,9 @@ class StatusReport:
     outbox_pending: int | None = None  # items not yet published (0 for the polling lane)
     outbox_oldest_age_seconds: float | None = None  # age of the oldest pending item
     broker: str | None = None  # "reachable at host:port" or "unreachable at host:port (...)"
+    # transport lanes: the broker queues that cannot be served (publishes of their runs keep
+    # timing out), one line each naming the queue and what to do
+    broker_problems: tuple[str, ...] = ()
     # unpaused schedules whose awaited slot is long past (database time): maintenance is not
     # firing them (at most 100 ids, the most overdue first)
     late_schedules: tuple[str, ...] = ()

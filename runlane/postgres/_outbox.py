@@ -240,6 +240,19 @@ class OutboxMethods:
 
         return self._with_conn(status)
 
+    def outbox_failing_queues(self, environment: str, min_failures: int) -> list[dict[str, Any]]:
+        """Per queue whose items failed to publish at least ``min_failures`` times:
+        ``queue``, ``items``, ``failures`` (the most), ``last_error`` (the worst item's) and
+        ``oldest_age_seconds``."""
+        params = {"environment": environment, "min_failures": min_failures}
+
+        def failing(conn: Conn) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["outbox_failing_queues"], params)
+                return list(cur.fetchall())
+
+        return self._with_conn(failing)
+
     # -- consumers -----------------------------------------------------------------------
 
     def run_claim_ids(

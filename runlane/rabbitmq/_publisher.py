@@ -36,7 +36,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
-from runlane._closing import Closing
+from runlane._closing import Closing, Deadline
 from runlane.errors import RunlaneClosed, RunlaneError
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
@@ -150,6 +150,8 @@ class OutboxPublisher:
         self._conn: BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._declared: set[str] = set()
+        # the broker queue whose publish the last _publish cut off (no confirm in time)
+        self._cut_queue: str | None = None
         self._listeners: list[object] = []
         self.connected = threading.Event()
         # bounds each publish and its confirm, which pika does not (a broker that accepts
@@ -217,13 +219,15 @@ class OutboxPublisher:
     def close(self, timeout: float | None = 10.0) -> None:
         """Publish what eager triggers handed over (within ``timeout``), release what could
         not be published for another publisher, and close the connection. Every part runs
-        even when one raises; the first error is raised at the end."""
+        even when one raises; the first error is raised at the end. The waits share
+        ``timeout``: the whole close keeps to it."""
+        deadline = Deadline(timeout)
         closing = Closing(self.name)
         for listener in self._listeners:
             close = getattr(listener, "close", None)
             if close is not None:
                 with closing.part(f"{self.name}'s listener"):
-                    close(timeout)
+                    close(deadline.left())
         with self._cond:
             if self._closing:
                 thread = self._thread
@@ -234,11 +238,11 @@ class OutboxPublisher:
                 self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
             with closing.part(f"{self.name}'s thread"):
-                thread.join(timeout)
+                thread.join(deadline.left())
                 if thread.is_alive():
                     log.warning("runlane: %s did not stop within %ss", self.name, timeout)
         with closing.part(f"{self.name}'s watchdog"):
-            self._watchdog.stop()
+            self._watchdog.stop(deadline.left())
         closing.raise_first()
 
     # -- the thread ----------------------------------------------------------------------
@@ -399,11 +403,19 @@ class OutboxPublisher:
             done, failed, error, late = self._publish(
                 items[start : start + self._page_size], claimed.deadline
             )
-            if failed and not done and self._conn is None:
+            if failed and not done and self._conn is None and self._cut_queue is None:
                 # the connection may have died since its last use: one fresh try
                 done, failed, error, later = self._publish(failed, claimed.deadline)
                 late += later
             recorded += self._record_success(done)
+            if self._cut_queue is not None:
+                # a queue the broker could not serve: its items fail (counted, backed off,
+                # shown by status); the rest go back at once, for a sweep on a new connection
+                self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
+                self._record_failure(failed, error, self._backoff)
+                self._schedule_sweep()
+                self._unclaim(late + rest, "not tried after a queue the broker could not serve")
+                return recorded
             if late:
                 self._unclaim(late + rest)
                 return recorded
@@ -440,6 +452,7 @@ class OutboxPublisher:
         done: list[OutboxItem] = []
         failed: list[OutboxItem] = []
         error = ""
+        self._cut_queue = None
         if time.monotonic() >= deadline:
             return [], [], "", list(items)
         try:
@@ -451,7 +464,8 @@ class OutboxPublisher:
         for index, item in enumerate(items):
             if time.monotonic() >= deadline:
                 return done, failed, error, items[index:]
-            name = queue_name(self._schema, item.environment, item.queue)
+            name = self._queue_of(item)
+            fired = self._watchdog.fired
             try:
                 with self._watchdog.bound(self._conn, self._publish_timeout):
                     self._publish_one(channel, name, item)
@@ -461,12 +475,29 @@ class OutboxPublisher:
                 failed.append(item)
                 self._declared.discard(name)  # deleted meanwhile? declare it again next time
             except AMQP_ERRORS as exc:
+                cut = self._watchdog.fired != fired
+                self._disconnect()
+                if cut:
+                    self._cut_queue = name
+                    # no confirm within publish_timeout: this queue cannot be served (a quorum
+                    # queue without a leader). Its items fail (counted, backed off, shown by
+                    # status); the other queues' items go back unclaimed and are not held up.
+                    error = (
+                        f"queue {name}: the broker gave no confirm within "
+                        f"{self._publish_timeout:g}s (it cannot serve this queue)"
+                    )
+                    log.warning("runlane: %s: publishing failed (%s)", self.name, error)
+                    later = items[index:]
+                    failed += [it for it in later if self._queue_of(it) == name]
+                    return done, failed, error, [it for it in later if self._queue_of(it) != name]
                 error = f"broker {describe(self._params)}: {type(exc).__name__}: {exc}"
                 log.warning("runlane: %s: publishing failed (%s)", self.name, error)
-                self._disconnect()
                 failed.extend(items[index:])
                 break
         return done, failed, error, []
+
+    def _queue_of(self, item: OutboxItem) -> str:
+        return queue_name(self._schema, item.environment, item.queue)
 
     def _publish_one(self, channel: BlockingChannel, name: str, item: OutboxItem) -> None:
         """Declare the queue once per connection, publish, and wait for the confirm."""
@@ -511,17 +542,17 @@ class OutboxPublisher:
             )
         return len(applied)
 
-    def _unclaim(self, items: list[OutboxItem]) -> None:
-        """Release items whose claim is about to expire, and sweep for them."""
+    def _unclaim(
+        self,
+        items: list[OutboxItem],
+        why: str = "the claim is about to expire before they are published",
+    ) -> None:
+        """Release items not published (their claim is about to expire, or they were not
+        tried after a queue the broker could not serve), and sweep for them."""
         if not items:
             return
         self.stats.unclaimed += len(items)
-        log.info(
-            "runlane: %s: the claim on %d item(s) is about to expire before they are "
-            "published; released for a sweep",
-            self.name,
-            len(items),
-        )
+        log.info("runlane: %s: %d item(s) released for a sweep: %s", self.name, len(items), why)
         try:
             self._storage.outbox_unclaim(items)
         except RunlaneError as exc:

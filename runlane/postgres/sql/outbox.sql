@@ -150,6 +150,21 @@ select count(*) as outbox_pending,
 from {schema}.outbox
 where environment = %(environment)s;
 
+-- name: outbox_failing_queues
+-- The queues whose items failed to publish at least %(min_failures)s times: the broker
+-- could not serve them (a publisher fails only the timed-out queue's items, so a dead
+-- queue does not mark its neighbours). The worst item's error is shown.
+select queue,
+       count(*) as items,
+       max(failures) as failures,
+       (array_agg(last_error order by failures desc, created_at))[1] as last_error,
+       extract(epoch from now() - min(created_at))::float8 as oldest_age_seconds
+from {schema}.outbox
+where environment = %(environment)s
+  and failures >= %(min_failures)s
+group by queue
+order by queue;
+
 -- name: run_claim_ids
 -- Claim runs named by deliveries: the same fenced claim as run_claim, narrowed to ids
 -- (runs of paused queues are not claimed either).
