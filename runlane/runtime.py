@@ -110,11 +110,11 @@ class Runlane:
         environment: str,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> None:
         middleware: Sequence[Middleware] = (),
+    ) -> None:
         self.environment = environment
-        self.max_payload_bytes = max_payload_bytes
         self._middleware = tuple(middleware)
+        self.max_payload_bytes = max_payload_bytes
         self.max_output_bytes = max_output_bytes
         self._lane = lane
         self._queues = {q.name: q for q in queues}
@@ -921,6 +921,7 @@ class Runlane:
             lane=self._lane,
             make_backend=lambda storage: Backend(self, storage),
             on_closed=self._disown,
+            middleware=self._middleware,
         )
         self._own(worker)
         return worker
@@ -932,7 +933,6 @@ class Runlane:
         queues: Sequence[str | Queue] | None = None,
         claim_batch: int | None = None,
     ) -> Worker:
-            middleware=self._middleware,
         """Start a worker executing runs of ``queues`` (default: every registered queue) in
         ``concurrency`` threads. Close it with ``close()`` or use it as a context manager;
         ``wait_until_closed()`` observes it.
@@ -1047,6 +1047,7 @@ def create_runlane(
     environment: str = "default",
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    middleware: Sequence[Middleware] = (),
 ) -> Runlane:
     """Build a runtime. Nothing connects until ``start()`` or the first call that needs it.
 
@@ -1057,9 +1058,16 @@ def create_runlane(
     the size of a payload, and of an output (a handler's return value, a step's output, a
     wait token's output), measured on its JSON text in UTF-8. An oversized payload raises
     PayloadValidationError and writes nothing; see docs/bad-input.md for the rest.
+
+    ``middleware`` is a list of callables ``(context) -> ContextManager``, each entered
+    around every attempt in the handler's thread (first listed outermost): a Flask app
+    context, a database session, an error-reporting scope. An exception one raises fails the
+    attempt as the handler's would. One that cannot be such a callable (not callable, not
+    taking one argument, a generator function without ``@contextmanager``, annotated to
+    return something else) is refused here with a ConfigurationError.
     """
-    middleware: Sequence[Middleware] = (),
     _check_name("environment", environment)
+    checked_middleware = check_middleware(middleware)
     check_limit("max_payload_bytes", max_payload_bytes)
     check_limit("max_output_bytes", max_output_bytes)
     if retention is not None and not isinstance(retention, RetentionPolicy):
@@ -1069,16 +1077,8 @@ def create_runlane(
     if repeated:
         raise ConfigurationError(f"schedules registered twice: {repeated}")
     queue_list = with_default_queue(queues)
-
-    ``middleware`` is a list of callables ``(context) -> ContextManager``, each entered
-    around every attempt in the handler's thread (first listed outermost): a Flask app
-    context, a database session, an error-reporting scope. An exception one raises fails the
-    attempt as the handler's would. One that cannot be such a callable (not callable, not
-    taking one argument, a generator function without ``@contextmanager``, annotated to
-    return something else) is refused here with a ConfigurationError.
     registered = {q.name for q in queue_list}
     task_ids: set[str] = set()
-    checked_middleware = check_middleware(middleware)
     for t in tasks:
         if not isinstance(t, Task):
             raise ConfigurationError(f"tasks takes @task-decorated functions, got {shown(t)}")
@@ -1103,5 +1103,5 @@ def create_runlane(
         environment=environment,
         max_payload_bytes=max_payload_bytes,
         max_output_bytes=max_output_bytes,
-    )
         middleware=checked_middleware,
+    )
