@@ -246,3 +246,36 @@ def test_unclaim_releases_only_under_the_current_claim_and_counts_no_failure(
     assert by_id[second[0].id] == (None, 0, None)
     assert by_id[second[1].id] == (second[1].claim_token, 0, None)
     assert [i.id for i in storage.outbox_claim_page(10, CLAIM)] == [second[0].id]
+
+
+def test_failing_queues_are_read_from_the_failing_index(
+    storage: PostgresStorage, dbx: SchemaDb
+) -> None:
+    """status()'s broker problems come from outbox_failing_queues: per queue, items that
+    failed twice or more, the worst one's error; read through the outbox_failing index
+    (migration 11), not the whole pending outbox."""
+    dbx.run(
+        "insert into {schema}.outbox (id, environment, run_id, queue, available_at, failures, "
+        "last_error, created_at) "
+        "select gen_random_uuid(), %s, gen_random_uuid(), 'q' || (n %% 3), now(), "
+        "case when n %% 3 = 0 and n < 30 then 1 + n / 10 else 0 end, "
+        "case when n %% 3 = 0 and n < 30 then 'error ' || n end, now() - n * interval '1 second' "
+        "from generate_series(0, 4999) as n",
+        ENV,
+    )
+    dbx.run("analyze {schema}.outbox")
+    rows = storage.outbox_failing_queues(ENV)
+    # q0 items 0, 3, ..., 27 failed 1 + n // 10 times: n 12..27 (6 items) failed 2 or 3 times
+    assert [(r["queue"], r["items"], r["failures"], r["last_error"]) for r in rows] == [
+        ("q0", 6, 3, "error 27")
+    ]
+    assert rows[0]["oldest_age_seconds"] >= 26
+    assert storage.outbox_failing_queues("another") == []
+    plan = "\n".join(
+        str(row[0])
+        for row in dbx.all(
+            "explain " + storage._sql["outbox_failing_queues"].replace("%(environment)s", "%s"),
+            ENV,
+        )
+    )
+    assert "outbox_failing" in plan, plan

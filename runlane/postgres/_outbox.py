@@ -240,11 +240,11 @@ class OutboxMethods:
 
         return self._with_conn(status)
 
-    def outbox_failing_queues(self, environment: str, min_failures: int) -> list[dict[str, Any]]:
-        """Per queue whose items failed to publish at least ``min_failures`` times:
+    def outbox_failing_queues(self, environment: str) -> list[dict[str, Any]]:
+        """Per queue whose items failed to publish twice or more:
         ``queue``, ``items``, ``failures`` (the most), ``last_error`` (the worst item's) and
         ``oldest_age_seconds``."""
-        params = {"environment": environment, "min_failures": min_failures}
+        params = {"environment": environment}
 
         def failing(conn: Conn) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:

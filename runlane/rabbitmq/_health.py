@@ -17,7 +17,9 @@ from runlane.rabbitmq._amqp import queue_name
 
 __all__ = ["FAILING_AFTER", "queue_problems"]
 
-# failures of one item before its queue is reported: one can be a broker restart mid-publish
+# failures of one item before its queue is reported (one can be a broker restart
+# mid-publish); the outbox_failing_queues statement and the outbox_failing index (migration
+# 11) spell it out
 FAILING_AFTER = 2
 
 

@@ -29,7 +29,7 @@ from runlane.postgres._listener import PostgresListener
 from runlane.postgres._sql import notify_channel
 from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, check_queue_names, describe
 from runlane.rabbitmq._consumer import RabbitAcquirer
-from runlane.rabbitmq._health import FAILING_AFTER, queue_problems
+from runlane.rabbitmq._health import queue_problems
 from runlane.rabbitmq._publisher import OutboxPublisher
 from runlane.storage import MaintenanceFence, Storage
 
@@ -199,7 +199,7 @@ class RabbitMQLane:
         """Pending outbox items and the oldest one's age; whether the broker answers; the
         queues it cannot serve (``broker_problems``, from the outbox's failed publishes)."""
         fields = _postgres(storage).outbox_status(environment)
-        failing = _postgres(storage).outbox_failing_queues(environment, FAILING_AFTER)
+        failing = _postgres(storage).outbox_failing_queues(environment)
         fields["broker_problems"] = tuple(queue_problems(self.schema, environment, failing))
         params = self._params()
         params.socket_timeout = min(self.connect_timeout, 3.0)

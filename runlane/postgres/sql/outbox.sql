@@ -151,9 +151,10 @@ from {schema}.outbox
 where environment = %(environment)s;
 
 -- name: outbox_failing_queues
--- The queues whose items failed to publish at least %(min_failures)s times: the broker
--- could not serve them (a publisher fails only the timed-out queue's items, so a dead
--- queue does not mark its neighbours). The worst item's error is shown.
+-- The queues whose items failed to publish at least twice (rabbitmq._health.FAILING_AFTER,
+-- and the predicate of the outbox_failing index, migration 11): the broker could not serve
+-- them (a publisher fails only the timed-out queue's items, so a dead queue does not mark
+-- its neighbours). The worst item's error is shown.
 select queue,
        count(*) as items,
        max(failures) as failures,
@@ -161,7 +162,7 @@ select queue,
        extract(epoch from now() - min(created_at))::float8 as oldest_age_seconds
 from {schema}.outbox
 where environment = %(environment)s
-  and failures >= %(min_failures)s
+  and failures >= 2
 group by queue
 order by queue;
 
