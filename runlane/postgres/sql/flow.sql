@@ -23,8 +23,10 @@
 --   starts stamped in (t - per, t] plus this claim's are at most rate_count. With burst,
 --   GCRA (emission interval T = per/count, tolerance burst x T): at most burst + 1 at once
 --   and never more than count + burst in any window of per.
--- A claim that starts nothing writes nothing. The last row (id null) carries the seconds
--- until the rate limit lets the next run start (0: not rate-bound now; null: no limit).
+-- A claim that starts nothing writes nothing (unless its walk looked at visit_limit keys
+-- without finding a run it may start: it then records where the next claim goes on). The
+-- last row (id null) carries the seconds until the rate limit lets the next run start (0:
+-- not rate-bound now; null: no limit).
 with flow as materialized (
     select max(f.last_start) as last_start, max(f.rate_tat) as rate_tat,
            max(f.key_cursor) as key_cursor
@@ -144,6 +146,8 @@ with flow as materialized (
     )
     select i, k, lap from steps where k is not null
 ), keyed as (
+    -- each key's runs it may start; and, when the walk reached visit_limit keys, a row
+    -- without a run naming the last key it looked at (where the next claim goes on)
     select c.id, c.priority, c.due_at, walk.i, walk.k
     from walk
     cross join lateral (
@@ -153,7 +157,7 @@ with flow as materialized (
           and concurrency_key = walk.k
           and status in ('running', 'cancellation_requested')
           and lease_expires_at > now()) as lv
-    cross join lateral (
+    left join lateral (
         select id, priority, due_at
         from {schema}.runs
         where environment = %(environment)s and queue = %(queue)s
@@ -162,7 +166,8 @@ with flow as materialized (
           and due_at <= now()
         order by priority desc, due_at, id
         limit greatest(0, %(key_limit)s::int - lv.n)
-        for update skip locked) as c
+        for update skip locked) as c on true
+    where c.id is not null or walk.i >= %(visit_limit)s
     limit (select n from room)
 ), named as (
     -- by id: the named runs that are queued and due, each key within what it has left
@@ -194,7 +199,7 @@ with flow as materialized (
 ), picked as materialized (
     select id, i, k
     from (select * from legacy
-          union all select id, priority, due_at, i, k from keyed
+          union all select id, priority, due_at, i, k from keyed where id is not null
           union all select * from plain
           union all select * from named) as u
     order by i, priority desc, due_at, id
@@ -216,7 +221,8 @@ with flow as materialized (
               r.due_at, p.i, p.k
 ), counted as materialized (
     select count(*)::int as n,
-           (select k from claimed where k is not null order by i desc limit 1) as last_key
+           coalesce((select k from claimed where k is not null order by i desc limit 1),
+                    (select k from keyed where id is null)) as last_key
     from claimed
 ), next_tat as materialized (
     -- GCRA: each start moves the theoretical arrival time on by per/count (rounded up)
@@ -239,9 +245,13 @@ with flow as materialized (
       and s.started_at <= (select t from stamp) - (select d from per)
 ), flowed as (
     insert into {schema}.queue_flow as f (environment, queue, last_start, rate_tat, key_cursor)
-    select %(environment)s, %(queue)s, stamp.t, next_tat.tat, counted.last_key
-    from stamp, counted, next_tat
-    where counted.n > 0
+    -- a claim that started nothing writes only when its walk must go on from elsewhere
+    select %(environment)s, %(queue)s,
+           case when counted.n > 0 then stamp.t else coalesce(flow.last_start, stamp.t) end,
+           case when counted.n > 0 then next_tat.tat else flow.rate_tat end,
+           counted.last_key
+    from stamp, counted, next_tat, flow
+    where counted.n > 0 or counted.last_key is not null
     on conflict (environment, queue) do update
     set last_start = excluded.last_start,
         rate_tat = excluded.rate_tat,
