@@ -4,15 +4,20 @@ raised once all have run.
 A close that stopped at its first failing part left the parts after it running: a raw
 ``OverflowError`` from one thread's ``join`` left the writer, the listener and the pool's
 threads of a worker alive, and the runtime's connections open.
+
+A close's waits share one :class:`Deadline`: a close that gave each of its waits the full
+timeout took a multiple of it when several parts stalled at once (a broker and a database
+that stopped answering).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Closing"]
+__all__ = ["Closing", "Deadline"]
 
 log = logging.getLogger("runlane")
 
@@ -43,3 +48,15 @@ class Closing:
         first, self._first = self._first, None
         if first is not None:
             raise first
+
+
+class Deadline:
+    """One bound shared by every wait of a close: each wait gets what is left of it.
+    ``None`` (no timeout) leaves every wait unbounded."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def left(self, floor: float = 0.0) -> float | None:
+        """Seconds left (at least ``floor``), or None without a timeout."""
+        return None if self._end is None else max(floor, self._end - time.monotonic())

@@ -21,6 +21,7 @@ __all__ = ["IdleResult", "run_until_idle"]
 # Statuses whose ``due_at`` says when a pass will make them runnable again.
 _DEFERRED = (RunStatus.RETRYING, RunStatus.RELEASED, RunStatus.WAITING)
 _SKEW_MARGIN = 0.05  # seconds slept past a due time: database and process clocks differ
+_TIMER_JOIN_SECONDS = 1.0  # a cancelled timer's thread ends at once; never wait longer
 
 
 @attrs.frozen
@@ -73,6 +74,7 @@ def run_until_idle(
     deadline = time.monotonic() + timeout
     stop = threading.Event()
     timer = threading.Timer(timeout, stop.set)
+    timer.name = "runlane-run-until-idle-timer"
     timer.daemon = True
     timer.start()
     totals = {"runs_executed": 0, "completed": 0, "failed": 0, "retried": 0}
@@ -104,6 +106,7 @@ def run_until_idle(
             )
     finally:
         timer.cancel()
+        timer.join(_TIMER_JOIN_SECONDS)  # cancelled, it ends at once: nothing left behind
     raise TimeoutError(
         f"run_until_idle: work was still due after {timeout:g} s "
         f"({totals['runs_executed']} attempts executed); raise timeout= if handlers are slow"

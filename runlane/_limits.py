@@ -144,17 +144,18 @@ def as_seconds(name: str, value: object, maximum: float) -> float:
     return float(value)
 
 
-def as_wait_timeout(name: str, value: object) -> float | None:
+def as_wait_timeout(name: str, value: object, *, unbounded: str = "None") -> float | None:
     """How long a close, or a wait for threads, may take: None (as long as it takes) or a
     number of seconds >= 0. Past 100 years (``float("inf")`` included) it is cut to 100
     years, which every wait accepts (threading refuses more than about 292): a longer wait
-    is as good as none."""
+    is as good as none. The one rule of every close timeout, the CLI's --shutdown-timeout
+    too (whose ``unbounded`` spelling is ``inf``)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise ConfigurationError(
-            f"{name} must be None (wait as long as it takes) or a number of seconds >= 0 "
-            f"(not negative, not NaN), got {shown(value)}"
+            f"{name} must be {unbounded} (wait as long as it takes) or a number of seconds "
+            f">= 0 (not negative, not NaN), got {shown(value)}"
         )
     return float(min(value, MAX_WAIT_SECONDS))
 

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from runlane._closing import Deadline
+
 __all__ = [
     "RabbitNode",
     "create_rabbitmq_node",
@@ -53,6 +55,8 @@ _epmd_port: int | None = None
 
 
 _LISTENER_RETRIES = 4  # starts of a node whose AMQP or distribution port was unavailable
+# past a boot's own bound (each node.start keeps to its timeout), what a join waits more
+_BOOT_JOIN_ALLOWANCE = 30.0
 
 
 def rabbitmq_available() -> str | None:
@@ -557,13 +561,22 @@ def _start_together(nodes: list[RabbitNode], timeout: float) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=boot, args=(node,)) for node in nodes]
+    threads = [
+        threading.Thread(
+            target=boot, args=(node,), name=f"runlane-boot-{node.nodename}", daemon=True
+        )
+        for node in nodes
+    ]
+    deadline = Deadline(timeout + _BOOT_JOIN_ALLOWANCE)
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join(deadline.left())
+    late = [thread.name for thread in threads if thread.is_alive()]
     if errors:
         raise errors[0]
+    if late:  # node.start is bounded by timeout: this is a node stuck past its own bound
+        raise RuntimeError(f"RabbitMQ nodes did not boot within {timeout:g}s: {late}")
 
 
 def start_rabbitmq_cluster(

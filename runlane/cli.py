@@ -40,10 +40,11 @@ from runlane._cli_operator import add_operator_commands, format_workers, plain
 from runlane._cli_runs import add_run_commands
 from runlane._cli_target import TARGET_HELP, Target, add_target_options, target_runtime
 from runlane._cli_web import add_web_command
+from runlane._closing import Deadline
 from runlane._codec import exception_text
 from runlane._demo import DEMO_LANES, run_demo
 from runlane._display import clipped, shown
-from runlane._limits import MAX_DURATION
+from runlane._limits import as_wait_timeout
 from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.logging import JsonFormatter
@@ -229,6 +230,10 @@ class _DrainProgress:
         self._line.finish()
 
 
+# how long past --shutdown-timeout the main thread waits for the closer thread
+_CLOSER_ALLOWANCE_SECONDS = 5.0
+
+
 class _Stopper:
     """SIGTERM/SIGINT handling for a long-running command.
 
@@ -284,9 +289,11 @@ class _Stopper:
         except BaseException as exc:  # reported by the main thread
             self.close_error = exc
 
-    def wait_for_closer(self) -> None:
+    def wait_for_closer(self, timeout: float) -> None:
+        """Join the closer thread: its close keeps to ``timeout`` (--shutdown-timeout);
+        past that and a short allowance the process exits without it."""
         if self._closer is not None:
-            self._closer.join()
+            self._closer.join(timeout + _CLOSER_ALLOWANCE_SECONDS)
 
     @contextmanager
     def installed(self) -> Iterator[None]:
@@ -314,7 +321,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _supervise(stopper: _Stopper, wait_until_closed: Callable[[], object]) -> int:
+def _supervise(
+    stopper: _Stopper, wait_until_closed: Callable[[], object], shutdown_timeout: float
+) -> int:
     """Observe a worker or services until they close; 0 after a clean close."""
     try:
         wait_until_closed()
@@ -324,7 +333,7 @@ def _supervise(stopper: _Stopper, wait_until_closed: Callable[[], object]) -> in
         # asked to stop: a failure seen while closing is reported, the close stays clean
         _print(f"warning: while closing: {_one_line(exc)}", logging.WARNING)
     finally:
-        stopper.wait_for_closer()
+        stopper.wait_for_closer(shutdown_timeout)
     if stopper.close_error is not None:
         if isinstance(stopper.close_error, RunlaneError):
             raise stopper.close_error
@@ -349,9 +358,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                     services = runlane.start_services(on_service_error=_report_service_error)
 
                 def close() -> None:
-                    worker.close(timeout=args.shutdown_timeout)
+                    # one bound for both: --shutdown-timeout is the whole close's
+                    deadline = Deadline(args.shutdown_timeout)
+                    worker.close(timeout=deadline.left())
                     if services is not None:
-                        services.close(timeout=args.shutdown_timeout)
+                        services.close(timeout=deadline.left())
 
                 stopper.attach(worker.name, close)
                 beside = f" with maintenance ({services.name})" if services is not None else ""
@@ -362,7 +373,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                     concurrency=args.concurrency,
                     environment=runlane.environment,
                 )
-                code = _supervise(stopper, lambda: _wait_for_both(worker, services))
+                code = _supervise(
+                    stopper, lambda: _wait_for_both(worker, services), args.shutdown_timeout
+                )
                 _print(f"{worker.name} stopped", worker=worker.name, exit_code=code)
                 return code
             finally:
@@ -423,7 +436,7 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
                     services=services.name,
                     environment=runlane.environment,
                 )
-                code = _supervise(stopper, services.wait_until_closed)
+                code = _supervise(stopper, services.wait_until_closed, args.shutdown_timeout)
                 _print(f"{services.name} stopped", services=services.name, exit_code=code)
                 return code
             finally:
@@ -509,19 +522,19 @@ def _positive_seconds(value: str) -> float:
 
 
 def _shutdown_seconds(value: str) -> float:
-    """--shutdown-timeout: a finite number of seconds from 0 to 100 years. -1 and nan made
-    close() refuse it only at the stop signal (the process then hung until SIGKILL), inf
-    made it fail with a traceback, leaving its runs running."""
+    """--shutdown-timeout: the close timeout's one rule (``as_wait_timeout``), ``inf`` for
+    as long as it takes. -1 and nan made close() refuse it only at the stop signal (the
+    process then hung until SIGKILL): they are refused before the command starts."""
     try:
         seconds = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not 0 <= seconds <= MAX_DURATION.total_seconds():  # False for nan
-        raise argparse.ArgumentTypeError(
-            f"expected a number of seconds from 0 to {MAX_DURATION.total_seconds():.0f} "
-            f"(100 years), got {value!r}"
-        )
-    return seconds
+    try:
+        limit = as_wait_timeout("--shutdown-timeout", seconds, unbounded="inf")
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert limit is not None  # a float is never None
+    return limit
 
 
 def _logging_options(parser: argparse.ArgumentParser, *, argparse_default: bool) -> None:

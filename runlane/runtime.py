@@ -244,7 +244,7 @@ class Runlane:
             with closing.part("its run-end listener"):
                 run_ends.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
         with closing.part("its connections"):
-            self._storage.close()
+            self._storage.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
         closing.raise_first()
 
     def _own(self, item: Worker | Services) -> None:

@@ -405,8 +405,10 @@ class Storage(Protocol):
     def open(self) -> None:
         """Connect and check connectivity; idempotent. Never inspects or changes the schema."""
 
-    def close(self) -> None:
-        """Release every connection; idempotent."""
+    def close(self, timeout: float | None = None) -> None:
+        """Release every connection; idempotent. Work the storage still owes before it
+        lets go (a transport lane's pending publishes) gets at most ``timeout`` seconds
+        (None: the storage's own bound)."""
 
     def run_insert_many(self, runs: NewRuns, *, connection: Any = None) -> list[InsertedRun]:
         """Insert the runs in one round trip, in payload order. A payload whose idempotency

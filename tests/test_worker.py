@@ -1200,6 +1200,9 @@ def test_infrastructure_failure_raises_worker_failed(
             worker.wait_until_closed(timeout=10)
         assert isinstance(info.value.__cause__, SchemaNotMigrated)
         assert worker.failure is info.value.__cause__
+        # the thread the failure started to close the worker is the worker's: joined by
+        # the wait that saw it closed, not left running on its own
+        assert f"{worker.name}-closer" not in worker_threads(worker)
         with pytest.raises(WorkerFailed):  # observing again reports it again
             worker.wait_until_closed(timeout=0)
     finally:

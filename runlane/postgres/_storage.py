@@ -87,6 +87,8 @@ T = TypeVar("T")
 
 # Retries of a statement whose connection broke (server restart, terminated backend).
 _RECONNECT_DELAYS = (0.05, 0.25, 1.0)
+# what close() gives the transport lane's publisher without a timeout of its caller
+_EAGER_CLOSE_SECONDS = 10.0
 
 
 def _migrate_hint(schema: str) -> str:
@@ -188,13 +190,16 @@ class PostgresStorage(
                 ) from exc
             self._opened = True
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Close the connections; the transport lane's publisher first, which publishes
+        what eager triggers handed over within ``timeout`` (None: its own 10 s)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         if self._owns_eager and self._eager is not None:
-            self._eager.close()  # publishes what eager triggers handed over, first
+            # publishes what eager triggers handed over, first
+            self._eager.close(_EAGER_CLOSE_SECONDS if timeout is None else timeout)
         self._source.close()
 
     @property

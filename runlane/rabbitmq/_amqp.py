@@ -218,13 +218,21 @@ class Watchdog:
             with self._lock:
                 self._conn, self._deadline = None, None
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = 2.0) -> None:
+        """Stop the thread, waiting at most ``timeout`` seconds for it (it only ever waits
+        on its condition or shuts a socket down, so it ends at once). A call still bound
+        is cut off now: its owner is closing and will not wait for it, and once the
+        watchdog is gone nothing else would end it."""
         with self._lock:
             self._stopped = True
             self._wake.notify()
             thread = self._thread
+            bound, self._conn, self._deadline = self._conn, None, None
+        if bound is not None:
+            log.debug("runlane: %s: cutting off a broker call at close", self._name)
+            _shut_down(bound)
         if thread is not None and thread is not threading.current_thread():
-            thread.join(2.0)
+            thread.join(timeout)
 
     def _run(self) -> None:
         with self._lock:

@@ -36,7 +36,7 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 from pika.spec import Basic, BasicProperties
 
 from runlane._backoff import Backoff
-from runlane._closing import Closing
+from runlane._closing import Closing, Deadline
 from runlane.errors import StorageUnavailable
 from runlane.lanes import AcquirerOptions
 from runlane.models import RunStatus
@@ -249,18 +249,20 @@ class RabbitAcquirer:
         self._claims.interrupt()
 
     def close(self, timeout: float | None) -> None:
-        """Every part runs even when one raises; the first error is raised at the end."""
+        """Every part runs even when one raises; the first error is raised at the end. The
+        waits share ``timeout``: the whole close keeps to it."""
+        deadline = Deadline(timeout)
         self._stop.set()
         self._arrived.set()
         closing = Closing(self._thread.name)
         with closing.part("the listener"):
-            self._listener.close(timeout)
+            self._listener.close(deadline.left())
         with closing.part("the consumer thread"):
-            self._thread.join(timeout)
+            self._thread.join(deadline.left())
             if self._thread.is_alive():
                 log.warning("runlane: %s did not stop in time; giving up on it", self._thread.name)
         with closing.part("the watchdog"):
-            self._watchdog.stop()
+            self._watchdog.stop(deadline.left())
         with closing.part("the claims' connection"):
             self._claims.close()
         closing.raise_first()

@@ -36,7 +36,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
-from runlane._closing import Closing
+from runlane._closing import Closing, Deadline
 from runlane.errors import RunlaneClosed, RunlaneError
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
@@ -219,13 +219,15 @@ class OutboxPublisher:
     def close(self, timeout: float | None = 10.0) -> None:
         """Publish what eager triggers handed over (within ``timeout``), release what could
         not be published for another publisher, and close the connection. Every part runs
-        even when one raises; the first error is raised at the end."""
+        even when one raises; the first error is raised at the end. The waits share
+        ``timeout``: the whole close keeps to it."""
+        deadline = Deadline(timeout)
         closing = Closing(self.name)
         for listener in self._listeners:
             close = getattr(listener, "close", None)
             if close is not None:
                 with closing.part(f"{self.name}'s listener"):
-                    close(timeout)
+                    close(deadline.left())
         with self._cond:
             if self._closing:
                 thread = self._thread
@@ -236,11 +238,11 @@ class OutboxPublisher:
                 self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
             with closing.part(f"{self.name}'s thread"):
-                thread.join(timeout)
+                thread.join(deadline.left())
                 if thread.is_alive():
                     log.warning("runlane: %s did not stop within %ss", self.name, timeout)
         with closing.part(f"{self.name}'s watchdog"):
-            self._watchdog.stop()
+            self._watchdog.stop(deadline.left())
         closing.raise_first()
 
     # -- the thread ----------------------------------------------------------------------

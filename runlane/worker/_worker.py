@@ -42,7 +42,7 @@ import attrs
 
 from runlane import _telemetry
 from runlane._backoff import Backoff
-from runlane._closing import Closing
+from runlane._closing import Closing, Deadline
 from runlane._display import shown
 from runlane._execution import Write, execute_attempt, make_context
 from runlane._failure_log import log_failure
@@ -72,6 +72,8 @@ _PREFETCH_MAX_WAIT_SECONDS = 1.0
 _ABORT_GRACE_SECONDS = 0.5
 # drain(stop=...): how often the stop event is looked at while a handler runs
 _STOP_POLL_SECONDS = 0.02
+# the close an infrastructure failure starts in its own thread gives handlers this long
+_FAILURE_CLOSE_SECONDS = 30.0
 _CONCURRENCY_HINT = (
     " (a thread and a database connection each); for more, run more worker processes"
 )
@@ -191,6 +193,7 @@ class Worker:
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self._close_started = False
+        self._closer: threading.Thread | None = None  # closes the worker after a failure
         self._failure: BaseException | None = None
         self._slots: list[_Slot] = []
         self._abandoned: list[_Slot] = []
@@ -328,8 +331,10 @@ class Worker:
         failed for infrastructure reasons (a handler's exception is a run failure instead);
         a clean close never raises.
         """
-        if not self._closed.wait(timeout):
+        deadline = Deadline(as_wait_timeout("timeout", timeout))
+        if not self._closed.wait(deadline.left()):
             return False
+        self._join_closer(deadline)
         if self._failure is not None:
             raise WorkerFailed(
                 f"{self.name} stopped after an infrastructure failure: {self._failure!r}; "
@@ -350,7 +355,11 @@ class Worker:
             first = not self._close_started
             self._close_started = True
         if not first:
-            self._closed.wait(limit)
+            # a close already under way (another caller's, or the closer thread a failure
+            # started): wait for it, and for that thread to end, within this timeout
+            deadline = Deadline(limit)
+            if self._closed.wait(deadline.left()):
+                self._join_closer(deadline)
             return
         try:
             self._shutdown(limit)
@@ -358,6 +367,13 @@ class Worker:
             self._closed.set()
             if self._on_closed is not None:
                 self._on_closed(self)
+
+    def _join_closer(self, deadline: Deadline) -> None:
+        """Wait (within ``deadline``) for the closer thread a failure started to end: it
+        sets ``closed`` and then tells the runtime, after which nothing of it is left."""
+        closer = self._closer
+        if closer is not None and closer is not threading.current_thread():
+            closer.join(deadline.left())
 
     def stop_acquiring(self) -> None:
         """The first step of closing: claim nothing more and ask running handlers to stop.
@@ -408,10 +424,13 @@ class Worker:
                 "was handed back, its result will be discarded)",
                 slot.name,
             )
+        # the writer and the lane's delivery path share what is left, or one short grace
+        # past the deadline (a write to cancel, a listener to stop): not a grace each
+        rest = Deadline(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
         with closing.part("the lifecycle writer"):
-            self._writer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
+            self._writer.close(rest.left())
         with closing.part("the lane's delivery path"):
-            self._acquirer.close(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
+            self._acquirer.close(rest.left())
         if self._writer_storage is not self.storage:
             with closing.part("the writer's connection"):
                 self._writer_storage.close()
@@ -448,12 +467,17 @@ class Worker:
         if self._options.drain:
             self._stopping.set()
             return
-        threading.Thread(
-            target=self.close,
-            kwargs={"timeout": 30.0},
-            name=f"{self.name}-closer",
-            daemon=True,
-        ).start()
+        with self._close_lock:
+            if self._close_started:  # a close under way finishes the job
+                return
+            # owned by the worker: close() and wait_until_closed() join it (bounded)
+            self._closer = threading.Thread(
+                target=self.close,
+                kwargs={"timeout": _FAILURE_CLOSE_SECONDS},
+                name=f"{self.name}-closer",
+                daemon=True,
+            )
+            self._closer.start()
 
     # -- signals from the lane -------------------------------------------------------------
 
