@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,10 +38,16 @@ def one_error(result: subprocess.CompletedProcess[str], code: int, needle: str) 
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "devdb"
-    yield directory
-    runlane("dev-db", "stop", "--dir", str(directory))  # whatever the test left running
+def data_dir() -> Iterator[Path]:
+    """Not under pytest's tmp_path: the server runs as another user when the tests run as
+    root, and other pytest sessions reset /tmp/pytest-of-<user> to mode 0700 under it."""
+    parent = Path(tempfile.mkdtemp(prefix="runlane-devdb-"))
+    directory = parent / "devdb"
+    try:
+        yield directory
+    finally:
+        runlane("dev-db", "stop", "--dir", str(directory))  # whatever the test left running
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.mark.slow  # half a minute: initdb, two starts and stops, a dozen CLI processes

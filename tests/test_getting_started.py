@@ -168,8 +168,9 @@ def _wait_for_port(port: int, proc: subprocess.Popen[str]) -> None:
 
 @pytest.fixture
 def workspace() -> Iterator[Path]:
-    """A directory of its own (not pytest's tmp_path, which other pytest sessions on the
-    machine may prune while this long test runs); removed afterwards."""
+    """A directory of its own, not pytest's tmp_path: other pytest sessions on the machine
+    may prune it, or reset /tmp/pytest-of-<user> to mode 0700 under the PostgreSQL server
+    (which runs as another user when the tests run as root); removed afterwards."""
     path = Path(tempfile.mkdtemp(prefix="runlane-guide-"))
     try:
         yield path

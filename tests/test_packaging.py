@@ -64,8 +64,9 @@ def _build(python: str, source: Path, out: Path, hook: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(sdist, wheel): the sdist built from a copy of the checkout, the wheel from the sdist."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(sdist, wheel, copy): the sdist built from a copy of the checkout, the wheel from the
+    sdist, and the copy (what the checkout held when it was taken)."""
     installed = metadata.version("setuptools")
     if tuple(int(p) for p in installed.split(".")[:1]) < MINIMUM_SETUPTOOLS:
         pytest.fail(
@@ -76,16 +77,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("packaging")
     dist = base / "dist"
     dist.mkdir()
-    sdist = _build(sys.executable, _checkout_copy(base / "checkout"), dist, "build_sdist")
+    copy = _checkout_copy(base / "checkout")
+    sdist = _build(sys.executable, copy, dist, "build_sdist")
     with tarfile.open(sdist) as archive:
         archive.extractall(base / "unpacked", filter="data")
     (unpacked,) = (base / "unpacked").iterdir()
     built = _build(sys.executable, unpacked, dist, "build_wheel")
-    return sdist, built
+    return sdist, built, copy
 
 
-def test_the_wheel_and_sdist_hold_what_runlane_needs(wheel: tuple[Path, Path]) -> None:
-    sdist, built = wheel
+def test_the_wheel_and_sdist_hold_what_runlane_needs(wheel: tuple[Path, Path, Path]) -> None:
+    sdist, built, copy = wheel
     assert built.name.startswith("runlane-")
     assert built.name.endswith("-py3-none-any.whl")
     names = set(zipfile.ZipFile(built).namelist())
@@ -96,7 +98,8 @@ def test_the_wheel_and_sdist_hold_what_runlane_needs(wheel: tuple[Path, Path]) -
         "runlane/postgres/sql/migrations/0001_initial.sql",
     ):
         assert needed in names, needed
-    migrations = sorted((ROOT / "runlane" / "postgres" / "sql" / "migrations").glob("*.sql"))
+    migrations = sorted((copy / "runlane" / "postgres" / "sql" / "migrations").glob("*.sql"))
+    assert migrations
     for migration in migrations:
         assert f"runlane/postgres/sql/migrations/{migration.name}" in names
     assert not any(name.startswith("tests/") for name in names)
@@ -111,9 +114,9 @@ def test_the_wheel_and_sdist_hold_what_runlane_needs(wheel: tuple[Path, Path]) -
 
 @pytest.mark.slow  # building, a venv, an install: about half a minute
 def test_the_wheel_installs_into_a_clean_venv_and_runs_the_quick_start(
-    wheel: tuple[Path, Path], tmp_path: Path, database_url: str, fresh_schema: str
+    wheel: tuple[Path, Path, Path], tmp_path: Path, database_url: str, fresh_schema: str
 ) -> None:
-    _, built = wheel
+    _, built, _ = wheel
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     python = str(venv / "bin" / "python")
