@@ -741,7 +741,8 @@ def _parser() -> argparse.ArgumentParser:
         "--shutdown-timeout",
         type=_shutdown_seconds,
         default=30.0,
-        help="seconds handlers get to return after a stop signal (default 30)",
+        help="seconds handlers get to return after a stop signal, the whole close within it "
+        "(default 30; inf: as long as they take)",
     )
     worker.add_argument(
         "--with-maintenance",
