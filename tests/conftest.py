@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -22,15 +22,37 @@ from runlane._rabbit_nodes import (
 )
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
+from tests._suite import auto_workers, encodable, group_module_fixtures, skip_disk_flushes
 
 RunlaneFactory = Callable[..., Runlane]
 RabbitRuntimes = Callable[..., Runlane]
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml): parallel workers for the whole suite only (tests/_suite)."""
+    return auto_workers(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_module_fixtures(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(
+    config: pytest.Config, report: pytest.CollectReport | pytest.TestReport
+) -> Generator[None, dict[str, Any] | None, dict[str, Any] | None]:
+    """A worker's report, sendable to the controller whatever the test logged."""
+    data = yield
+    return None if data is None else encodable(data)
+
+
 @pytest.fixture(scope="session")
 def database_url(runlane_database_url: str) -> str:  # noqa: F811 - the fixture, by name
-    """RUNLANE_TEST_DATABASE_URL when set, else an embedded server for the session: the
-    server users get from runlane's pytest plugin (``runlane_database_url``)."""
+    """RUNLANE_TEST_DATABASE_URL when set, else an embedded server for the session (one per
+    xdist worker): the server users get from runlane's pytest plugin
+    (``runlane_database_url``), told not to flush to disk."""
+    if not os.environ.get("RUNLANE_TEST_DATABASE_URL"):
+        skip_disk_flushes(runlane_database_url)
     return runlane_database_url
 
 
