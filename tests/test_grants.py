@@ -51,7 +51,7 @@ from runlane.postgres import (
 )
 from runlane.postgres._sql import statements
 from runlane.storage import Completion
-from tests.helpers import Conn, SchemaDb, wait_until
+from tests.helpers import Conn, SchemaDb, elapse, wait_until
 
 # (job, lane="polling") -> the conninfo of a role created for this test and granted the job
 RoleMaker = Callable[..., str]
@@ -548,7 +548,8 @@ def test_a_maintenance_role_runs_passes_and_services(
     waiter = producer.trigger(approve, {"token": str(token.id)})
     worker_rl.drain()
     assert producer.get_run(waiter.id).status is RunStatus.WAITING
-    time.sleep(1.3)  # the lease and the token's timeout lapse
+    # the lease and the token's timeout lapse (1.3 s of the database's clock, not waited for)
+    elapse(db, schema, 1.3, "runs.lease_expires_at", "wait_tokens.timeout_at")
 
     first = maintenance.run_maintenance_once()  # sees the schedule first: waits for a slot
     assert first.attempts_expired == 1
@@ -558,7 +559,8 @@ def test_a_maintenance_role_runs_passes_and_services(
     assert (first.runs_pruned, first.runs_tombstoned) == (1, 1)
     assert producer.get_run(lapsing.id).status is RunStatus.RETRYING
     assert data.one("select count(*) from {schema}.steps") == (0,)
-    time.sleep(1.3)  # the next schedule slot, and the expired attempt's retry, come due
+    # the next schedule slot, and the expired attempt's retry, come due (1.3 s more)
+    elapse(db, schema, 1.3, "schedules.next_slot_at", "runs.due_at")
     second = maintenance.run_maintenance_once()
     assert second.schedules_created == 1
     assert second.runs_pruned == 1  # the tombstone, its children gone

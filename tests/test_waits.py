@@ -10,11 +10,10 @@ Background work is observed by polling against a deadline; every wait is bounded
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -49,6 +48,7 @@ from tests.helpers import (
     HOUR_RETRY,
     ONE_ATTEMPT,
     attempt_rows,
+    elapse,
     handler_key,
     listener_ready,
     q,
@@ -293,13 +293,39 @@ def children_of(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> 
     return count(db, q("select count(*) from {s}.runs where parent_run_id = %s", schema), run_id)
 
 
-def maintain_until_delivered(rl: Runlane, due_at: Any, *, timeout: float) -> list[bool]:
-    """Run maintenance passes until one delivers a due run; returns, for every pass, whether
-    the database clock had reached ``due_at`` when the pass ended. A pass that ended before
-    ``due_at`` must not have delivered anything."""
+def _move_wake_times(db: psycopg.Connection[Any], schema: str, seconds: float) -> None:
+    """``seconds`` of the database's clock for ``context.sleep``'s steps: the wake time each
+    recorded (``{"wake_at": iso time}``) moved that much into the past."""
+    rows = db.execute(
+        q("select run_id, name, output from {s}.steps where output ? 'wake_at'", schema)
+    ).fetchall()
+    for run_id, name, output in rows:
+        wake = datetime.fromisoformat(output["wake_at"]) - timedelta(seconds=seconds)
+        db.execute(
+            q(
+                "update {s}.steps set output = jsonb_set(output, '{{wake_at}}', to_jsonb(%s::text))"
+                " where run_id = %s and name = %s",
+                schema,
+            ),
+            (wake.isoformat(), run_id, name),
+        )
+
+
+def maintain_until_delivered(
+    rl: Runlane, db: psycopg.Connection[Any], schema: str, due_at: Any
+) -> list[bool]:
+    """Run a maintenance pass, then move the database clock past ``due_at`` (the stored due
+    times set back by what remained, and a second, as waiting would have done) and run
+    another, which must deliver the due run; returns, for every pass, whether the database
+    clock had reached the (moved) due time when the pass ended. A pass that ended before it
+    must not have delivered anything."""
     passes: list[bool] = []
-    deadline = time.monotonic() + timeout
-    while True:
+    for moved in (False, True):
+        if moved:
+            remaining = (due_at - storage_of(rl).database_now()).total_seconds() + 1
+            elapse(db, schema, remaining, "runs.due_at")
+            _move_wake_times(db, schema, remaining)
+            due_at -= timedelta(seconds=remaining)
         result = rl.run_maintenance_once()
         after = storage_of(rl).database_now()
         passes.append(after >= due_at)
@@ -307,9 +333,7 @@ def maintain_until_delivered(rl: Runlane, due_at: Any, *, timeout: float) -> lis
             assert result.due_runs_delivered == 1
             assert after >= due_at, "delivered before it was due"
             return passes
-        if time.monotonic() >= deadline:
-            pytest.fail(f"nothing was delivered within {timeout}s (due at {due_at})")
-        time.sleep(0.05)
+    pytest.fail(f"nothing was delivered once the database clock passed {due_at}")
 
 
 class ManualBackend:
@@ -865,7 +889,9 @@ def test_sleep_suspends_until_due_and_is_not_repeated(
     make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
 ) -> None:
     rl = make_runlane(tasks=[sleeper])
-    handle = rl.trigger(sleeper, {"seconds": 0.5})
+    # 30 s: the first maintenance pass comes before the due time however loaded the machine
+    # is; the test then moves the database clock rather than wait
+    handle = rl.trigger(sleeper, {"seconds": 30})
     assert rl.drain().runs_executed == 1
 
     row = run_row(db, schema, handle.id)
@@ -877,14 +903,14 @@ def test_sleep_suspends_until_due_and_is_not_repeated(
     assert list(steps) == ["runlane.sleep:1"]
     assert steps["runlane.sleep:1"]["wake_at"] == due_at.isoformat()
 
-    passes = maintain_until_delivered(rl, due_at, timeout=10)
+    passes = maintain_until_delivered(rl, db, schema, due_at)
     assert passes[0] is False  # at least one pass came before the due time and left it alone
     assert rl.get_run(handle.id).status is RunStatus.QUEUED
 
     assert rl.drain().runs_executed == 1
     snap = rl.get_run(handle.id)
     assert snap.status is RunStatus.COMPLETED  # the re-run did not sleep again
-    assert snap.output == {"slept": 0.5, "attempt": 2}
+    assert snap.output == {"slept": 30, "attempt": 2}
     assert JOURNAL.count(handler_key(handle.id)) == 2
     assert JOURNAL.count(f"after_sleep:{handle.id}") == 1
     assert attempt_rows(db, schema, handle.id) == [(1, "suspended"), (2, "completed")]
@@ -919,7 +945,7 @@ def test_release_hands_the_run_back_without_consuming_an_attempt(
     make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
 ) -> None:
     rl = make_runlane(tasks=[releaser])
-    handle = rl.trigger(releaser, {"delay": 0.3})
+    handle = rl.trigger(releaser, {"delay": 30})  # the clock is moved, not waited for
     assert rl.drain().runs_executed == 1
 
     row = run_row(db, schema, handle.id)
@@ -931,7 +957,7 @@ def test_release_hands_the_run_back_without_consuming_an_attempt(
     assert attempt_rows(db, schema, handle.id) == [(1, "released")]
     assert rl.drain().runs_executed == 0  # released runs are not claimable until delivered
 
-    passes = maintain_until_delivered(rl, row["due_at"], timeout=10)
+    passes = maintain_until_delivered(rl, db, schema, row["due_at"])
     assert passes[0] is False
     assert rl.get_run(handle.id).status is RunStatus.QUEUED
 
