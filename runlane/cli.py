@@ -232,6 +232,8 @@ class _DrainProgress:
 
 # how long past --shutdown-timeout the main thread waits for the closer thread
 _CLOSER_ALLOWANCE_SECONDS = 5.0
+# how long the log thread may take to write the records still queued at exit
+_LOG_DRAIN_SECONDS = 5.0
 
 
 class _Stopper:
@@ -607,6 +609,15 @@ class _CliLogListener(logging.handlers.QueueListener):
         thread = threading.Thread(target=monitor, name="runlane-cli-log", daemon=True)
         self._thread = thread
         thread.start()
+
+    def stop(self) -> None:
+        """Like QueueListener.stop, with a bounded join: the queued records get
+        ``_LOG_DRAIN_SECONDS`` to be written (a stderr nobody reads must not hold the exit)."""
+        thread: threading.Thread | None = self._thread
+        self.enqueue_sentinel()
+        if thread is not None:
+            thread.join(_LOG_DRAIN_SECONDS)
+        self._thread = None
 
 
 _log_listener: _CliLogListener | None = None
