@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 import attrs
 
 from runlane._display import shown
-from runlane._limits import INT32_MAX
+from runlane._limits import INT32_MAX, as_int_or_none
 from runlane.errors import ConfigurationError
 from runlane.flow import RateLimit, check_key_concurrency_limit
 from runlane.retry import RetryPolicy
@@ -54,8 +54,15 @@ class Queue:
 
     @property
     def bounded(self) -> bool:
-        """Any limit: claimed on its own, under the queue's claim lock, never ahead."""
+        """Any limit: claimed on its own, under the queue's claim lock."""
         return self.concurrency_limit is not None or self.limited
+
+    @property
+    def claims_ahead(self) -> bool:
+        """Whether a worker may claim runs of this queue ahead of free slots: not when its
+        concurrency or its rate is scarce (a run waiting in a worker would hold a slot of
+        the queue, or a start); a per-key limit alone holds one key's slot at most."""
+        return self.concurrency_limit is None and self.rate_limit is None
 
 
 def queue(
@@ -79,15 +86,8 @@ def queue(
             f"{shown(rate_limit)}"
         )
     key_limit = check_key_concurrency_limit(name, key_concurrency_limit)
-    if concurrency_limit is not None and (
-        isinstance(concurrency_limit, bool)
-        or not isinstance(concurrency_limit, int)
-        or not 1 <= concurrency_limit <= INT32_MAX
-    ):
-        raise ConfigurationError(
-            f"queue {name!r}: concurrency_limit must be a positive integer (at most "
-            f"{INT32_MAX}, what the database counts it in) or None, got {concurrency_limit!r}"
-        )
+    # at most what the database counts it in (an integer column)
+    as_int_or_none(f"queue {name!r}: concurrency_limit", concurrency_limit, 1, INT32_MAX)
     return Queue(
         name=name,
         default=default,

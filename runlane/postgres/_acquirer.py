@@ -101,9 +101,9 @@ class PollingAcquirer:
         bounded = list(self._bounded)
         _random.shuffle(bounded)
         for q in bounded:
-            room = min(want, for_bounded) - len(claimed)
+            room = (want if q.claims_ahead else min(want, for_bounded)) - len(claimed)
             if room <= 0:
-                break
+                continue
             limits = self._limits.get(q.name)
             if limits is not None:
                 claimed += self._claim_limited(q.name, limits, room)

@@ -184,7 +184,10 @@ class Worker:
         # need to run that many quick handlers (half a prefetch ran dry: 12.3k vs 15.5k
         # runs/s, 50 vs 41 us of CPU a run)
         self._refill_below = max(options.concurrency, options.prefetch)
-        self._bounded = any(q.bounded for q in queues)  # never refill
+        # never refill (claim ahead) with a queue whose concurrency or rate is scarce
+        self._bounded = not all(q.claims_ahead for q in queues)
+        # a queue with any limit: a written result may free what a claim was waiting for
+        self._limited = any(q.bounded for q in queues)
         self._drained = False  # drain: a claim found nothing due
         # moving average of handler durations; pessimistic until handlers have been seen
         self._handler_seconds = 1.0
@@ -240,7 +243,7 @@ class Worker:
             on_timeout=self._on_timeout,
             on_fatal=self._fail,
             # freed capacity of a bounded queue: let the acquirer look again at once
-            on_written=self._acquirer.interrupt if self._bounded else None,
+            on_written=self._acquirer.interrupt if self._limited else None,
             on_tick=self._on_tick,
             late_storage=storage,
             beat=beat,
@@ -630,21 +633,28 @@ class Worker:
             return None
         self.idle_signal.set()
         if self._options.drain:
-            held = getattr(self._acquirer, "rate_wait", None)
-            if held:  # due runs a rate limit holds back: wait for it, then claim again
-                self._stopping.wait(held)
-                return None
-            if self._bounded and self._writer.backlog():
-                # a limited queue's slots free only once this drain's results are written
-                while self._writer.backlog() and not self._stopping.wait(0.002):
-                    pass
-                return None
-            with self._cond:
-                self._drained = True
+            if self._drain_ran_dry():
+                with self._cond:
+                    self._drained = True
             return None
         if not self._stopping.is_set():
             self._acquirer.wait_for_work()
         return None
+
+    def _drain_ran_dry(self) -> bool:
+        """drain(), after a claim found nothing: whether nothing is left that it may start.
+        Due runs a rate limit held back are waited for, and so are this drain's own results
+        (a limited queue's slots free only once they are written); the caller then claims
+        again."""
+        held = getattr(self._acquirer, "rate_wait", None)
+        if held:
+            self._stopping.wait(held)
+            return False
+        if self._limited and self._writer.backlog():
+            while self._writer.backlog() and not self._stopping.wait(0.002):
+                pass
+            return False
+        return True
 
     def _start(self, slot: _Slot, claimed: ClaimedRun) -> RunContext | None:
         """The context a claimed run starts with; None when it must not start."""
