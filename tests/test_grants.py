@@ -9,6 +9,7 @@ connects as them with a conninfo built from the test URL, and drops them at tear
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 import threading
@@ -1084,3 +1085,42 @@ def test_the_operator_cli_runs_under_the_operator_role_alone(
     )
     denied(conninfo, sql.SQL("delete from {}.queue_states").format(s))
     denied(conninfo, sql.SQL("update {}.workers set state = 'stopped'").format(s))
+
+
+def test_a_worker_role_granted_before_handler_starts_were_recorded_keeps_working(
+    schema: str,
+    granted: RoleMaker,
+    runtimes: Callable[[Runlane], Runlane],
+    db: Conn,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A role granted the worker job before runs.started_attempt existed (migration 10) may
+    not record handler starts: its worker warns once, keeps executing, and status() counts
+    its running runs as claimed, not started."""
+    conninfo = granted("worker")
+    role = conninfo_to_dict(conninfo)["user"]
+    db.execute(
+        sql.SQL("revoke update (started_attempt) on {}.runs from {}").format(
+            sql.Identifier(schema), sql.Identifier(str(role))
+        )
+    )
+    producer = runtimes(runtime_as(granted("producer"), schema))
+    operator = runtimes(runtime_as(granted("operator"), schema))
+    worker_rl = runtimes(runtime_as(conninfo, schema))
+    held = producer.trigger(blocker, {})
+    with caplog.at_level(logging.WARNING, logger="runlane.lifecycle"):
+        worker = worker_rl.create_delivery_worker(concurrency=1)
+        wait_until(
+            lambda: any("cannot record" in r.getMessage() for r in caplog.records),
+            timeout=15,
+            what="the warning",
+        )
+        report = operator.status()
+        assert (report.running, report.claimed_not_started) == (1, 1)
+        assert not producer.get_run(held.id).executing
+        worker.close(timeout=10)  # the blocker is asked to stop: handed back
+    assert worker.wait_until_closed(timeout=1) is True  # never a worker failure
+    assert producer.get_run(held.id).status is RunStatus.QUEUED
+    warnings = [r for r in caplog.records if "cannot record" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "runlane grant worker ROLE" in warnings[0].getMessage()

@@ -361,6 +361,17 @@ class LifecycleWriter:
             self._tracker.unmark(started)
             self._marks_retry_at = now + _MARK_RETRY_SECONDS
             log.warning("runlane: marking started handlers failed (%s); retrying", exc)
+        except RunlaneError as exc:
+            # a role granted before the column existed may not write it: the runs still
+            # execute, status() only counts them as claimed; never fatal to the worker
+            self._marks_retry_at = math.inf
+            log.warning(
+                "runlane: %s cannot record that handlers started (%s); status() counts its "
+                "running runs as claimed, not started. Grant the worker job again "
+                "(`runlane grant worker ROLE`) and restart the worker",
+                self._name,
+                exc,
+            )
         else:
             self.stats.marked_started += len(started)
 
