@@ -24,7 +24,7 @@ from runlane.postgres import (
 )
 from runlane.storage import Completion, NewRuns
 from tests._proxy import TcpProxy, tcp_proxy
-from tests.helpers import Conn, q
+from tests.helpers import Conn, q, wait_until
 
 PASSWORD = "hunter2-sekrit"
 ENV = "env"
@@ -209,7 +209,17 @@ def test_interrupt_ends_a_write_blocked_by_a_row_lock(
 
     writer = threading.Thread(target=write)
     writer.start()
-    time.sleep(0.5)
+    wait_until(  # a signal, not a pause: the writer's backend waits on the lock
+        lambda: (
+            db.execute(
+                "select count(*) from pg_stat_activity "
+                "where application_name = 'test-writer' and wait_event_type = 'Lock'"
+            ).fetchone()
+            == (1,)
+        ),
+        timeout=10,
+        what="the write to wait on the row lock",
+    )
     assert writer.is_alive(), "the write was not blocked by the row lock"
     started = time.monotonic()
     view.interrupt()
