@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 from runlane._display import shown
 from runlane._inspect import optional_name
+from runlane._limits import as_int_or_none
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult, RunStatus
 from runlane.storage import BulkFilter, Storage
@@ -123,14 +124,7 @@ def _moment(name: str, value: object) -> datetime | None:
 
 
 def _limit(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise ConfigurationError(
-            f"limit must be an integer from 1 to {MAX_LIMIT:,} (or None for no limit), got "
-            f"{shown(value)}"
-        )
-    return value
+    return as_int_or_none("limit", value, 1, MAX_LIMIT)
 
 
 def bulk_filter(

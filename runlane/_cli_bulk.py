@@ -20,6 +20,7 @@ from typing import Any
 
 from runlane._cli_line import ProgressLine
 from runlane._display import shown
+from runlane._limits import as_int
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult
 from runlane.runtime import Runlane
@@ -51,9 +52,10 @@ def _count(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {shown(text)}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
+    try:
+        return as_int("--limit", value, 1)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_filter_options(parser: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane._display import shown
+from runlane._limits import as_int
 from runlane.errors import ConfigurationError
 
 __all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind"]
@@ -23,6 +24,8 @@ __all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind"]
 DEFAULT_BIND = "127.0.0.1:8080"
 
 log = logging.getLogger("runlane.web")
+
+_MAX_THREADS = 256  # the console's request threads
 
 
 def parse_bind(value: str) -> tuple[str, int]:
@@ -41,8 +44,7 @@ def parse_bind(value: str) -> tuple[str, int]:
 
 def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     host, port = parse_bind(args.bind)
-    if args.threads < 1 or args.threads > 256:
-        raise ConfigurationError(f"--threads must be from 1 to 256, got {args.threads}")
+    as_int("--threads", args.threads, 1, _MAX_THREADS)
     try:
         import waitress  # noqa: PLC0415 - the web extra is optional
     except ImportError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import TypeGuard
 
 from runlane._display import shown
 from runlane.errors import ConfigurationError
@@ -39,6 +40,7 @@ __all__ = [
     "MIN_LEASE",
     "as_int",
     "as_int32",
+    "as_int_or_none",
     "as_seconds",
     "as_timedelta",
     "as_wait_timeout",
@@ -93,16 +95,45 @@ def as_int(
     name: str, value: object, minimum: int, maximum: int | None = None, hint: str = ""
 ) -> int:
     """An int (not a bool) from ``minimum`` to ``maximum`` (None: no upper bound): the one
-    check of every count, limit and size given to runlane; ``hint`` ends the message."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        allowed = f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-        raise ConfigurationError(f"{name} must be an integer {allowed}, got {shown(value)}{hint}")
+    check of every count, limit and size given to runlane (arguments, options, CLI flags);
+    ``hint`` ends the message."""
+    if not _int_within(value, minimum, maximum):
+        raise ConfigurationError(_int_message(name, value, minimum, maximum, hint))
     return value
+
+
+def as_int_or_none(
+    name: str, value: object, minimum: int, maximum: int | None = None, hint: str = ""
+) -> int | None:
+    """:func:`as_int`, or None (no limit): its message says None is allowed too."""
+    if value is None:
+        return None
+    if not _int_within(value, minimum, maximum):
+        raise ConfigurationError(_int_message(name, value, minimum, maximum, hint, or_none=True))
+    return value
+
+
+def _int_within(value: object, minimum: int, maximum: int | None) -> TypeGuard[int]:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value >= minimum
+        and (maximum is None or value <= maximum)
+    )
+
+
+def _int_message(
+    name: str,
+    value: object,
+    minimum: int,
+    maximum: int | None,
+    hint: str,
+    *,
+    or_none: bool = False,
+) -> str:
+    allowed = f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    none = " or None" if or_none else ""
+    return f"{name} must be an integer {allowed}{none}, got {shown(value)}{hint}"
 
 
 def as_int32(name: str, value: object, minimum: int = -INT32_MAX - 1) -> int:
@@ -162,12 +193,14 @@ def as_wait_timeout(name: str, value: object, *, unbounded: str = "None") -> flo
 
 def check_limit(name: str, value: object) -> int:
     """A byte limit given to ``create_runlane``: an integer from 1 to 64 MiB."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT_BYTES:
-        raise ConfigurationError(
-            f"{name} must be an integer number of bytes from 1 to {MAX_LIMIT_BYTES:,} (64 MiB), "
-            f"got {shown(value)}; store larger values elsewhere and pass a reference"
-        )
-    return value
+    return as_int(
+        name,
+        value,
+        1,
+        MAX_LIMIT_BYTES,
+        hint=" (a number of bytes, at most 64 MiB); store larger values elsewhere and pass "
+        "a reference",
+    )
 
 
 def describe_size(what: str, size: int, name: str, limit: int) -> str:

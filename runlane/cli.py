@@ -44,7 +44,7 @@ from runlane._closing import Deadline
 from runlane._codec import exception_text
 from runlane._demo import DEMO_LANES, run_demo
 from runlane._display import clipped, shown
-from runlane._limits import as_wait_timeout
+from runlane._limits import as_int, as_wait_timeout
 from runlane._status import format_report, unhealthy
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.logging import JsonFormatter
@@ -494,8 +494,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         or os.environ.get("DATABASE_URL")
         or None
     )
-    if args.runs < 0:
-        raise ConfigurationError(f"--runs must not be negative, got {args.runs}")
+    as_int("--runs", args.runs, 0)
     run_demo(
         database_url=url,
         schema=args.schema,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 import attrs
 
 from runlane._display import shown
-from runlane._limits import INT32_MAX
+from runlane._limits import INT32_MAX, as_int_or_none
 from runlane.errors import ConfigurationError
 from runlane.flow import RateLimit, check_key_concurrency_limit
 from runlane.retry import RetryPolicy
@@ -86,15 +86,8 @@ def queue(
             f"{shown(rate_limit)}"
         )
     key_limit = check_key_concurrency_limit(name, key_concurrency_limit)
-    if concurrency_limit is not None and (
-        isinstance(concurrency_limit, bool)
-        or not isinstance(concurrency_limit, int)
-        or not 1 <= concurrency_limit <= INT32_MAX
-    ):
-        raise ConfigurationError(
-            f"queue {name!r}: concurrency_limit must be a positive integer (at most "
-            f"{INT32_MAX}, what the database counts it in) or None, got {concurrency_limit!r}"
-        )
+    # at most what the database counts it in (an integer column)
+    as_int_or_none(f"queue {name!r}: concurrency_limit", concurrency_limit, 1, INT32_MAX)
     return Queue(
         name=name,
         default=default,

@@ -853,13 +853,13 @@ CASES: list[Case] = [
         "max-payload-bytes-zero",
         lambda e: _runtime(e.url, max_payload_bytes=0),
         ConfigurationError,
-        "max_payload_bytes must be an integer number of bytes from 1 to",
+        "max_payload_bytes must be an integer from 1 to 67108864, got 0 (a number of bytes",
     ),
     api(
         "max-output-bytes-bool",
         lambda e: _runtime(e.url, max_output_bytes=True),
         ConfigurationError,
-        "max_output_bytes must be an integer number of bytes",
+        "max_output_bytes must be an integer from 1 to 67108864, got True (a number of bytes",
     ),
     api(
         "max-output-bytes-over-64-mib",
@@ -883,7 +883,7 @@ CASES: list[Case] = [
         "queue-limit-zero",
         lambda e: queue("mail", concurrency_limit=0),
         ConfigurationError,
-        "concurrency_limit must be a positive integer (at most 2147483647",
+        "queue 'mail': concurrency_limit must be an integer from 1 to 2147483647 or None, got 0",
     ),
     api(
         "rate-limit-count-zero",
@@ -931,7 +931,7 @@ CASES: list[Case] = [
         "queue-limit-over-int32",
         lambda e: queue("mail", concurrency_limit=2**31),
         ConfigurationError,
-        "concurrency_limit must be a positive integer (at most 2147483647",
+        "concurrency_limit must be an integer from 1 to 2147483647 or None, got 2147483648",
     ),
     api(
         "retry-max-attempts-zero",
@@ -1075,6 +1075,18 @@ CASES: list[Case] = [
         "timeout must be None (wait as long as it takes) or a number of seconds >= 0",
     ),
     # -- the CLI ---------------------------------------------------------------------------
+    cli(
+        "cli-web-threads-zero",
+        ("web", APP_SPEC, "--threads", "0"),
+        EXIT_CONFIGURATION,
+        "--threads must be an integer from 1 to 256, got 0",
+    ),
+    cli(
+        "cli-demo-runs-negative",
+        ("demo", "--runs", "-1"),
+        EXIT_CONFIGURATION,
+        "--runs must be an integer of at least 0, got -1",
+    ),
     cli(
         "cli-payload-not-json",
         ("trigger", APP_SPEC, "bad.order", "--payload", "{sku: 'a'}"),
