@@ -181,9 +181,10 @@ def postgres_polling_lane(
     Idle workers wake on NOTIFY and also poll every ``poll_interval`` (jittered), which is
     what finds delayed runs and covers lost notifications; ``listen=False`` polls only (for
     connection poolers that cannot LISTEN). ``connect_timeout`` (seconds, 5 by default; a
-    ``connect_timeout`` in the connection string wins) bounds making a connection and waiting
-    for a free pooled one: a wrong host, port, password or database fails the first call
-    within it, with a :class:`~runlane.StorageUnavailable` naming the cause.
+    ``connect_timeout`` in the connection string wins) bounds making a connection: a wrong
+    host, port, password or database fails the first call within it, with a
+    :class:`~runlane.StorageUnavailable` naming the cause. A free pooled connection is waited
+    for up to 10 s, or ``connect_timeout`` if longer.
     """
     if not isinstance(connection_string, str) or not connection_string:
         raise ConfigurationError("postgres_polling_lane needs a connection_string")
