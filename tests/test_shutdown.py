@@ -260,7 +260,7 @@ def test_close_returns_in_time_when_the_claim_stays_blocked(
 
 
 def test_close_returns_in_time_when_a_completion_write_is_blocked(
-    make_runlane: RunlaneFactory, database_url: str, schema: str
+    make_runlane: RunlaneFactory, database_url: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:
     """Before: a completion blocked by a row lock made close(timeout=0.5) take 5.8 s."""
     started = threading.Event()
@@ -280,7 +280,18 @@ def test_close_returns_in_time_when_a_completion_write_is_blocked(
     try:
         locker.execute(q("select 1 from {s}.runs where id = %s for update", schema), (run.id,))
         proceed.set()  # the completion now waits on the row lock
-        time.sleep(0.1)
+        wait_until(  # the signal: one of the worker's backends waits on a lock
+            lambda: (
+                db.execute(
+                    "select count(*) from pg_stat_activity "
+                    "where application_name like %s and wait_event_type = 'Lock'",
+                    (f"{worker.name}-%",),
+                ).fetchone()
+                == (1,)
+            ),
+            timeout=10,
+            what="the completion to wait on the row lock",
+        )
         began = time.monotonic()
         worker.close(timeout=0.5)
         took = time.monotonic() - began
