@@ -40,6 +40,7 @@ from benchmarks._common import (
     runtime,
     server_url,
 )
+from benchmarks._statements import PerRun, counting_statements, server_cpu_seconds, wal_position
 from benchmarks.floors import _payload, _table
 from runlane._ids import new_run_id
 
@@ -100,13 +101,19 @@ def floor_rate(url: str, threads: int, count: int) -> float:
             conn.execute(sql.SQL("drop table {}").format(sql.Identifier(table)))
 
 
-def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float]:
-    """Runs/s of ``threads`` threads calling ``trigger()`` on one runtime, and the
-    transactions per run that wrote them."""
+def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float, PerRun]:
+    """Runs/s of ``threads`` threads calling ``trigger()`` on one runtime, the transactions
+    per run that wrote them, and what a run cost the database."""
     schema = fresh_schema(url)
     with runtime(url, schema) as runlane:
         runlane.trigger(noop, {"order": -1})  # connect first, as a running app would have
-        rate = run_threads(threads, count, lambda: lambda i: runlane.trigger(noop, {"order": i}))
+        wal, cpu = wal_position(url), server_cpu_seconds(url)
+        with counting_statements() as statements:
+            rate = run_threads(
+                threads, count, lambda: lambda i: runlane.trigger(noop, {"order": i})
+            )
+        done = count // threads * threads
+        costs = PerRun.between(url, done, statements.per(done), wal, cpu)
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             sql.SQL("select count(distinct xmin::text), count(*) from {}.runs").format(
@@ -115,7 +122,7 @@ def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float]:
         ).fetchone()
         conn.execute(sql.SQL("drop schema {} cascade").format(sql.Identifier(schema)))
     assert row is not None
-    return rate, (row[0] - 1) / max(1, row[1] - 1)
+    return rate, (row[0] - 1) / max(1, row[1] - 1), costs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         for threads in counts:
             floor = floor_rate(url, threads, args.triggers)
             log(f"floor: {threads} threads, autocommit INSERT each {floor:>12,.0f} rows/s")
-            rate, commits = runlane_rate(url, threads, args.triggers)
+            rate, commits, costs = runlane_rate(url, threads, args.triggers)
             log(f"runlane: {threads} threads, trigger() {rate:>12,.0f} runs/s")
             rows.append(
                 ratio_row(
@@ -147,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             rows.append(Row(f"  transactions per run, {threads} threads", commits, ",.3f"))
+            rows += costs.rows(f"{threads} threads")
     notes = [
         f"took {time.perf_counter() - began:.0f} s; load average after {os.getloadavg()[0]:.2f}"
     ]

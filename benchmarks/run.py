@@ -80,17 +80,21 @@ def bench_trigger(url: str, count: int) -> tuple[float, PerRun]:
         return count / elapsed, PerRun.between(url, count, statements.per(count), wal, cpu)
 
 
-def bench_trigger_many(url: str, count: int) -> float:
-    """``trigger_many`` with 1,000 payloads per call: runs/s."""
+def bench_trigger_many(url: str, count: int) -> tuple[float, PerRun]:
+    """``trigger_many`` with 1,000 payloads per call: runs/s, and what a run cost the
+    database."""
     schema = fresh_schema(url)
     with runtime(url, schema) as runlane:
         runlane.trigger(noop, {"order": -1})
-        started = time.perf_counter()
-        for start in range(0, count, 1000):
-            runlane.trigger_many(
-                noop, [{"order": i} for i in range(start, min(count, start + 1000))]
-            )
-        return count / (time.perf_counter() - started)
+        wal, cpu = wal_position(url), server_cpu_seconds(url)
+        with counting_statements() as statements:
+            started = time.perf_counter()
+            for start in range(0, count, 1000):
+                runlane.trigger_many(
+                    noop, [{"order": i} for i in range(start, min(count, start + 1000))]
+                )
+            elapsed = time.perf_counter() - started
+        return count / elapsed, PerRun.between(url, count, statements.per(count), wal, cpu)
 
 
 @attrs.frozen
@@ -313,9 +317,8 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
             "floor: unnest INSERT x1000 (rows/s)", lambda: floors.insert_unnest(url, runs)
         )
         copy = _measure("floor: COPY x1000 (rows/s)", lambda: floors.insert_copy(url, runs))
-        value = _measure(
-            "runlane: trigger_many x1000 (runs/s)", lambda: bench_trigger_many(url, runs)
-        )
+        value, many = bench_trigger_many(url, runs)
+        log(f"{'runlane: trigger_many x1000 (runs/s)':<58} {value:>12,.0f}")
         rows.append(
             ratio_row(
                 "trigger_many, 1,000 per call (runs/s)", value, "unnest INSERT x1000", unnest, None
@@ -324,6 +327,7 @@ def _polling_rows(url: str, args: argparse.Namespace, only: set[str]) -> tuple[l
         rows.append(
             ratio_row("trigger_many, 1,000 per call (runs/s)", value, "COPY x1000", copy, None)
         )
+        rows += many.rows("trigger_many x1000")
     if "latency" in only:
         wakeups = floors.wakeup(url, args.samples, IDLE_PAUSE)
         log(f"floor: INSERT+NOTIFY to claim p50 {pct(wakeups, 0.5):.2f} ms")
