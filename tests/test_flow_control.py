@@ -4,27 +4,32 @@ workers in this process and in others, for drain() and for the RabbitMQ lane."""
 
 from __future__ import annotations
 
+import secrets
 import textwrap
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from runlane import (
     ConfigurationError,
     RateLimit,
     RetryPolicy,
     RunContext,
+    Runlane,
     RunStatus,
+    create_runlane,
     queue,
     task,
 )
-from runlane.postgres import _flow
+from runlane.postgres import _flow, grant_postgres_role, postgres_polling_lane
 from runlane.storage import QueueLimits
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb, ready_process, storage_of, wait_until
@@ -565,3 +570,61 @@ def test_a_walk_past_many_keys_with_nothing_due_goes_on_where_it_stopped(
     ]
     assert [[run.id for run in runs] for runs in claims] == [[], [], [due.id]]
     assert FlowDb(db, schema).statuses("keyed") == Counter(queued=10, running=1)
+
+
+# -- least-privilege roles ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def role_of(database_url: str, schema: str, db: Conn) -> Iterator[Callable[[str], str]]:
+    """``role_of(job)``: the conninfo of a fresh LOGIN role granted ``job`` on the schema."""
+    made: list[str] = []
+
+    def make(job: str) -> str:
+        name, password = f"rl_{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(16)
+        db.execute(
+            sql.SQL("create role {} login password {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
+        made.append(name)
+        grant_postgres_role(connection_string=database_url, schema=schema, job=job, role=name)
+        return make_conninfo(database_url, user=name, password=password)
+
+    yield make
+    for name in made:
+        db.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity where usename = %s", (name,)
+        )
+        db.execute(sql.SQL("drop owned by {}").format(sql.Identifier(name)))
+        db.execute(sql.SQL("drop role {}").format(sql.Identifier(name)))
+
+
+def test_the_producer_and_worker_roles_may_do_what_flow_control_needs(
+    role_of: Callable[[str], str], schema: str, db: Conn
+) -> None:
+    queues = [
+        queue("keyed", key_concurrency_limit=1),
+        queue("rated", rate_limit=RateLimit(3, 60), default=True),
+    ]
+
+    def runtime(job: str) -> Runlane:
+        lane = postgres_polling_lane(connection_string=role_of(job), schema=schema)
+        return create_runlane(lane=lane, tasks=[noop], queues=queues)
+
+    producer, worker = runtime("producer"), runtime("worker")
+    try:
+        producer.trigger_many(noop, [None] * 4, queue="keyed", concurrency_key="k")
+        producer.trigger_many(noop, [None] * 5)
+        assert worker.drain(queues=["keyed"]).runs_executed == 4
+        # a rate of 3 a minute: the first window's three, then drain would wait a minute
+        with worker.create_delivery_worker(concurrency=2):
+            wait_until(
+                lambda: FlowDb(db, schema).statuses("rated")["completed"] == 3,
+                timeout=15,
+                what="the rate's three runs",
+            )
+        assert FlowDb(db, schema).statuses("rated") == Counter(completed=3, queued=2)
+    finally:
+        producer.close(timeout=10)
+        worker.close(timeout=10)

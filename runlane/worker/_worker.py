@@ -602,6 +602,8 @@ class Worker:
             for_bounded = max(0 if refill else 1, min(want, self._unserved()))
             self._reserved += want
         sent_at = time.monotonic()
+        # drain: results not yet written when the claim began may free what it counted
+        unwritten = self._writer.backlog() if self._options.drain else 0
         try:
             claimed = self._acquirer.acquire(want, for_bounded)
         except StorageUnavailable as exc:
@@ -633,7 +635,7 @@ class Worker:
             return None
         self.idle_signal.set()
         if self._options.drain:
-            if self._drain_ran_dry():
+            if self._drain_ran_dry(unwritten):
                 with self._cond:
                     self._drained = True
             return None
@@ -641,16 +643,16 @@ class Worker:
             self._acquirer.wait_for_work()
         return None
 
-    def _drain_ran_dry(self) -> bool:
+    def _drain_ran_dry(self, unwritten: int) -> bool:
         """drain(), after a claim found nothing: whether nothing is left that it may start.
         Due runs a rate limit held back are waited for, and so are this drain's own results
-        (a limited queue's slots free only once they are written); the caller then claims
-        again."""
+        that were not written when the claim began (``unwritten``: a limited queue's slots
+        free only once they are); the caller then claims again."""
         held = getattr(self._acquirer, "rate_wait", None)
         if held:
             self._stopping.wait(held)
             return False
-        if self._limited and self._writer.backlog():
+        if self._limited and unwritten:
             while self._writer.backlog() and not self._stopping.wait(0.002):
                 pass
             return False
