@@ -11,6 +11,7 @@ import pytest
 
 from runlane import RunContext, RunlaneClosed, RunNotFound, RunStatus, task
 from runlane.models import RunSnapshot
+from runlane.postgres._ends import ends_channel
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, wait_until
 
@@ -20,11 +21,14 @@ def echo(payload: Any, context: RunContext) -> Any:
     return payload
 
 
-def listening(db: Conn) -> int:
-    """Connections of run-end listeners that have issued their LISTEN."""
+def listening(db: Conn, schema: str) -> int:
+    """Connections of run-end listeners whose last statement is the LISTEN on ``schema``'s
+    ends channel (each xdist worker has a server of its own; the schema keeps other tests'
+    listeners out)."""
     row = db.execute(
         "select count(*) from pg_stat_activity "
-        "where application_name like 'runlane-run-ends-%%' and query ilike 'listen %%'"
+        "where application_name like 'runlane-run-ends-%%' and query = %s",
+        (f'listen "{ends_channel(schema)}"',),
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -66,13 +70,13 @@ def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("no_fallback")
 @pytest.mark.parametrize("how", ["completed", "cancelled"])
 def test_a_waiter_wakes_when_the_run_ends_in_another_runtime(
-    make_runlane: RunlaneFactory, db: Conn, how: str
+    make_runlane: RunlaneFactory, db: Conn, schema: str, how: str
 ) -> None:
     waiting = make_runlane(tasks=[echo])
     other = make_runlane(tasks=[echo])
     handle = waiting.trigger(echo, {"n": 1})
     waiter = Waiter(waiting.wait_for_run, handle.id, timeout=60)
-    wait_until(lambda: listening(db) == 1, timeout=10, what="the run-end listener")
+    wait_until(lambda: listening(db, schema) == 1, timeout=10, what="the run-end listener")
     # (ending the run before the waiter's first look would only make it return sooner)
     ended_at = time.monotonic()
     if how == "completed":
@@ -87,22 +91,21 @@ def test_a_waiter_wakes_when_the_run_ends_in_another_runtime(
 
 @pytest.mark.usefixtures("no_fallback")
 def test_one_listener_serves_many_waiters_and_each_wakes_for_its_own_run(
-    make_runlane: RunlaneFactory, db: Conn
+    make_runlane: RunlaneFactory, db: Conn, schema: str
 ) -> None:
     waiting = make_runlane(tasks=[echo])
     other = make_runlane(tasks=[echo])
     first, second = waiting.trigger_many(echo, [{"n": 1}, {"n": 2}])
     waiters = [Waiter(waiting.wait_for_run, h.id, timeout=60) for h in (first, second)]
-    wait_until(lambda: listening(db) == 1, timeout=10, what="one run-end listener")
+    wait_until(lambda: listening(db, schema) == 1, timeout=10, what="one run-end listener")
     assert other.drain(max_runs=1).runs_executed == 1  # FIFO: the first run
     assert waiters[0].join().output == {"n": 1}
     assert not waiters[1].done.wait(0.3)  # its run has not ended
     assert other.drain().runs_executed == 1
     assert waiters[1].join().output == {"n": 2}
-    assert listening(db) == 1
 
 
-def test_without_listen_it_polls(make_runlane: RunlaneFactory, db: Conn) -> None:
+def test_without_listen_it_polls(make_runlane: RunlaneFactory, db: Conn, schema: str) -> None:
     """Poll-only mode (``listen=False``, for poolers that cannot LISTEN) opens no listener."""
     waiting = make_runlane(tasks=[echo], lane_options={"listen": False})
     other = make_runlane(tasks=[echo])
@@ -111,10 +114,10 @@ def test_without_listen_it_polls(make_runlane: RunlaneFactory, db: Conn) -> None
     assert not waiter.done.wait(0.2)
     assert other.drain().runs_executed == 1
     assert waiter.join().output == {"n": 3}
-    assert listening(db) == 0
+    assert listening(db, schema) == 0
 
 
-def test_timeout_unknown_run_and_close(make_runlane: RunlaneFactory, db: Conn) -> None:
+def test_timeout_unknown_run_and_close(make_runlane: RunlaneFactory, db: Conn, schema: str) -> None:
     waiting = make_runlane(tasks=[echo])
     handle = waiting.trigger(echo, {"n": 4})
     started = time.monotonic()
@@ -125,6 +128,8 @@ def test_timeout_unknown_run_and_close(make_runlane: RunlaneFactory, db: Conn) -
         waiting.wait_for_run("01890000-0000-7000-8000-000000000000", timeout=1)
     waiting.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("runlane-run-ends-")]
-    wait_until(lambda: listening(db) == 0, timeout=10, what="the listener's connection closed")
+    wait_until(
+        lambda: listening(db, schema) == 0, timeout=10, what="the listener's connection closed"
+    )
     with pytest.raises(RunlaneClosed):
         waiting.wait_for_run(handle.id, timeout=1)
