@@ -5,7 +5,8 @@ The previous release is the package as it was just before the newest migration w
 and imported by a child process through ``PYTHONPATH`` (the dependencies are this
 environment's). The schema is migrated by the current code. Under load, an old worker and
 an old producer run beside a current worker and producer; every run must complete exactly
-once, and the old runtime must say that it runs on a newer schema.
+once, and the old runtime must say that it runs on a newer schema. (Once a breaking
+migration has been added since, the old runtime must refuse the schema, naming it.)
 
 Needs the repository's history (a clone with ``fetch-depth: 0`` in CI); without it the test
 fails and says so rather than passing untested.
@@ -26,6 +27,7 @@ import pytest
 from psycopg import sql
 
 from runlane import RunContext, RunStatus, task
+from runlane.postgres._compat import ADDITIVE, marker_of
 from runlane.postgres._sql import load_migration_files
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, wait_until
@@ -157,6 +159,27 @@ def test_the_previous_release_runs_beside_the_current_one_on_the_new_schema(
     old_version = _migration_count(commit)
     assert old_version < len(load_migration_files())
     env = {**os.environ, "PYTHONPATH": str(root)}
+    breaking = [
+        (version, name)
+        for version, name, text in load_migration_files()
+        if version > old_version and marker_of(text) != ADDITIVE
+    ]
+    if breaking:
+        # a contract step since the previous release: its runtime must refuse, naming it
+        done = subprocess.run(
+            [sys.executable, "-c", OLD_PROCESS, database_url, schema, str(root), "1"],
+            input="go\n",
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=root,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode != 0
+        version, name = breaking[0]
+        assert f"migration {version} ({name}) is marked breaking" in done.stderr
+        return
     proc = subprocess.Popen(
         [sys.executable, "-c", OLD_PROCESS, database_url, schema, str(root), str(RUNS_EACH)],
         stdin=subprocess.PIPE,
