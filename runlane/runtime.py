@@ -527,6 +527,8 @@ class Runlane:
         deadline = None if limit is None else time.monotonic() + limit
         key = run_key(run_id)
         snapshot = self.get_run(key)  # RunNotFound before any listener is started
+        if snapshot.is_terminal:
+            return snapshot
         watcher = self._end_watcher()
         if watcher is None:
             return self._poll_for_run(key, snapshot, deadline, timeout)

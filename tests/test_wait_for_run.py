@@ -133,3 +133,13 @@ def test_timeout_unknown_run_and_close(make_runlane: RunlaneFactory, db: Conn, s
     )
     with pytest.raises(RunlaneClosed):
         waiting.wait_for_run(handle.id, timeout=1)
+
+
+def test_a_run_already_ended_is_returned_without_a_listener(
+    make_runlane: RunlaneFactory,
+) -> None:
+    rl = make_runlane(tasks=[echo])
+    handle = rl.trigger(echo, {"n": 5})
+    assert rl.drain().runs_executed == 1
+    assert rl.wait_for_run(handle.id, timeout=5).output == {"n": 5}
+    assert not [t for t in threading.enumerate() if t.name.startswith("runlane-run-ends-")]
