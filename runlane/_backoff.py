@@ -1,4 +1,6 @@
-"""Jittered exponential backoff for reconnecting loops (acquirers, the writer, the listener)."""
+"""Jittered exponential backoff for reconnecting loops and retries: the one back-off of the
+acquirers, the writer, the listener, the RabbitMQ consumer and publisher, and the storage's
+retry of a statement whose connection broke."""
 
 from __future__ import annotations
 
@@ -12,17 +14,19 @@ _random = random.Random()
 
 
 class Backoff:
-    """Delays of 50 ms doubling up to ``cap`` seconds, each spread over its lower half."""
+    """Delays from ``first`` (50 ms) growing ``factor`` times (doubling) up to ``cap``
+    seconds, each spread over its lower half."""
 
-    def __init__(self, first: float = 0.05, cap: float = 5.0) -> None:
+    def __init__(self, first: float = 0.05, cap: float = 5.0, factor: float = 2.0) -> None:
         self._first = first
         self._cap = cap
+        self._factor = factor
         self._delay = first
         self._lock = threading.Lock()
 
     def next(self) -> float:
         with self._lock:
-            delay, self._delay = self._delay, min(self._delay * 2, self._cap)
+            delay, self._delay = self._delay, min(self._delay * self._factor, self._cap)
         return delay * _random.uniform(0.5, 1.0)
 
     def reset(self) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from runlane._backoff import Backoff
 from runlane._closing import Deadline
 
 __all__ = [
@@ -279,6 +280,7 @@ class RabbitNode:
         if self.running:
             return 0.0
         began = time.monotonic()
+        backoff = Backoff(first=1.0, cap=2.0)  # about 0.5-1 s, then 1-2 s
         for attempt in range(_LISTENER_RETRIES):
             (self.base / "rabbitmq.pid").unlink(missing_ok=True)
             with self.console_log.open("ab") as console:
@@ -308,7 +310,7 @@ class RabbitNode:
                 # by another test's probe): its listener fails and the node exits; retry
                 if "TCP listener" not in self.log_tail():
                     raise
-                time.sleep(0.5 * (attempt + 1))
+                time.sleep(backoff.next())
             else:
                 break
         return time.monotonic() - began

@@ -14,6 +14,7 @@ import attrs
 import psycopg
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
+from runlane._backoff import Backoff
 from runlane.errors import (
     ConfigurationError,
     IncompatibleSchema,
@@ -85,8 +86,9 @@ log = logging.getLogger("runlane.postgres")
 
 T = TypeVar("T")
 
-# Retries of a statement whose connection broke (server restart, terminated backend).
-_RECONNECT_DELAYS = (0.05, 0.25, 1.0)
+# Retries of a statement whose connection broke (server restart, terminated backend): three,
+# after about 50 ms, 250 ms and 1 s (the shared back-off, jittered)
+_RECONNECT_TRIES = 3
 # what close() gives the transport lane's publisher without a timeout of its caller
 _EAGER_CLOSE_SECONDS = 10.0
 
@@ -315,16 +317,18 @@ class PostgresStorage(
         """
         if not self._opened or self._closed:
             self.open()
-        for delay in (*_RECONNECT_DELAYS, None):
+        backoff = Backoff(first=0.05, cap=1.0, factor=5.0)
+        for retries_left in range(_RECONNECT_TRIES, -1, -1):
             try:
                 with self._source.connection() as conn:
                     self._check_schema(conn)
                     return fn(conn)
             except psycopg.OperationalError as exc:
-                if delay is None or not connection_lost(exc) or self._closed:
+                if not retries_left or not connection_lost(exc) or self._closed:
                     raise self._error(exc) from exc
             except psycopg.Error as exc:
                 raise self._error(exc) from exc
+            delay = backoff.next()
             log.warning("runlane: database connection lost; retrying in %.2fs", delay)
             time.sleep(delay)
         raise AssertionError("unreachable")

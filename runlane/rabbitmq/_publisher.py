@@ -36,6 +36,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
+from runlane._backoff import Backoff
 from runlane._closing import Closing, Deadline
 from runlane.errors import RunlaneClosed, RunlaneError
 from runlane.rabbitmq._amqp import (
@@ -72,6 +73,7 @@ log = logging.getLogger("runlane.rabbitmq.publisher")
 
 _numbers = itertools.count(1)
 _PAGES_PER_SWEEP = 10  # a sweep stops after this many full pages and asks again
+_FIRST_BACKOFF = 0.5  # seconds: the first back-off after a failed publish (doubling)
 _IDLE_SLICE = 5.0  # seconds: the connection's heartbeats are served at least this often
 # after a sweep, the next one is due when the next item becomes publishable, within these
 _RESWEEP_MIN = 0.05
@@ -130,7 +132,6 @@ class OutboxPublisher:
         self._publish_timeout = publish_timeout
         self._delivery_limit = delivery_limit
         self._page_size = page_size
-        self._max_backoff = max_backoff
         self.name = f"runlane-publisher-{next(_numbers)}"
         self.stats = PublisherStats()
         claim_s = claim.total_seconds()
@@ -143,7 +144,9 @@ class OutboxPublisher:
         self._requests: list[_Request] = []
         self._sweep = False
         self._next_sweep: float | None = None  # monotonic time of a sweep after a back-off
-        self._backoff = 0.0
+        # one back-off for a broker or an outbox that fails: the shared jittered doubling
+        # (from half a second up to max_backoff), reset once a page publishes
+        self._backoff = Backoff(first=_FIRST_BACKOFF, cap=max_backoff)
         self._closing = False
         self._deadline: float | None = None
         self._thread: threading.Thread | None = None
@@ -358,10 +361,18 @@ class OutboxPublisher:
         items = self._storage.outbox_claim_page(limit, self._claim)
         return _Claimed(items, self._deadline_of(start))
 
-    def _schedule_sweep(self) -> None:
-        self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
+    def _schedule_sweep(self, delay: float | None = None) -> None:
+        """Sweep again after ``delay`` (None: the next back-off)."""
+        wait = self._backoff.next() if delay is None else delay
         with self._cond:
-            self._next_sweep = time.monotonic() + self._backoff
+            self._next_sweep = time.monotonic() + wait
+
+    def _back_off(self, failed: list[OutboxItem], error: str) -> None:
+        """Items that failed to publish: due again after the next back-off, and a sweep
+        then."""
+        delay = self._backoff.next()
+        self._record_failure(failed, error, delay)
+        self._schedule_sweep(delay)
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -411,9 +422,7 @@ class OutboxPublisher:
             if self._cut_queue is not None:
                 # a queue the broker could not serve: its items fail (counted, backed off,
                 # shown by status); the rest go back at once, for a sweep on a new connection
-                self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
-                self._record_failure(failed, error, self._backoff)
-                self._schedule_sweep()
+                self._back_off(failed, error)
                 self._unclaim(late + rest, "not tried after a queue the broker could not serve")
                 return recorded
             if late:
@@ -422,13 +431,11 @@ class OutboxPublisher:
             if failed:
                 if self._conn is None:  # the broker is gone: the rest waits with these
                     failed += rest
-                self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
-                self._record_failure(failed, error, self._backoff)
-                self._schedule_sweep()
+                self._back_off(failed, error)
                 if self._conn is None:
                     return recorded
             else:
-                self._backoff = 0.0
+                self._backoff.reset()
         return recorded
 
     def _refuse_unnameable(self, items: list[OutboxItem]) -> list[OutboxItem]:
