@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from runlane import RunContext, RunHandle, RunlaneError, queue, task
 from runlane._ids import new_run_ids
@@ -380,3 +382,53 @@ def test_eager_triggers_share_a_statement_and_one_claim_for_their_items(
         assert len(stored) == 6
     finally:
         storage.close()
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_a_queued_call_interrupted_by_a_signal_leaves_no_one_waiting() -> None:
+    """Ctrl-C (a signal's exception in the main thread) while a call waits in the queue:
+    the call leaves the queue, the statement in flight ends normally, and later calls are
+    not left waiting for the one that left."""
+    gate = threading.Event()
+    started = threading.Event()
+
+    class Interrupted(Exception):
+        pass
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        if runs.payloads[0] == '"first"':
+            started.set()
+            assert gate.wait(10)
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any) -> list[list[InsertedRun]]:
+        return [[InsertedRun(r.ids[0], r.queue, True)] for r in groups]
+
+    group = GroupCommit(alone, together)
+    first = threading.Thread(target=group.insert, args=(new_runs('"first"'),))
+    first.start()
+    assert started.wait(10)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            group.insert(new_runs())  # queued behind the first, then interrupted
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert group._queue == []
+    gate.set()
+    first.join(10)
+    assert not first.is_alive()
+    later: list[list[InsertedRun]] = []
+    runs = new_runs()
+    after = threading.Thread(target=lambda: later.append(group.insert(runs)))
+    after.start()
+    after.join(10)
+    assert not after.is_alive(), "a later call waits for the call that left"
+    assert later == [[InsertedRun(runs.ids[0], "default", True)]]
+    assert group._in_flight == 0

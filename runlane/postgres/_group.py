@@ -93,7 +93,11 @@ class GroupCommit:
                 self._hand_over()
         # woken to lead a group, or by the leader of the group it is in (never left waiting:
         # every leader wakes its group in a finally, after a statement bounded by its timeout)
-        waiter.wake.acquire()
+        try:
+            waiter.wake.acquire()
+        except BaseException:  # a signal's exception in the main thread (KeyboardInterrupt)
+            self._abandon(waiter)
+            raise
         if waiter.group is not None:
             if len(waiter.group) == 1:  # nobody to share with: the lone caller's statement
                 try:
@@ -117,6 +121,21 @@ class GroupCommit:
         leader = group[0]
         leader.group = group
         leader.wake.release()
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """A queued call stopped waiting (its thread was interrupted): it leaves the queue,
+        or, if it was already chosen to lead a group, passes the statement on and lets that
+        group's calls write alone, so no call is left waiting for it."""
+        with self._lock:
+            if waiter in self._queue:
+                self._queue.remove(waiter)
+                return
+        group = waiter.group
+        if group is not None and group[0] is waiter:
+            self._hand_over()
+            for other in group[1:]:
+                other.wake.release()  # their result stays None: each writes alone
+        # else a follower: its group's leader releases a lock nobody waits on any more
 
     def _lead(self, group: list[_Waiter]) -> None:
         """Write the runs of ``group`` (this call's first), then wake the others."""
