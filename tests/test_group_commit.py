@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from runlane import RunContext, RunHandle, RunlaneError, queue, task
 from runlane._ids import new_run_ids
@@ -130,10 +131,15 @@ def test_queued_triggers_share_one_statement_each_with_its_own_options(
         functools.partial(rl.trigger, t, Greet(name=f"n{i}"), **o)
         for i, (t, o) in enumerate(zip(tasks, options, strict=True))
     ]
-    handles = grouped(database_url, schema, group, calls)
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute(sql.SQL("listen {}").format(sql.Identifier(f"runlane.{schema}")))
+        handles = grouped(database_url, schema, group, calls)
+        heard = {n.payload for n in listener.notifies(timeout=0.5)}
     assert all(isinstance(h, RunHandle) and h.created for h in handles), handles
     assert len({h.id for h in handles}) == len(calls)
     assert commits(db, schema) == 2  # the first call alone, the six others together
+    # the insert trigger announced the shared statement's queues due now, at its commit
+    assert heard == {"default|default", "default|email"}
     for i, (handle, t, o) in enumerate(zip(handles, tasks, options, strict=True)):
         row = run_row(db, schema, handle.id)
         assert row["task_id"] == t.id == handle.task_id
