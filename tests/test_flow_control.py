@@ -322,11 +322,11 @@ def test_a_key_with_a_huge_backlog_does_not_delay_other_keys(
             "select count(*) from {schema}.runs where concurrency_key = 'hot' "
             "and status <> 'queued'"
         )
-    # the keys took turns: while the 200 other runs (5 per key) ran, the hot key had about
-    # one turn in each of their rounds; behind its backlog they would have waited for all
-    # of it (and a claim that walked its runs would have taken a second each)
-    assert hot_started <= 20, f"the hot key started {hot_started} runs meanwhile"
-    assert took < 20, f"200 runs of 40 other keys took {took:.1f}s behind the hot key"
+    # the other keys did not wait behind the hot key's backlog: they were all done while
+    # it had run a few dozen of its 20,000 (one at a time, taking a turn whenever its slot
+    # was free), not after it
+    assert hot_started < 1_000, f"the hot key started {hot_started} runs meanwhile"
+    assert took < 60, f"200 runs of 40 other keys took {took:.1f}s behind the hot key"
     assert max(peak_per_key(flow.intervals("keyed")).values()) == 1
 
 

@@ -214,14 +214,17 @@ with flow as materialized (
         started_at = coalesce(r.started_at, (select t from stamp)),
         worker_id = %(worker_id)s::uuid,
         updated_at = now()
-    from picked as p
-    where r.id = p.id
+    -- by primary key: a join with picked would be planned for the generic plan's guess of
+    -- its size (a hash of the whole table)
+    where r.id = any(array(select id from picked))
     returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases as consumed,
               r.max_attempts, r.lease_token, r.payload, r.lease_expires_at, r.trace_context,
-              r.due_at, p.i, p.k
+              r.due_at
 ), counted as materialized (
     select count(*)::int as n,
-           coalesce((select k from claimed where k is not null order by i desc limit 1),
+           coalesce((select p.k from picked as p
+                     where p.k is not null and p.id in (select id from claimed)
+                     order by p.i desc limit 1),
                     (select k from keyed where id is null)) as last_key
     from claimed
 ), next_tat as materialized (
