@@ -20,6 +20,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from runlane import RunContext, create_runlane, task
+from runlane.postgres import postgres_polling_lane
 from runlane.rabbitmq import rabbitmq_lane
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.testing import run_until_idle
@@ -98,6 +99,7 @@ def test_a_rabbitmq_worker_closes_in_time_when_broker_and_database_stall(
             began = time.monotonic()
             worker.close(timeout=1)
             took = time.monotonic() - began
+            print(f"worker.close(timeout=1) took {took:.2f}s")
             assert took < 1 + ALLOWANCE, f"worker.close(timeout=1) took {took:.2f}s"
             assert worker.closed
             pg.unstall()
@@ -150,3 +152,36 @@ def test_run_until_idle_leaves_no_timer_thread(make_runlane: RunlaneFactory) -> 
     assert _threads_of("runlane-run-until-idle-timer") == []
     unnamed = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("Thread-")]
     assert unnamed == []
+
+
+def test_a_polling_runtime_closes_in_time_when_the_database_stalls(
+    database_url: str, schema: str
+) -> None:
+    """A runtime with a worker and maintenance services whose database stops answering
+    (live connections and new ones): ``close(timeout=1)`` keeps its bound."""
+    with tcp_proxy(database_url) as pg:
+        pg.up()
+        rl = create_runlane(
+            lane=postgres_polling_lane(
+                connection_string=pg.url_for(database_url), schema=schema, connect_timeout=3.0
+            ),
+            tasks=[noop],
+        )
+        try:
+            rl.trigger(noop, None)
+            worker = rl.create_delivery_worker(concurrency=2)
+            services = rl.start_services()
+            assert worker.idle_signal.wait(10)
+            pg.stall()
+            pg.down()  # every connection is made again, into the stall
+            pg.up()
+            began = time.monotonic()
+            rl.close(timeout=1)
+            took = time.monotonic() - began
+            assert took < 1 + ALLOWANCE, f"runtime.close(timeout=1) took {took:.2f}s"
+            assert worker.closed
+            assert services.closed
+        finally:
+            pg.unstall()
+            rl.close(timeout=10)
+    _no_threads_of("runlane-")

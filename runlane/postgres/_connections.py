@@ -56,6 +56,8 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 POOL_WAIT = 10.0
 # unacknowledged data older than this breaks the connection (libpq 12+, Linux)
 _TCP_USER_TIMEOUT_MS = 20_000
+# what a pool close gives its threads when its caller sets no timeout (psycopg_pool's default)
+_POOL_CLOSE_SECONDS = 5.0
 
 
 def check_conninfo(connection_string: object) -> dict[str, Any]:
@@ -241,7 +243,7 @@ if not any(isinstance(f, _OwnPoolRecords) for f in _psycopg_pool_log.filters):
 class ConnectionSource(Protocol):
     def open(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, timeout: float | None = None) -> None: ...
 
     def connection(self) -> AbstractContextManager[Conn]: ...
 
@@ -310,12 +312,14 @@ class PoolSource:
         # connections in use stay usable until returned; waiters fail with PoolClosed
         pool.close(timeout=0)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Close the pool; its threads get ``timeout`` seconds to end (None: the pool's
+        own 5 s), after which it is closed anyway."""
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.close()
+            pool.close(timeout=_POOL_CLOSE_SECONDS if timeout is None else timeout)
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
@@ -395,7 +399,8 @@ class DedicatedSource:
     def open(self) -> None:
         """Connections open lazily; nothing to do."""
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Close the connection (nothing to wait for: ``timeout`` is not needed)."""
         with self._lock:
             self._closed = True
             conn, self._conn = self._conn, None

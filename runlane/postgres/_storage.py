@@ -15,6 +15,7 @@ import psycopg
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
 from runlane._backoff import Backoff
+from runlane._closing import Deadline
 from runlane.errors import (
     ConfigurationError,
     IncompatibleSchema,
@@ -194,15 +195,17 @@ class PostgresStorage(
 
     def close(self, timeout: float | None = None) -> None:
         """Close the connections; the transport lane's publisher first, which publishes
-        what eager triggers handed over within ``timeout`` (None: its own 10 s)."""
+        what eager triggers handed over; both within ``timeout`` together (None: the
+        publisher's own 10 s, the pool's own 5 s for its threads)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        deadline = Deadline(timeout)
         if self._owns_eager and self._eager is not None:
             # publishes what eager triggers handed over, first
-            self._eager.close(_EAGER_CLOSE_SECONDS if timeout is None else timeout)
-        self._source.close()
+            self._eager.close(_EAGER_CLOSE_SECONDS if timeout is None else deadline.left())
+        self._source.close(deadline.left())
 
     @property
     def eager_publisher(self) -> EagerPublisher | None:
