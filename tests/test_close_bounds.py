@@ -99,7 +99,6 @@ def test_a_rabbitmq_worker_closes_in_time_when_broker_and_database_stall(
             began = time.monotonic()
             worker.close(timeout=1)
             took = time.monotonic() - began
-            print(f"worker.close(timeout=1) took {took:.2f}s")
             assert took < 1 + ALLOWANCE, f"worker.close(timeout=1) took {took:.2f}s"
             assert worker.closed
             pg.unstall()
