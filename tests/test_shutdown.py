@@ -465,7 +465,13 @@ def test_a_bad_close_timeout_is_refused_before_anything_closes(
     worker = rl.create_delivery_worker(concurrency=1)
     services = rl.start_services()
     needle = r"timeout must be None \(wait as long as it takes\) or a number of seconds >= 0"
-    for close in (rl.close, worker.close, services.close, services.wait_until_closed):
+    for close in (
+        rl.close,
+        worker.close,
+        worker.wait_until_closed,
+        services.close,
+        services.wait_until_closed,
+    ):
         with pytest.raises(ConfigurationError, match=needle):
             close(timeout=timeout)
     assert not worker.closed
