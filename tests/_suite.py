@@ -1,6 +1,6 @@
 """How the whole suite runs: in parallel worker processes (pytest-xdist), in random order
 (pytest-randomly), on a throw-away PostgreSQL that need not reach the disk. conftest.py's
-hooks call these; the options themselves are in pyproject.toml (``-n auto --dist loadgroup``).
+hooks call these; the options themselves are in pyproject.toml (``-n auto --dist loadfile``).
 
 - ``pytest`` alone (the README's and CI's command) runs the suite on ``WORKERS`` processes,
   each with its own embedded PostgreSQL and its own RabbitMQ node (every node has its own
@@ -8,9 +8,10 @@ hooks call these; the options themselves are in pyproject.toml (``-n auto --dist
   ``pytest tests/test_x.py`` (any explicit selection) runs in this one process, as before.
   So does a run on ``RUNLANE_TEST_DATABASE_URL`` (one server the workers would share).
   ``-n N`` or ``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` overrides these.
-- A test using a module-scoped fixture (a three-node broker cluster, a browser, a server of
-  the module's own) runs in the same worker as the rest of its module, so the fixture is set
-  up once, not once per worker.
+- ``--dist loadfile`` sends each test file to one worker whole, so a module-scoped fixture (a
+  three-node broker cluster, a browser, a server of the module's own) is set up once, not
+  once per worker. (``--dist loadgroup`` would balance better, but pytest-xdist 3.8 cannot
+  group tests under pytest 9.2: it renames a test id pytest no longer reads.)
 - pytest-randomly shuffles the order (modules, then the tests in each) with a seed printed
   in the header: ``pytest --randomly-seed=N`` repeats a run's order (``--randomly-seed=last``
   the last run's), ``pytest -p no:randomly`` keeps the file order.
@@ -24,7 +25,14 @@ from typing import Any
 import psycopg
 import pytest
 
-__all__ = ["WORKERS", "auto_workers", "encodable", "group_module_fixtures", "skip_disk_flushes"]
+__all__ = [
+    "CLUSTER_TIMEOUT",
+    "WORKERS",
+    "auto_workers",
+    "cluster_timeouts",
+    "encodable",
+    "skip_disk_flushes",
+]
 
 # Worker processes for the whole suite. Most tests wait (for a broker, a lease, a thread, a
 # subprocess) more than they compute, so one more worker than the machine has cores keeps
@@ -49,15 +57,20 @@ def auto_workers(config: pytest.Config) -> int:
     return WORKERS
 
 
-def group_module_fixtures(items: list[pytest.Item]) -> None:
-    """Put each test that uses a module-scoped fixture in its module's xdist group: under
-    ``--dist loadgroup`` a group runs in one worker, so the fixture is set up once."""
+# A test using the three-node broker cluster gets this timeout (seconds) unless it has its
+# own: its set-up counts, and the cluster's boot shares the cores with the other workers
+# (it took over the suite's 120 s on a loaded 2-core machine).
+CLUSTER_TIMEOUT = 300
+
+
+def cluster_timeouts(items: list[pytest.Item]) -> None:
+    """Give each test that uses ``rabbitmq_cluster`` ``CLUSTER_TIMEOUT``, unless it has a
+    timeout of its own."""
     for item in items:
-        if not isinstance(item, pytest.Function):
-            continue
-        definitions = item._fixtureinfo.name2fixturedefs.values()
-        if any(defs and defs[-1].scope == "module" for defs in definitions):
-            item.add_marker(pytest.mark.xdist_group(name=item.module.__name__))
+        if "rabbitmq_cluster" in getattr(item, "fixturenames", ()) and (
+            item.get_closest_marker("timeout") is None
+        ):
+            item.add_marker(pytest.mark.timeout(CLUSTER_TIMEOUT))
 
 
 def skip_disk_flushes(url: str) -> None:
