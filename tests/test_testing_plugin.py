@@ -142,7 +142,9 @@ def test_future_work_does_not_keep_it_running(make_runlane: RunlaneFactory) -> N
 
 
 def test_due_within_waits_for_short_retry_delays(make_runlane: RunlaneFactory) -> None:
-    short = RetryPolicy(max_attempts=2, initial_delay=timedelta(milliseconds=300), jitter=0.0)
+    # 1.5 s: the first run_until_idle must end before the retry is due; at 300 ms it did not
+    # always, on a 2-core machine running the suite's workers
+    short = RetryPolicy(max_attempts=2, initial_delay=timedelta(seconds=1.5), jitter=0.0)
 
     @task(id="short-retry", schema=Greet, retry=short)
     def short_retry(payload: Greet, context: RunContext) -> int:
