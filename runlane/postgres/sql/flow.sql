@@ -158,13 +158,16 @@ with flow as materialized (
           and status in ('running', 'cancellation_requested')
           and lease_expires_at > now()) as lv
     left join lateral (
+        -- the key as a range and the order led by it (one key: the same rows, the same
+        -- order) so that only runs_claimable_by_key serves it: with "= walk.k" the generic
+        -- plan read the queue's whole range in runs_claimable, filtering on the key
         select id, priority, due_at
         from {schema}.runs
         where environment = %(environment)s and queue = %(queue)s
-          and concurrency_key = walk.k
+          and concurrency_key >= walk.k and concurrency_key <= walk.k
           and status = 'queued'
           and due_at <= now()
-        order by priority desc, due_at, id
+        order by concurrency_key, priority desc, due_at, id
         limit greatest(0, %(key_limit)s::int - lv.n)
         for update skip locked) as c on true
     where c.id is not null or walk.i >= %(visit_limit)s
