@@ -233,6 +233,7 @@ def test_a_refused_output_in_a_batch_of_completions_leaves_the_others_written(
         "beats_alone": 0,
         "beats_with_extensions": 0,
         "progress": 0,
+        "marked_started": 0,
     }
     assert [runlane.get_run(i).output for i in (a.run_id, c.run_id)] == ["a", "c"]
     failed = runlane.get_run(big.run_id)
