@@ -11,7 +11,8 @@ hooks call these; the options themselves are in pyproject.toml (``-n auto --dist
 - ``--dist loadfile`` sends each test file to one worker whole, so a module-scoped fixture (a
   three-node broker cluster, a browser, a server of the module's own) is set up once, not
   once per worker. (``--dist loadgroup`` would balance better, but pytest-xdist 3.8 cannot
-  group tests under pytest 9.2: it renames a test id pytest no longer reads.)
+  group tests under pytest 9.2: it renames a test id pytest no longer reads.) Files holding
+  a ``slow`` test are handed out first.
 - pytest-randomly shuffles the order (modules, then the tests in each) with a seed printed
   in the header: ``pytest --randomly-seed=N`` repeats a run's order (``--randomly-seed=last``
   the last run's), ``pytest -p no:randomly`` keeps the file order.
@@ -32,6 +33,7 @@ __all__ = [
     "cluster_timeouts",
     "encodable",
     "skip_disk_flushes",
+    "slow_files_first",
 ]
 
 # Worker processes for the whole suite. Most tests wait (for a broker, a lease, a thread, a
@@ -71,6 +73,15 @@ def cluster_timeouts(items: list[pytest.Item]) -> None:
             item.get_closest_marker("timeout") is None
         ):
             item.add_marker(pytest.mark.timeout(CLUSTER_TIMEOUT))
+
+
+def slow_files_first(items: list[pytest.Item]) -> None:
+    """Move the files holding a test marked ``slow`` (the soaks, the broker cluster, the
+    packaging and guide tests: a minute or more each) before the others, keeping the random
+    order within each part: ``--dist loadfile`` hands files out in this order, so the
+    longest start first rather than last, alone, at the end of the run."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 def skip_disk_flushes(url: str) -> None:

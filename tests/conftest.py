@@ -22,7 +22,13 @@ from runlane._rabbit_nodes import (
 )
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
-from tests._suite import auto_workers, cluster_timeouts, encodable, skip_disk_flushes
+from tests._suite import (
+    auto_workers,
+    cluster_timeouts,
+    encodable,
+    skip_disk_flushes,
+    slow_files_first,
+)
 
 RunlaneFactory = Callable[..., Runlane]
 RabbitRuntimes = Callable[..., Runlane]
@@ -35,6 +41,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cluster_timeouts(items)
+    slow_files_first(items)  # after pytest-randomly's shuffle (tryfirst)
 
 
 @pytest.hookimpl(wrapper=True)
