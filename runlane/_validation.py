@@ -184,8 +184,5 @@ def with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
     if defaults:
         return queue_list
     if DEFAULT_QUEUE in names:
-        return [
-            attrs.evolve(q, default=True) if q.name == DEFAULT_QUEUE else q
-            for q in queue_list
-        ]
+        return [attrs.evolve(q, default=True) if q.name == DEFAULT_QUEUE else q for q in queue_list]
     return [*queue_list, Queue(name=DEFAULT_QUEUE, default=True)]
