@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import attrs
 
 from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
+from runlane.flow import RateLimit
 from runlane.models import QueueInfo, ScheduleInfo, WorkerInfo
 from runlane.runtime import Runlane
 
@@ -110,6 +111,11 @@ def _count(*statuses: str) -> Callable[[QueueInfo], str]:
     return lambda q: str(sum(q.counts.get(status, 0) for status in statuses))
 
 
+def _rate(limit: RateLimit) -> str:
+    burst = "" if limit.burst is None else f" +{limit.burst}"
+    return f"{limit.count}/{limit.per.total_seconds():g}s{burst}"
+
+
 _QUEUE_COLUMNS: Columns[QueueInfo] = [
     ("QUEUE", lambda q: q.name + ("" if q.defined else " *")),
     ("STATE", _queue_state),
@@ -118,6 +124,8 @@ _QUEUE_COLUMNS: Columns[QueueInfo] = [
     ("RETRYING", _count("retrying", "released")),
     ("WAITING", _count("waiting")),
     ("LIMIT", lambda q: "-" if q.concurrency_limit is None else str(q.concurrency_limit)),
+    ("RATE", lambda q: "-" if q.rate_limit is None else _rate(q.rate_limit)),
+    ("PER KEY", lambda q: "-" if q.key_concurrency_limit is None else str(q.key_concurrency_limit)),
     ("OLDEST QUEUED", lambda q: _age(q.oldest_queued_age)),
 ]
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import attrs
 
+from runlane.flow import RateLimit
+
 __all__ = [
     "AttemptRecord",
     "BulkResult",
@@ -304,7 +306,7 @@ class QueueInfo:
     paused_reason: str | None
     paused_at: datetime | None
     concurrency_limit: int | None
-    rate_limit: Any  # RateLimit | None
+    rate_limit: RateLimit | None
     key_concurrency_limit: int | None
     counts: dict[str, int]  # runs by status value; statuses without runs are 0
     oldest_queued_age: float | None  # seconds since the oldest due queued run became due

@@ -403,3 +403,43 @@ def test_a_bulk_retry_interrupted_by_ctrl_c_says_how_far_it_got_and_a_rerun_fini
     assert again.returncode == 0, again.stderr
     assert f"{rest:,} of {rest:,} matching runs retried" in again.stdout
     assert _statuses(data) == {"queued": FAILED_RUNS}
+
+
+def test_queues_list_shows_each_queues_flow_limits() -> None:
+    from datetime import timedelta  # noqa: PLC0415
+
+    from runlane import RateLimit  # noqa: PLC0415
+    from runlane._cli_operator import _QUEUE_COLUMNS, _table  # noqa: PLC0415
+    from runlane.models import QueueInfo  # noqa: PLC0415
+
+    def info(name: str, rate: RateLimit | None, per_key: int | None) -> QueueInfo:
+        return QueueInfo(
+            name=name,
+            paused=False,
+            paused_reason=None,
+            paused_at=None,
+            concurrency_limit=None,
+            rate_limit=rate,
+            key_concurrency_limit=per_key,
+            counts={},
+            oldest_queued_age=None,
+            defined=True,
+        )
+
+    lines = _table(
+        _QUEUE_COLUMNS,
+        [
+            info("mail", RateLimit(100, timedelta(seconds=1), burst=10), 1),
+            info("plain", None, None),
+        ],
+    )
+    header, mail, plain = lines
+
+    def cell(line: str, column: str) -> str:
+        start = header.index(column)
+        return line[start:].split("  ", maxsplit=1)[0].strip()
+
+    assert header.index("LIMIT") < header.index("RATE") < header.index("PER KEY")
+    assert cell(mail, "RATE") == "100/1s +10"
+    assert cell(mail, "PER KEY") == "1"
+    assert cell(plain, "RATE") == cell(plain, "PER KEY") == "-"
