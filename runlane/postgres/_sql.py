@@ -3,6 +3,8 @@
 Statements are split by concern (``runs.sql``, ``claims.sql``, ``lifecycle.sql``, ...); a name
 is unique across all of them. Migrations live in ``sql/migrations/`` and are not statements;
 nor are the blocks of ``grants.sql`` (they also name a role: see :func:`grant_blocks`).
+Pieces several statements share (a claim's columns, how a failed attempt ends its run) are
+written once in ``fragments.sql`` and put in where a statement names them (``{@name}``).
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ __all__ = [
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BLOCK_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+_FRAGMENT_HEADER = re.compile(r"^-- fragment: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+_FRAGMENT_USE = re.compile(r"\{@(?P<name>[a-z_]+)\}")
 # least-privilege grants: rendered with a role as well, never run by the storage
 GRANTS_FILE = "grants.sql"
+# the shared pieces of statements, not statements themselves
+FRAGMENTS_FILE = "fragments.sql"
 
 
 def validate_schema_name(schema: str) -> str:
@@ -64,14 +70,17 @@ def render(text: str, schema: str, **identifiers: str) -> str:
     )
 
 
-def parse_blocks(files: dict[str, str]) -> dict[str, str]:
+def parse_blocks(
+    files: dict[str, str], header_pattern: re.Pattern[str] = _BLOCK_HEADER
+) -> dict[str, str]:
     """The named blocks of ``{file name: text}``; a name defined twice (in one file or two)
-    is an error naming both places."""
+    is an error naming both places. Blocks start at ``header_pattern`` (``-- name: ...``,
+    or ``-- fragment: ...`` in fragments.sql)."""
     blocks: dict[str, str] = {}
     where: dict[str, str] = {}
     for file_name in sorted(files):
         text = files[file_name]
-        headers = list(_BLOCK_HEADER.finditer(text))
+        headers = list(header_pattern.finditer(text))
         for index, header in enumerate(headers):
             end = headers[index + 1].start() if index + 1 < len(headers) else len(text)
             name = header["name"]
@@ -84,15 +93,43 @@ def parse_blocks(files: dict[str, str]) -> dict[str, str]:
     return blocks
 
 
+def with_fragments(blocks: dict[str, str], fragments: dict[str, str]) -> dict[str, str]:
+    """``blocks`` with each ``{@name}`` replaced by fragment ``name`` (its comment lines
+    left out); a name no fragment has, or a fragment no block uses, is an error."""
+    texts = {
+        name: "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+        for name, text in fragments.items()
+    }
+    used: set[str] = set()
+
+    def put(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in texts:
+            raise RuntimeError(f"a statement uses fragment {name!r}, which {FRAGMENTS_FILE} lacks")
+        used.add(name)
+        return texts[name]
+
+    done = {name: _FRAGMENT_USE.sub(put, body) for name, body in blocks.items()}
+    unused = sorted(set(texts) - used)
+    if unused:
+        raise RuntimeError(f"fragments no statement uses: {unused}")
+    return done
+
+
 @cache
 def _blocks() -> dict[str, str]:
     folder = resources.files("runlane.postgres").joinpath("sql")
     files = {
         entry.name: entry.read_text("utf-8")
         for entry in folder.iterdir()
-        if entry.name.endswith(".sql") and entry.is_file() and entry.name != GRANTS_FILE
+        if entry.name.endswith(".sql")
+        and entry.is_file()
+        and entry.name not in {GRANTS_FILE, FRAGMENTS_FILE}
     }
-    return parse_blocks(files)
+    fragments = parse_blocks(
+        {FRAGMENTS_FILE: folder.joinpath(FRAGMENTS_FILE).read_text("utf-8")}, _FRAGMENT_HEADER
+    )
+    return with_fragments(parse_blocks(files), fragments)
 
 
 @cache

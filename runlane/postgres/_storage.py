@@ -1041,23 +1041,15 @@ def _lease_params(leases: Sequence[LeaseRef]) -> dict[str, Any]:
     }
 
 
+# the columns of a claim's row: ClaimedRun's fields, in their order and under their names,
+# as the SQL fragment claim_returning (sql/fragments.sql) gives them (a test compares the
+# names); rows may carry more columns after them (the flow-control claim's rate wait)
+CLAIM_FIELDS = tuple(f.name for f in attrs.fields(ClaimedRun) if f.init)
+_CLAIM_WIDTH = len(CLAIM_FIELDS)
+
+
 def _claimed(rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
-    return [
-        ClaimedRun(
-            id=row[0],
-            task_id=row[1],
-            queue=row[2],
-            attempt=row[3],
-            attempts_consumed=row[4],
-            max_attempts=row[5],
-            lease_token=row[6],
-            payload=row[7],
-            lease_expires_at=row[8],
-            trace_context=row[9],
-            due_at=row[10],
-        )
-        for row in rows
-    ]
+    return [ClaimedRun(*row[:_CLAIM_WIDTH]) for row in rows]
 
 
 def _snapshot(row: dict[str, Any]) -> RunSnapshot:

@@ -209,20 +209,13 @@ with flow as materialized (
     limit (select n from room)
 ), claimed as (
     update {schema}.runs as r
-    set status = 'running',
-        attempt = r.attempt + 1,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+    set {@claim_set},
         attempt_started_at = (select t from stamp),
-        started_at = coalesce(r.started_at, (select t from stamp)),
-        worker_id = %(worker_id)s::uuid,
-        updated_at = now()
+        started_at = coalesce(r.started_at, (select t from stamp))
     -- by primary key: a join with picked would be planned for the generic plan's guess of
     -- its size (a hash of the whole table)
     where r.id = any(array(select id from picked))
-    returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases as consumed,
-              r.max_attempts, r.lease_token, r.payload, r.lease_expires_at, r.trace_context,
-              r.due_at
+    returning {@claim_returning}
 ), counted as materialized (
     select count(*)::int as n,
            coalesce((select p.k from picked as p
@@ -263,8 +256,7 @@ with flow as materialized (
         rate_tat = excluded.rate_tat,
         key_cursor = coalesce(excluded.key_cursor, f.key_cursor)
 )
-select id, task_id, queue, attempt, consumed, max_attempts, lease_token, payload,
-       lease_expires_at, trace_context, due_at, null::float8 as rate_wait
+select {@claim_columns}, null::float8 as rate_wait
 from claimed
 union all
 select null, null, null, null, null, null, null, null, null, null, null,

@@ -50,17 +50,7 @@ with input as (
         as i(id, attempt, lease_token, error, retry_delay_seconds)
 ), done as (
     update {schema}.runs as r
-    set status = case
-            when r.status = 'cancellation_requested' then 'cancelled'
-            when i.retry_delay_seconds is null then 'failed'
-            else 'retrying' end,
-        due_at = case
-            when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
-                then r.due_at
-            else now() + i.retry_delay_seconds * interval '1 second' end,
-        finished_at = case
-            when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
-                then now() end,
+    set {@attempt_end_set},
         error = i.error::jsonb,
         lease_token = null,
         lease_expires_at = null,

@@ -195,18 +195,12 @@ with live as (
     for update skip locked
 )
 update {schema}.runs as r
-set status = 'running',
-    attempt = r.attempt + 1,
-    lease_token = gen_random_uuid(),
-    lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+set {@claim_set},
     attempt_started_at = now(),
-    started_at = coalesce(r.started_at, now()),
-    worker_id = %(worker_id)s::uuid,
-    updated_at = now()
+    started_at = coalesce(r.started_at, now())
 from candidates as c
 where r.id = c.id
-returning r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases, r.max_attempts,
-          r.lease_token, r.payload, r.lease_expires_at, r.trace_context, r.due_at;
+returning {@claim_returning};
 
 -- name: run_delivery_state
 -- Why named runs were not claimed: their status, queue, whether they are due and whether

@@ -1,0 +1,42 @@
+-- Pieces of SQL several statements share, written once. A statement names one as {@name};
+-- the loader (runlane.postgres._sql) puts its text in before the statement is rendered,
+-- and refuses a name it does not know. A fragment's comment lines are left out.
+
+-- fragment: claim_set
+-- The columns a claim sets on each run it takes (the runs table aliased r), beside its
+-- own attempt_started_at and started_at (the flow-control claim's come from its clock).
+status = 'running',
+attempt = r.attempt + 1,
+lease_token = gen_random_uuid(),
+lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+worker_id = %(worker_id)s::uuid,
+updated_at = now()
+
+-- fragment: claim_returning
+-- What a claim returns of each run it took: one column per field of
+-- runlane.storage.ClaimedRun, in its order and under its name (runlane.postgres._storage
+-- builds each ClaimedRun from these names; tests/test_sql_fragments.py checks them).
+r.id, r.task_id, r.queue, r.attempt, r.attempt - r.releases as attempts_consumed,
+r.max_attempts, r.lease_token, r.payload, r.lease_expires_at, r.trace_context, r.due_at
+
+-- fragment: claim_columns
+-- claim_returning's names, for a statement that selects them again from its own result.
+id, task_id, queue, attempt, attempts_consumed, max_attempts, lease_token, payload,
+lease_expires_at, trace_context, due_at
+
+-- fragment: attempt_end_set
+-- How an attempt that failed or expired ends its run (the runs table aliased r, the input
+-- row i with retry_delay_seconds from runlane.retry.next_retry_delay): cancelled when
+-- cancellation was requested, failed for good without a retry delay, else retrying after
+-- it.
+status = case
+    when r.status = 'cancellation_requested' then 'cancelled'
+    when i.retry_delay_seconds is null then 'failed'
+    else 'retrying' end,
+due_at = case
+    when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
+        then r.due_at
+    else now() + i.retry_delay_seconds * interval '1 second' end,
+finished_at = case
+    when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
+        then now() end
