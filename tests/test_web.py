@@ -679,9 +679,16 @@ def test_runlane_web_serves_from_a_database_url(database_url: str, schema: str) 
         assert statuses[-1] == 200
     finally:
         process.send_signal(2)  # SIGINT: waitress stops, the runtime is closed
-        code = process.wait(timeout=15)
-        assert process.stdout is not None
-        process.stdout.close()
+        try:
+            code = process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            # not left running (and its Popen for a later test's garbage collector to find)
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            assert process.stdout is not None
+            process.stdout.close()
     assert code == 0
 
 
