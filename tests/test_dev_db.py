@@ -17,6 +17,10 @@ import pytest
 
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE
 
+# end-to-end: installs, servers and subprocesses; past the suite's 120 s default on a busy
+# machine, within their own steps' bounds
+pytestmark = pytest.mark.timeout(600)
+
 
 def runlane(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

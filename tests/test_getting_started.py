@@ -31,6 +31,10 @@ import pytest
 
 from tests.test_packaging import _checkout_copy
 
+# end-to-end: installs, servers and subprocesses; past the suite's 120 s default on a busy
+# machine, within their own steps' bounds
+pytestmark = pytest.mark.timeout(600)
+
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "getting-started.md"
 FILE_HEADER = re.compile(r"# ([\w/]+\.py): ")

@@ -21,6 +21,10 @@ from pathlib import Path
 
 import pytest
 
+# end-to-end: installs, servers and subprocesses; past the suite's 120 s default on a busy
+# machine, within their own steps' bounds
+pytestmark = pytest.mark.timeout(600)
+
 ROOT = Path(__file__).resolve().parent.parent
 MINIMUM_SETUPTOOLS = (77,)
 PIP = [sys.executable, "-m", "pip"]
