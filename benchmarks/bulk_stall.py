@@ -14,10 +14,11 @@ tasks calls ``retry_runs(status="failed", queue=...)`` until it returns. The tab
 the longest claim and the claim p99 during the bulk action beside the baseline, the
 trigger-to-start latency of the fed runs, the longest batch, and the bulk rate.
 
-By default the retried runs become queued in another queue of the worker's environment:
-its claims then walk past the ones already due (the claim index is the environment's, by
-priority and due time); ``--bulk-environment other`` keeps them out of its way, which
-isolates what the bulk action's batches themselves cost a claim.
+By default the retried runs become queued, due, in another queue of the worker's
+environment, which no worker serves: a claim must not read them (it reads each served
+queue's range of runs_claimable; retry_runs analyses runs once it has moved 10,000, so the
+planner knows queued runs are many). ``--bulk-environment other`` keeps them out of its way
+entirely, which isolates what the bulk action's batches themselves cost a claim.
 """
 
 from __future__ import annotations
