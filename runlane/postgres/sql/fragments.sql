@@ -40,3 +40,22 @@ due_at = case
 finished_at = case
     when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
         then now() end
+
+-- fragment: group_insert
+-- The runs of one group of concurrent trigger() calls (sql/group.sql): every column an
+-- array, zipped by position, aliased i; the statement adds its ordering and conflict rule.
+insert into {schema}.runs as r (
+    id, environment, task_id, queue, status, priority, payload, max_attempts,
+    idempotency_key, parent_run_id, due_at, trace_context)
+select i.id, i.environment, i.task_id, i.queue, 'queued', i.priority, i.payload,
+       i.max_attempts, i.idempotency_key, i.parent_run_id,
+       coalesce(i.run_at, now() + i.delay_seconds * interval '1 second'),
+       i.trace_context::jsonb
+from rows from (unnest(%(ids)s::uuid[]), unnest(%(environments)s::text[]),
+                unnest(%(task_ids)s::text[]), unnest(%(queues)s::text[]),
+                unnest(%(priorities)s::integer[]), jsonb_array_elements(%(payloads)s::jsonb),
+                unnest(%(max_attempts)s::integer[]), unnest(%(idempotency_keys)s::text[]),
+                unnest(%(parent_run_ids)s::uuid[]), unnest(%(run_ats)s::timestamptz[]),
+                unnest(%(delay_seconds)s::float8[]), unnest(%(trace_contexts)s::text[]))
+    as i(id, environment, task_id, queue, priority, payload, max_attempts, idempotency_key,
+         parent_run_id, run_at, delay_seconds, trace_context)

@@ -10,21 +10,7 @@
 -- Locks in the order of run_insert_many, task by task: a key repeated in the group goes to
 -- the call with the smaller id, the others resolve to its run (as run_insert_many's callers
 -- do); a repeated id (the group retried after its answer was lost) is left alone.
-insert into {schema}.runs as r (
-    id, environment, task_id, queue, status, priority, payload, max_attempts,
-    idempotency_key, parent_run_id, due_at, trace_context)
-select i.id, i.environment, i.task_id, i.queue, 'queued', i.priority, i.payload,
-       i.max_attempts, i.idempotency_key, i.parent_run_id,
-       coalesce(i.run_at, now() + i.delay_seconds * interval '1 second'),
-       i.trace_context::jsonb
-from rows from (unnest(%(ids)s::uuid[]), unnest(%(environments)s::text[]),
-                unnest(%(task_ids)s::text[]), unnest(%(queues)s::text[]),
-                unnest(%(priorities)s::integer[]), jsonb_array_elements(%(payloads)s::jsonb),
-                unnest(%(max_attempts)s::integer[]), unnest(%(idempotency_keys)s::text[]),
-                unnest(%(parent_run_ids)s::uuid[]), unnest(%(run_ats)s::timestamptz[]),
-                unnest(%(delay_seconds)s::float8[]), unnest(%(trace_contexts)s::text[]))
-    as i(id, environment, task_id, queue, priority, payload, max_attempts, idempotency_key,
-         parent_run_id, run_at, delay_seconds, trace_context)
+{@group_insert}
 order by i.environment collate "C", i.task_id collate "C", i.idempotency_key collate "C", i.id
 on conflict do nothing
 returning r.id;
@@ -36,21 +22,7 @@ returning r.id;
 with claim as materialized (
     select set_config('runlane.outbox_claim', %(claim)s, true)
 )
-insert into {schema}.runs as r (
-    id, environment, task_id, queue, status, priority, payload, max_attempts,
-    idempotency_key, parent_run_id, due_at, trace_context)
-select i.id, i.environment, i.task_id, i.queue, 'queued', i.priority, i.payload,
-       i.max_attempts, i.idempotency_key, i.parent_run_id,
-       coalesce(i.run_at, now() + i.delay_seconds * interval '1 second'),
-       i.trace_context::jsonb
-from rows from (unnest(%(ids)s::uuid[]), unnest(%(environments)s::text[]),
-                unnest(%(task_ids)s::text[]), unnest(%(queues)s::text[]),
-                unnest(%(priorities)s::integer[]), jsonb_array_elements(%(payloads)s::jsonb),
-                unnest(%(max_attempts)s::integer[]), unnest(%(idempotency_keys)s::text[]),
-                unnest(%(parent_run_ids)s::uuid[]), unnest(%(run_ats)s::timestamptz[]),
-                unnest(%(delay_seconds)s::float8[]), unnest(%(trace_contexts)s::text[]))
-    as i(id, environment, task_id, queue, priority, payload, max_attempts, idempotency_key,
-         parent_run_id, run_at, delay_seconds, trace_context)
+{@group_insert}
 cross join claim
 order by i.environment collate "C", i.task_id collate "C", i.idempotency_key collate "C", i.id
 on conflict do nothing
