@@ -137,6 +137,8 @@ def test_sentry_scope_isolates_concurrent_runs_in_threads(
     sentry: Memory, make_runlane: RunlaneFactory
 ) -> None:
     rl = make_runlane(tasks=[customer_job], middleware=[sentry_scope])
+    # a record outside any attempt (the application's own, or the worker's) is no run's
+    sentry_sdk.add_breadcrumb(message="outside any run")
     first = rl.trigger(customer_job, {"name": "ada", "together": True})
     second = rl.trigger(customer_job, {"name": "bob", "together": True})
     with rl.create_delivery_worker(concurrency=2):
@@ -157,6 +159,7 @@ def test_sentry_scope_isolates_concurrent_runs_in_threads(
         assert f"looked up {name}" in crumbs
         other = "bob" if name == "ada" else "ada"
         assert f"looked up {other}" not in crumbs
+        assert "outside any run" not in crumbs
     for handle in later:
         event = events[str(handle.id)]
         assert "customer" not in event["tags"], "a tag leaked from an earlier run's scope"

@@ -47,6 +47,9 @@ def sentry_scope(context: RunContext) -> Iterator[None]:
         "environment": context.environment,
     }
     with sentry_sdk.isolation_scope() as scope:
+        # a fork starts with the thread's breadcrumbs: records logged outside any attempt's
+        # scope (another run's lines, the worker's own) would reach this run's events
+        scope.clear_breadcrumbs()
         for key, value in fields.items():
             scope.set_tag(f"runlane.{key}", value)
         scope.set_context("runlane", fields)
