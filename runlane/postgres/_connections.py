@@ -51,9 +51,6 @@ KEEPALIVES: dict[str, Any] = {
 # how long a new connection may take (seconds), unless the lane or the connection string
 # says otherwise: a wrong address fails within it, with one line naming the cause
 DEFAULT_CONNECT_TIMEOUT = 5.0
-# how long a caller waits for a free pooled connection (or the connect timeout, if longer):
-# a busy pool is not a wrong address, and a short wait would fail work under load
-POOL_WAIT = 10.0
 # unacknowledged data older than this breaks the connection (libpq 12+, Linux)
 _TCP_USER_TIMEOUT_MS = 20_000
 # what a pool close gives its threads when its caller sets no timeout (psycopg_pool's default)
@@ -294,10 +291,10 @@ class PoolSource:
                 open=False,
                 name=self._name,
                 kwargs=kwargs,
-                timeout=max(self._timeout, POOL_WAIT),
+                timeout=self._timeout,
             )
             try:
-                pool.open(wait=True, timeout=max(self._timeout, POOL_WAIT))
+                pool.open(wait=True, timeout=self._timeout)
             except BaseException:
                 pool.close()
                 raise

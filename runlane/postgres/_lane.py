@@ -184,7 +184,9 @@ def postgres_polling_lane(
     ``connect_timeout`` in the connection string wins) bounds making a connection: a wrong
     host, port, password or database fails the first call within it, with a
     :class:`~runlane.StorageUnavailable` naming the cause. A free pooled connection is waited
-    for up to 10 s, or ``connect_timeout`` if longer.
+    for up to ``connect_timeout`` too: a call that starts during an outage fails within it,
+    rather than after the server is back but before the pool's reconnect backoff (up to
+    several seconds) has made a connection again.
     """
     if not isinstance(connection_string, str) or not connection_string:
         raise ConfigurationError("postgres_polling_lane needs a connection_string")
