@@ -20,7 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -30,11 +30,12 @@ import pytest
 from flask import Flask, Request
 from psycopg import sql
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 from waitress.server import create_server
 
@@ -184,18 +185,34 @@ def text(driver: WebDriver, css: str = "body") -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
 
 
+def _left(page: WebElement) -> Callable[[WebDriver], bool]:
+    """True once ``page`` (the old document's root) is gone. Besides selenium's stale
+    element error, Chromium answers a look at a node of a document being replaced with
+    "Node with given id does not belong to the document" (a plain WebDriverException),
+    which staleness_of let through as a failure."""
+
+    def left(driver: WebDriver) -> bool:
+        try:
+            page.is_enabled()
+        except WebDriverException:  # StaleElementReferenceException is one too
+            return True
+        return False
+
+    return left
+
+
 def click(driver: WebDriver, css: str) -> None:
     """Click ``css`` and wait for the page it leads to (the old page goes stale)."""
     page = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.CSS_SELECTOR, css).click()
-    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 15).until(_left(page))
 
 
 def submit_by_script(driver: WebDriver, script: str) -> None:
     """Run ``script`` (which submits a form) and wait for the page it leads to."""
     page = driver.find_element(By.TAG_NAME, "html")
     driver.execute_script(script)
-    WebDriverWait(driver, 15).until(expected_conditions.staleness_of(page))
+    WebDriverWait(driver, 15).until(_left(page))
 
 
 def http(url: str, data: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
