@@ -27,6 +27,10 @@ class Job:
     kind: str
 
 
+# set when a "stop" job's handler has begun (a running status only says it was claimed)
+_stop_entered = threading.Event()
+
+
 @task(id="logs.job", schema=Job, retry=RetryPolicy(max_attempts=2))
 def job(payload: Job, context: RunContext) -> str:
     if payload.kind == "retry":
@@ -34,6 +38,7 @@ def job(payload: Job, context: RunContext) -> str:
     if payload.kind == "fatal":
         raise NonRetryableError("give up")
     if payload.kind == "stop":
+        _stop_entered.set()
         context.cancelled.wait(30)
         context.raise_if_stopped()
     return payload.kind
