@@ -150,15 +150,20 @@ def ready_process(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
         assert proc.stdout.readline().strip() == "ready"
         yield proc
     finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        finish_process(proc)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def finish_process(proc: subprocess.Popen[str]) -> None:
+    """Close ``proc``'s stdin (its cue to finish) and wait for it, killing it after 30 s."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def in_process_cli(capsys: pytest.CaptureFixture[str]) -> Cli:

@@ -30,7 +30,7 @@ from runlane import RunContext, RunStatus, task
 from runlane.postgres._compat import ADDITIVE, marker_of
 from runlane.postgres._sql import load_migration_files
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, wait_until
+from tests.helpers import Conn, finish_process, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 MIGRATIONS = "runlane/postgres/sql/migrations"
@@ -233,13 +233,7 @@ def test_the_previous_release_runs_beside_the_current_one_on_the_new_schema(
         wait_until(completed, timeout=60, what=f"{total} runs completed")
         worker.close(timeout=10)
     finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        finish_process(proc)
         if reader is not None:
             reader.join(10)
         for pipe in (proc.stdout, proc.stderr):

@@ -56,13 +56,7 @@ with flow as materialized (
     end::bigint as room
     from flow, stamp
 ), live as (
-    select count(*) as n
-    from {schema}.runs
-    where %(concurrency_limit)s::int is not null
-      and environment = %(environment)s
-      and queue = %(queue)s
-      and status in ('running', 'cancellation_requested')
-      and lease_expires_at > now()
+    {@queue_live_leases}
 ), room as materialized (
     select case
         when exists (select from {schema}.queue_states as s

@@ -59,3 +59,14 @@ from rows from (unnest(%(ids)s::uuid[]), unnest(%(environments)s::text[]),
                 unnest(%(delay_seconds)s::float8[]), unnest(%(trace_contexts)s::text[]))
     as i(id, environment, task_id, queue, priority, payload, max_attempts, idempotency_key,
          parent_run_id, run_at, delay_seconds, trace_context)
+
+-- fragment: queue_live_leases
+-- How many live leases one bounded queue holds (a claim of it counts them after
+-- queue_claim_lock); nothing is read without a concurrency_limit.
+select count(*) as n
+from {schema}.runs
+where %(concurrency_limit)s::int is not null
+  and environment = %(environment)s
+  and queue = %(queue)s
+  and status in ('running', 'cancellation_requested')
+  and lease_expires_at > now()

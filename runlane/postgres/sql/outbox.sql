@@ -172,13 +172,7 @@ order by queue;
 -- With a concurrency_limit (one bounded queue, after queue_claim_lock in the same
 -- transaction) at most as many as the limit leaves after the queue's live leases.
 with live as (
-    select count(*) as n
-    from {schema}.runs
-    where %(concurrency_limit)s::int is not null
-      and environment = %(environment)s
-      and queue = %(queue)s
-      and status in ('running', 'cancellation_requested')
-      and lease_expires_at > now()
+    {@queue_live_leases}
 ), candidates as materialized (
     select id
     from {schema}.runs as r
