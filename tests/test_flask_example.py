@@ -4,11 +4,8 @@ it, the approval view completes the wait token the run waits on, and the run fin
 
 from __future__ import annotations
 
-import importlib
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,35 +13,17 @@ import pytest
 from psycopg import sql
 
 from runlane import Runlane, RunStatus
+from tests._flask_shop import flask_shop
 from tests.helpers import wait_for_status, wait_until
 
 flask = pytest.importorskip("flask", reason="flask is in the dev extra: pip install -e '.[dev]'")
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
 
 
 @pytest.fixture(scope="module")
 def shop(database_url: str) -> Iterator[Any]:
     """The example's ``shop`` package imported against fresh schemas, its tables created."""
-    suffix = uuid.uuid4().hex[:12]
-    schemas = {"RUNLANE_SCHEMA": f"flask_rl_{suffix}", "SHOP_SCHEMA": f"flask_shop_{suffix}"}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DATABASE_URL", database_url)
-        for name, value in schemas.items():
-            patch.setenv(name, value)
-        patch.syspath_prepend(str(EXAMPLE))
-        try:
-            app_module = importlib.import_module("shop.app")
-            app_module.init_db()
-            yield app_module
-        finally:
-            for name in [m for m in sys.modules if m == "shop" or m.startswith("shop.")]:
-                del sys.modules[name]
-            with psycopg.connect(database_url, autocommit=True) as conn:
-                for schema in schemas.values():
-                    conn.execute(
-                        sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(schema))
-                    )
+    with flask_shop(database_url, "flask") as module:
+        yield module
 
 
 @pytest.fixture(scope="module")

@@ -4,29 +4,24 @@ runtime: driven on examples/flask in a subprocess, the way its README says."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import attrs
-import psycopg
 import pytest
-from psycopg import sql
 
 from runlane import ConfigurationError, RunContext, RunStatus, task
+from tests._flask_shop import EXAMPLE, flask_shop
 from tests._optional import require
 from tests.conftest import RunlaneFactory
 
 flask = require("flask")
 from runlane.integrations.flask import COMMANDS, FlaskRunlane  # noqa: E402
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flask"
 
 
 @attrs.frozen
@@ -97,26 +92,11 @@ def test_what_cannot_be_bound_is_refused(make_runlane: RunlaneFactory) -> None:
 @pytest.fixture(scope="module")
 def shop(database_url: str) -> Iterator[Any]:
     """examples/flask's ``shop`` package on fresh schemas, its tables created."""
-    suffix = uuid.uuid4().hex[:12]
-    schemas = {"RUNLANE_SCHEMA": f"flaskx_rl_{suffix}", "SHOP_SCHEMA": f"flaskx_shop_{suffix}"}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DATABASE_URL", database_url)
-        for name, value in schemas.items():
-            patch.setenv(name, value)
-        patch.syspath_prepend(str(EXAMPLE))
+    with flask_shop(database_url, "flaskx") as module:
         try:
-            app_module = importlib.import_module("shop.app")
-            app_module.init_db()
-            yield app_module
+            yield module
         finally:
-            app_module.runlane.close()
-            for name in [m for m in sys.modules if m == "shop" or m.startswith("shop.")]:
-                del sys.modules[name]
-            with psycopg.connect(database_url, autocommit=True) as conn:
-                for schema in schemas.values():
-                    conn.execute(
-                        sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(schema))
-                    )
+            module.runlane.close()
 
 
 def flask_runlane(shop: Any, *args: str) -> subprocess.CompletedProcess[str]:
