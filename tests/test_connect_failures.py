@@ -150,6 +150,9 @@ def test_pool_records_of_runlane_pools_stay_at_debug(caplog: pytest.LogCaptureFi
 
     caplog.clear()
     caplog.set_level(logging.DEBUG)
+    # an earlier test in this process may have set the runlane logger's level (the CLI's
+    # --log-level does): ask for DEBUG where the record goes, as a user would
+    caplog.set_level(logging.DEBUG, logger="runlane.postgres.pool")
     pool_log.warning("error connecting in %r: %s", "runlane-runlane", "refused")
     assert [(r.name, r.levelname) for r in caplog.records] == [("runlane.postgres.pool", "DEBUG")]
     assert "error connecting in 'runlane-runlane': refused" in caplog.records[0].getMessage()
