@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 
 from runlane import RunContext, RunNotFound, RunSnapshot, task
-from runlane._reads import PointReads
+from runlane.runtime._reads import PointReads
 from tests.conftest import RunlaneFactory
 from tests.helpers import run_together
 

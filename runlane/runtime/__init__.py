@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Unpack
 
-from runlane import _queue_admin, _schedule_admin, _telemetry, _workers
-from runlane._backend import Backend
+from runlane import _telemetry, _workers
 from runlane._bulk import BulkFilters, bulk_action, bulk_filter
 from runlane._closing import Closing
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
@@ -30,7 +29,6 @@ from runlane._limits import (
     check_limit,
 )
 from runlane._middleware import Middleware, check_middleware
-from runlane._reads import PointReads
 from runlane._validation import (
     as_duration,
     as_int32,
@@ -72,6 +70,9 @@ from runlane.models import (
     WaitToken,
     WorkerInfo,
 )
+from runlane.runtime import _queue_admin, _schedule_admin
+from runlane.runtime._backend import Backend
+from runlane.runtime._reads import PointReads
 from runlane.schedules import Schedule
 from runlane.storage import NewRuns
 from runlane.tasks import Queue, Task, _check_name
