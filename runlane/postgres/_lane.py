@@ -30,7 +30,7 @@ from runlane.postgres._sql import notify_channel, validate_schema_name
 from runlane.postgres._storage import PostgresStorage
 from runlane.storage import MaintenanceFence, Storage
 
-__all__ = ["PostgresPollingLane", "postgres_polling_lane"]
+__all__ = ["PostgresPollingLane", "check_postgres_storage_options", "postgres_polling_lane"]
 
 # delivery recovery announces queues whose delayed runs came due within this window
 WAKE_WINDOW = timedelta(minutes=1)
@@ -136,7 +136,7 @@ class PostgresPollingLane:
         )
 
 
-def check_storage_options(
+def check_postgres_storage_options(
     *,
     connection_string: str,
     schema: str,
@@ -146,7 +146,9 @@ def check_storage_options(
     poll_interval: timedelta,
     connect_timeout: float,
 ) -> None:
-    """The checks every lane keeping its runs in Postgres makes of its storage options."""
+    """The checks every lane keeping its runs in Postgres makes of its storage options
+    (its ``create_runlane``-time validation): raises :class:`~runlane.ConfigurationError`
+    naming the option."""
     check_conninfo(connection_string)
     validate_schema_name(schema)
     as_int("pool_min_size", pool_min_size, 0, MAX_POOL_SIZE)
@@ -190,7 +192,7 @@ def postgres_polling_lane(
     """
     if not isinstance(connection_string, str) or not connection_string:
         raise ConfigurationError("postgres_polling_lane needs a connection_string")
-    check_storage_options(
+    check_postgres_storage_options(
         connection_string=connection_string,
         schema=schema,
         pool_min_size=pool_min_size,

@@ -37,7 +37,10 @@ class EagerPublisher(Protocol):
 
     ``claimed_at`` is the ``time.monotonic()`` taken before the statement that claimed them
     was sent: their claim started later, so the publisher can tell, from its own elapsed
-    time and no stored time, when the claim is about to expire."""
+    time and no stored time, when the claim is about to expire. ``submit`` must not block
+    on the transport (the caller is the triggering thread); closing the storage the
+    publisher is attached to closes it, within the storage's timeout. Public as
+    ``runlane.postgres.EagerPublisher``."""
 
     def submit(self, items: Sequence[OutboxItem], claimed_at: float | None = None) -> None: ...
 

@@ -40,8 +40,7 @@ from runlane._closing import Closing, Deadline
 from runlane.errors import StorageUnavailable
 from runlane.lanes import AcquirerOptions
 from runlane.models import RunStatus
-from runlane.postgres import PostgresStorage
-from runlane.postgres._listener import PostgresListener
+from runlane.postgres import Outbox, PostgresListener
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
     Watchdog,
@@ -85,7 +84,7 @@ class _Delivery:
 class RabbitAcquirer:
     def __init__(
         self,
-        storage: PostgresStorage,
+        storage: Outbox,
         options: AcquirerOptions,
         on_cancel: Callable[[uuid.UUID], None],
         *,

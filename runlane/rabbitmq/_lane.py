@@ -22,11 +22,14 @@ from runlane.contract import contract_defaults
 from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions
 from runlane.maintenance._types import MaintenanceLimits
-from runlane.postgres import PostgresStorage
-from runlane.postgres._ends import RunEnds
-from runlane.postgres._lane import check_storage_options
-from runlane.postgres._listener import PostgresListener
-from runlane.postgres._sql import notify_channel
+from runlane.postgres import (
+    PostgresListener,
+    PostgresStorage,
+    RunEnds,
+    check_postgres_storage_options,
+    notify_channel,
+    outbox_of,
+)
 from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, check_queue_names, describe
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.rabbitmq._health import queue_problems
@@ -45,19 +48,13 @@ _DRAIN_UNSUPPORTED = (
 
 
 def _publisher_of(storage: Storage) -> OutboxPublisher:
-    publisher = getattr(storage, "eager_publisher", None)
+    publisher = outbox_of(storage).eager_publisher
     if not isinstance(publisher, OutboxPublisher):
         raise ConfigurationError(
             "this storage was not made by rabbitmq_lane(); build the runtime with "
             "create_runlane(lane=rabbitmq_lane(...))"
         )
     return publisher
-
-
-def _postgres(storage: Storage) -> PostgresStorage:
-    if not isinstance(storage, PostgresStorage):
-        raise ConfigurationError("the RabbitMQ lane keeps its runs in the Postgres storage")
-    return storage
 
 
 @attrs.frozen
@@ -123,8 +120,7 @@ class RabbitMQLane:
     def prepare(self, storage: Storage, environment: str) -> None:
         """Enable the outbox for the environment and start the runtime's publisher: it
         listens for items stored unclaimed and publishes what is pending now."""
-        postgres = _postgres(storage)
-        postgres.outbox_enable(environment, self.claim_duration)
+        outbox_of(storage).outbox_enable(environment, self.claim_duration)
         publisher = _publisher_of(storage)
         listener = PostgresListener(
             connection_string=self.connection_string,
@@ -155,7 +151,7 @@ class RabbitMQLane:
     ) -> RabbitAcquirer:
         """One worker's consumer: its own AMQP connection, prefetch = its claim batch."""
         return RabbitAcquirer(
-            _postgres(storage),
+            outbox_of(storage),
             options,
             on_cancel,
             params=self._params(),
@@ -188,7 +184,7 @@ class RabbitMQLane:
         published = publisher.publish_pending(limits.outbox_publish_limit, timeout)
         recovered = 0
         if limits.delivery_recovery_limit:
-            recovered = _postgres(storage).outbox_recover(
+            recovered = outbox_of(storage).outbox_recover(
                 environment, self.recovery_threshold, limits.delivery_recovery_limit
             )
             if recovered:
@@ -198,8 +194,9 @@ class RabbitMQLane:
     def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
         """Pending outbox items and the oldest one's age; whether the broker answers; the
         queues it cannot serve (``broker_problems``, from the outbox's failed publishes)."""
-        fields = _postgres(storage).outbox_status(environment)
-        failing = _postgres(storage).outbox_failing_queues(environment)
+        outbox = outbox_of(storage)
+        fields = outbox.outbox_status(environment)
+        failing = outbox.outbox_failing_queues(environment)
         fields["broker_problems"] = tuple(queue_problems(self.schema, environment, failing))
         params = self._params()
         params.socket_timeout = min(self.connect_timeout, 3.0)
@@ -249,7 +246,7 @@ def rabbitmq_lane(
     whose bounded queue is at capacity waits before it is published again.
     ``poll_interval``: how often an idle worker looks again without a delivery.
     """
-    check_storage_options(
+    check_postgres_storage_options(
         connection_string=connection_string,
         schema=schema,
         pool_min_size=pool_min_size,

@@ -39,6 +39,7 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 from runlane._backoff import Backoff
 from runlane._closing import Closing, Deadline
 from runlane.errors import RunlaneClosed, RunlaneError
+from runlane.postgres import PostgresListener
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
     Watchdog,
@@ -54,7 +55,7 @@ __all__ = ["OutboxPublisher", "OutboxStorage", "PublisherStats"]
 
 
 class OutboxStorage(Protocol):
-    """The outbox methods a publisher uses (``runlane.postgres.PostgresStorage`` has them)."""
+    """The part of :class:`runlane.postgres.Outbox` a publisher uses."""
 
     def outbox_claim_page(self, limit: int, claim: timedelta) -> list[OutboxItem]: ...
 
@@ -155,7 +156,7 @@ class OutboxPublisher:
         self._declared: set[str] = set()
         # the broker queue whose publish the last _publish cut off (no confirm in time)
         self._cut_queue: str | None = None
-        self._listeners: list[object] = []
+        self._listeners: list[PostgresListener] = []
         self.connected = threading.Event()
         # bounds each publish and its confirm, which pika does not (a broker that accepts
         # the connection but never answers would otherwise block this thread for good)
@@ -199,7 +200,7 @@ class OutboxPublisher:
         if message is None or message.startswith("outbox|"):
             self.wake()
 
-    def add_listener(self, listener: object) -> None:
+    def add_listener(self, listener: PostgresListener) -> None:
         self._listeners.append(listener)
 
     def publish_pending(self, limit: int, timeout: float) -> int:
@@ -227,10 +228,8 @@ class OutboxPublisher:
         deadline = Deadline(timeout)
         closing = Closing(self.name)
         for listener in self._listeners:
-            close = getattr(listener, "close", None)
-            if close is not None:
-                with closing.part(f"{self.name}'s listener"):
-                    close(deadline.left())
+            with closing.part(f"{self.name}'s listener"):
+                listener.close(deadline.left())
         with self._cond:
             if self._closing:
                 thread = self._thread

@@ -1,0 +1,168 @@
+"""The transport toolkit: what a lane that delivers through another system builds on.
+
+A transport lane (the RabbitMQ lane, or one kept outside this package) keeps its runs in
+the Postgres storage and carries deliveries elsewhere. It needs, all public in
+``runlane.postgres`` (docs/lanes.md, "Writing a transport lane"):
+
+- the storage (:class:`~runlane.postgres.PostgresStorage`, made by its ``create_storage``)
+  seen as an :class:`Outbox`, through :func:`outbox_of`: every transition of a run into
+  ``queued`` writes an outbox item in the same transaction once ``outbox_enable`` was
+  called for the environment; publishers claim items (a fresh fencing token per item,
+  expiry by database time), record each result presenting that token (a stale publisher's
+  write changes nothing), and consumers claim the runs a delivery names by id with the
+  polling lane's fenced claim;
+- an :class:`EagerPublisher` attached to the storage: a trigger without ``connection=``
+  stores its items already claimed and hands them over after its commit;
+- the announcement listener (:class:`~runlane.postgres.PostgresListener`) on the schema's
+  channel (:func:`~runlane.postgres.notify_channel`), which carries ``outbox|<queue>``
+  (items stored unclaimed), ``cancel|<run id>``, ``free|<queue>`` and ``<queue>``, and
+  ``None`` after every (re)connect ("something may have been missed");
+- :class:`~runlane.postgres.RunEnds` for ``wait_for_run`` and
+  :func:`~runlane.postgres.check_postgres_storage_options` for the storage's options.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+from runlane.errors import ConfigurationError
+from runlane.postgres._outbox import EagerPublisher
+from runlane.postgres._storage import PostgresStorage
+from runlane.storage import (
+    ClaimedRun,
+    DeliveryState,
+    LimitedClaim,
+    OutboxItem,
+    QueueLimits,
+    Storage,
+)
+
+__all__ = ["EagerPublisher", "Outbox", "outbox_of"]
+
+
+class Outbox(Protocol):
+    """A Postgres storage's outbox and by-id claims, as a transport lane uses them.
+
+    Every method raises :class:`~runlane.StorageUnavailable` when the database cannot be
+    reached and :class:`~runlane.RunlaneError` for any other database error; no driver
+    exception leaves it. Results are fenced: a write presenting an item's ``claim_token``
+    applies only while that claim is the item's current one, and returns the ids applied.
+    """
+
+    # -- the producer side ---------------------------------------------------------------
+
+    def outbox_enable(self, environment: str, claim: timedelta) -> None:
+        """Runs of ``environment`` becoming queued get outbox items from now on; an eager
+        trigger's items are claimed for ``claim``. Idempotent; call it in ``Lane.prepare``."""
+
+    def attach_eager_publisher(self, publisher: EagerPublisher) -> None:
+        """Triggers without ``connection=`` store their items due now already claimed and
+        hand them to ``publisher`` after commit; ``trigger(connection=...)`` stores them
+        unclaimed and its commit sends ``outbox|<queue>``. Closing the storage closes the
+        publisher; dedicated views share it. Call it in ``Lane.create_storage``."""
+
+    @property
+    def eager_publisher(self) -> EagerPublisher | None:
+        """The publisher attached with :meth:`attach_eager_publisher`, if any."""
+
+    # -- publishers ----------------------------------------------------------------------
+
+    def outbox_claim_page(self, limit: int, claim: timedelta) -> list[OutboxItem]:
+        """Claim up to ``limit`` publishable items of any environment, each under a fresh
+        token that expires ``claim`` after database now (an expired claim may be taken
+        again by any publisher)."""
+
+    def outbox_published(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]:
+        """Delete the items whose claim is still theirs (published and confirmed)."""
+
+    def outbox_failed(
+        self, items: Sequence[OutboxItem], error: str, delay: timedelta
+    ) -> set[uuid.UUID]:
+        """Release the items whose claim is still theirs for a try after ``delay``,
+        recording ``error`` (counted per item: ``outbox_failing_queues``)."""
+
+    def outbox_unclaim(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]:
+        """Give up the claim on the items still under it, for another claim now (not a
+        failure: e.g. too little of the claim was left to publish under it)."""
+
+    def outbox_next_due(self) -> float | None:
+        """Seconds until the next item becomes publishable (<= 0: now), None when none."""
+
+    # -- consumers -----------------------------------------------------------------------
+
+    def run_claim_ids(
+        self,
+        environment: str,
+        run_ids: Sequence[uuid.UUID],
+        lease: timedelta,
+        *,
+        queue: str | None = None,
+        concurrency_limit: int | None = None,
+        worker_id: uuid.UUID | None = None,
+    ) -> list[ClaimedRun]:
+        """Claim the named runs that are queued and due, with the polling lane's fenced
+        claim; for a bounded ``queue`` (all ids of that queue) at most what its
+        ``concurrency_limit`` leaves, under the queue's claim lock."""
+
+    def run_claim_limited(
+        self,
+        environment: str,
+        queue: str,
+        limits: QueueLimits,
+        limit: int,
+        lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
+        run_ids: Sequence[uuid.UUID] | None = None,
+    ) -> LimitedClaim:
+        """Claim from a queue with a rate or per-key limit; with ``run_ids`` only those
+        runs, when queued and due (see :meth:`runlane.storage.Storage.run_claim_limited`)."""
+
+    def run_delivery_state(
+        self, environment: str, run_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, DeliveryState]:
+        """Why named runs that exist were not claimed: status, queue, due, queue paused."""
+
+    def outbox_defer(self, environment: str, run_ids: Sequence[uuid.UUID], delay: timedelta) -> int:
+        """Publish the still-queued runs again after ``delay`` (or their due time, if later):
+        a delivery that could not be claimed yet (not due, its queue at capacity)."""
+
+    # -- maintenance and status ------------------------------------------------------------
+
+    def outbox_recover(self, environment: str, threshold: timedelta, limit: int) -> int:
+        """Write items again for up to ``limit`` runs queued past ``threshold`` with none
+        (a purged broker queue, a dead-lettered message); returns how many."""
+
+    def outbox_status(self, environment: str) -> dict[str, Any]:
+        """``outbox_pending`` and ``outbox_oldest_age_seconds`` (None when empty)."""
+
+    def outbox_failing_queues(self, environment: str) -> list[dict[str, Any]]:
+        """Per queue whose items failed to publish twice or more: ``queue``, ``items``,
+        ``failures`` (the most), ``last_error`` and ``oldest_age_seconds``."""
+
+    # -- connections -----------------------------------------------------------------------
+
+    def dedicated(self, name: str, *, synchronous_commit: bool = True) -> Outbox:
+        """A view on one connection of its own, for one thread (a consumer's claims)."""
+
+    def interrupt(self) -> None:
+        """Cancel the statement in flight on a dedicated view (from another thread)."""
+
+    def close(self, timeout: float | None = None) -> None: ...
+
+
+def outbox_of(storage: Storage) -> Outbox:
+    """``storage`` as an :class:`Outbox`: the storage the lane's ``create_storage`` made,
+    which the engine hands back to every lane method. Raises
+    :class:`~runlane.ConfigurationError` for a storage that keeps no outbox (not a
+    :class:`~runlane.postgres.PostgresStorage`)."""
+    if not isinstance(storage, PostgresStorage):
+        raise ConfigurationError(
+            f"a transport lane keeps its runs in the Postgres storage (runlane.postgres."
+            f"PostgresStorage), got {type(storage).__name__}: return a PostgresStorage from "
+            "the lane's create_storage()"
+        )
+    return storage
