@@ -5,7 +5,7 @@ Logs: the ``runlane.runs`` logger records each attempt's start (INFO) and end (I
 ``outcome`` as ``extra`` fields, so JSON formatters pick them up. Nothing is built unless the
 logger is enabled for INFO. A failed attempt's end is logged instead, once, on
 ``runlane.worker`` at WARNING (retried) or ERROR (failed for good) with its traceback (see
-``runlane._failure_log``).
+``runlane.worker._failure_log``).
 
 Tracing (``pip install 'runlane[otel]'``, and an SDK tracer provider set globally):
 ``runlane.trigger`` spans ``trigger``/``trigger_many`` and stores the W3C trace context
@@ -43,10 +43,10 @@ from runlane.models import QueueStatus
 from runlane.storage import ClaimedRun, Completion, Failure, InsertedRun, LeaseRef, NewRuns
 
 if TYPE_CHECKING:
-    from runlane._execution import Outcome
     from runlane.context import RunContext
     from runlane.runtime import Runlane
     from runlane.tasks import Queue
+    from runlane.worker._execution import Outcome
 
 try:
     from opentelemetry import context as otel_context
@@ -401,7 +401,7 @@ _MESSAGES = {
 
 def _log_end(claimed: ClaimedRun, kind: str, write: Any, seconds: float) -> None:
     if kind in (RETRIED, FAILED):
-        return  # logged once, at WARNING/ERROR with its traceback, by runlane._failure_log
+        return  # logged once, at WARNING/ERROR with its traceback, by runlane.worker._failure_log
     ms = round(seconds * 1000.0, 3)
     extra = {**_fields(claimed), "duration_ms": ms, "outcome": kind}
     message = _MESSAGES.get(kind, _MESSAGES[SUSPENDED])

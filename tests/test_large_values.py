@@ -38,12 +38,12 @@ from runlane import (
     WaitTokenStatus,
     task,
 )
-from runlane._leases import LeaseTracker
 from runlane.postgres import _batches
 from runlane.postgres import _outbox as postgres_outbox
 from runlane.postgres import _storage as postgres_storage
 from runlane.storage import Completion, NewRuns, Storage
 from runlane.worker import _lifecycle
+from runlane.worker._leases import LeaseTracker
 from runlane.worker._lifecycle import LifecycleWriter, _Pending
 from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import (

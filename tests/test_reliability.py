@@ -37,11 +37,11 @@ from runlane import (
     create_runlane,
     task,
 )
-from runlane._leases import LeaseTracker
 from runlane.errors import StopReason
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.storage import ClaimedRun, LeaseRef, NewRuns, Storage
 from runlane.testing import restart_embedded_postgres, start_embedded_postgres
+from runlane.worker._leases import LeaseTracker
 from tests._proxy import tcp_proxy
 from tests.helpers import ready_process, storage_of, wait_for_status, wait_until
 

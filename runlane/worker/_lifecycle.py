@@ -31,9 +31,6 @@ from collections.abc import Callable
 import attrs
 
 from runlane._backoff import Backoff
-from runlane._execution import refused_output_failure, timeout_failure
-from runlane._failure_log import log_failure
-from runlane._leases import LeaseTracker, Tracked
 from runlane._progress import THROTTLE_SECONDS, AttemptProgress
 from runlane.errors import RunlaneError, StorageUnavailable
 from runlane.models import WorkerState
@@ -46,6 +43,9 @@ from runlane.storage import (
     Storage,
     WorkerBeat,
 )
+from runlane.worker._execution import refused_output_failure, timeout_failure
+from runlane.worker._failure_log import log_failure
+from runlane.worker._leases import LeaseTracker, Tracked
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
 

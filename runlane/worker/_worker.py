@@ -44,9 +44,6 @@ from runlane import _telemetry
 from runlane._backoff import Backoff
 from runlane._closing import Closing, Deadline
 from runlane._display import shown
-from runlane._execution import Write, execute_attempt, make_context
-from runlane._failure_log import log_failure
-from runlane._leases import LeaseTracker, Tracked
 from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout
 from runlane._middleware import Middleware
 from runlane._workers import new_beat
@@ -56,6 +53,9 @@ from runlane.lanes import AcquirerOptions, Lane
 from runlane.models import WorkerState
 from runlane.storage import ClaimedRun, LeaseRef, Storage
 from runlane.tasks import Queue, Task
+from runlane.worker._execution import Write, execute_attempt, make_context
+from runlane.worker._failure_log import log_failure
+from runlane.worker._leases import LeaseTracker, Tracked
 from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
 from runlane.worker._watch import MaintenanceWatch
 

@@ -15,8 +15,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runlane._execution import Outcome
     from runlane.storage import ClaimedRun, Failure
+    from runlane.worker._execution import Outcome
 
 __all__ = ["log_failure"]
 

@@ -211,7 +211,7 @@ class LeaseTracker:
             for item in late:
                 del self._tracked[item.ref]
         for item in late:
-            # the failure itself is logged once, by the writer (runlane._failure_log)
+            # the failure itself is logged once, by the writer (runlane.worker._failure_log)
             log.debug(
                 "run %s attempt %d of %s passed its timeout; failing the attempt",
                 item.claimed.id,
