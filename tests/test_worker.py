@@ -1210,6 +1210,38 @@ def test_infrastructure_failure_raises_worker_failed(
     wait_until(lambda: worker_threads(worker) == [], timeout=5, what="the failed worker to end")
 
 
+def test_two_failures_at_once_start_one_closer(
+    make_runlane: RunlaneFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two slots failing together (a dropped table fails every claim) start one closer: a
+    second one would be the thread wait_until_closed joins while the first, doing the
+    close, is still running (CI saw it alive after the wait returned)."""
+    runlane = make_runlane(tasks=[])
+    worker = runlane.create_delivery_worker(concurrency=2)
+    go = threading.Event()
+    real_close = worker.close
+
+    def held_close(timeout: float | None = None) -> None:
+        go.wait(10)  # the closer started by the first failure has not begun its close yet
+        real_close(timeout)
+
+    monkeypatch.setattr(worker, "close", held_close)
+    try:
+        assert worker.idle_signal.wait(10)
+        worker._fail(SchemaNotMigrated("first slot"))
+        worker._fail(SchemaNotMigrated("second slot"))
+        closers = [name for name in worker_threads(worker) if name.endswith("-closer")]
+        assert closers == [f"{worker.name}-closer"]
+        go.set()
+        with pytest.raises(WorkerFailed, match="first slot"):
+            worker.wait_until_closed(timeout=10)
+        assert f"{worker.name}-closer" not in worker_threads(worker)
+    finally:
+        go.set()
+        real_close(timeout=5)
+    wait_until(lambda: worker_threads(worker) == [], timeout=5, what="the failed worker to end")
+
+
 def test_unmigrated_schema_fails_the_worker_naming_the_migration(
     make_runlane: RunlaneFactory, schema: str
 ) -> None:

@@ -471,7 +471,10 @@ class Worker:
             self._stopping.set()
             return
         with self._close_lock:
-            if self._close_started:  # a close under way finishes the job
+            # a close under way finishes the job; so does a closer another slot's failure
+            # started a moment ago (it may not have begun its close yet): one closer only,
+            # or wait_until_closed would join the second and leave the first running
+            if self._close_started or self._closer is not None:
                 return
             # owned by the worker: close() and wait_until_closed() join it (bounded)
             self._closer = threading.Thread(
