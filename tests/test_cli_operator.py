@@ -409,7 +409,7 @@ def test_queues_list_shows_each_queues_flow_limits() -> None:
     from datetime import timedelta  # noqa: PLC0415
 
     from runlane import RateLimit  # noqa: PLC0415
-    from runlane._cli_operator import _QUEUE_COLUMNS, _table  # noqa: PLC0415
+    from runlane.cli._operator import _QUEUE_COLUMNS, _table  # noqa: PLC0415
     from runlane.models import QueueInfo  # noqa: PLC0415
 
     def info(name: str, rate: RateLimit | None, per_key: int | None) -> QueueInfo:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-import runlane._demo
+import runlane.cli._demo
 from runlane._rabbit_nodes import rabbitmq_available
 from runlane.cli import EXIT_CONFIGURATION, main
 from tests.conftest import require_rabbitmq
@@ -79,7 +79,9 @@ def test_demo_without_rabbitmq_says_what_to_install(
 ) -> None:
     monkeypatch.delenv("RUNLANE_AMQP_URL", raising=False)
     monkeypatch.setattr(
-        runlane._demo, "rabbitmq_available", lambda: "install it: apt-get install rabbitmq-server"
+        runlane.cli._demo,
+        "rabbitmq_available",
+        lambda: "install it: apt-get install rabbitmq-server",
     )
     # refused before any database is started or touched
     url = "postgresql://nobody@127.0.0.1:1/none"

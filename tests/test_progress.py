@@ -21,7 +21,7 @@ from runlane import (
     StaleLease,
     task,
 )
-from runlane._cli_runs import _show_text
+from runlane.cli._runs import _show_text
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb, wait_until
 

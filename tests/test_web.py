@@ -40,7 +40,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from waitress.server import create_server
 
 from runlane import RetryPolicy, RunContext, Runlane, RunStatus, create_runlane, queue, task
-from runlane._cli_web import parse_bind
+from runlane.cli._web import parse_bind
 from runlane.postgres import postgres_polling_lane
 from runlane.schedules import schedule
 from runlane.web import ACTIONS, blueprint, create_app
@@ -649,7 +649,7 @@ def test_parse_bind() -> None:
 SERVE = """
 import argparse, sys
 from runlane.cli import load_app
-from runlane._cli_web import add_web_command
+from runlane.cli._web import add_web_command
 parser = argparse.ArgumentParser()
 add_web_command(parser.add_subparsers(dest="command"), load_app)
 args = parser.parse_args(sys.argv[1:])

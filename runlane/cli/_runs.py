@@ -1,6 +1,6 @@
 """The ``runlane runs list|show|retry|cancel|delete`` and ``runlane trigger`` commands.
 
-Every ``runs`` command takes ``APP`` or ``--database-url`` (:mod:`runlane._cli_target`);
+Every ``runs`` command takes ``APP`` or ``--database-url`` (:mod:`runlane.cli._target`);
 ``trigger`` needs ``APP``, whose task validates the payload.
 
 Registered on the ``runlane`` parser by :mod:`runlane.cli`; errors are raised as runlane
@@ -16,11 +16,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from runlane._cli_bulk import add_filter_options, run_bulk
-from runlane._cli_operator import dump_json, using, when
-from runlane._cli_target import TARGET_HELP, add_target_options, split_targets
 from runlane._codec import MAX_DEPTH
 from runlane._display import shown
+from runlane.cli._bulk import add_filter_options, run_bulk
+from runlane.cli._operator import dump_json, using, when
+from runlane.cli._target import TARGET_HELP, add_target_options, split_targets
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
 from runlane.models import AttemptRecord, RunHistory, RunSnapshot, RunStatus
 from runlane.runtime import Runlane
@@ -225,7 +225,7 @@ _FILTERS = ("status", "task", "queue", "created_after", "created_before", "limit
 
 def _action(load_app: LoadApp, action: str, args: argparse.Namespace) -> int:
     """``runs retry|cancel [APP] RUN_ID...`` acts on those runs; without RUN_ID, on every
-    run the filters match (see :mod:`runlane._cli_bulk`); ``runs delete`` only by filter."""
+    run the filters match (see :mod:`runlane.cli._bulk`); ``runs delete`` only by filter."""
     args.app, run_ids = split_targets(args.targets, want_run_ids=action in _ONE)
     filtered = args.all or any(getattr(args, name) is not None for name in _FILTERS)
     if run_ids and (filtered or args.dry_run):

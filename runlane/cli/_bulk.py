@@ -18,9 +18,9 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from runlane._cli_line import ProgressLine
 from runlane._display import shown
 from runlane._limits import as_int
+from runlane.cli._line import ProgressLine
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult
 from runlane.runtime import Runlane

@@ -34,18 +34,18 @@ from typing import Any
 
 import attrs
 
-from runlane._cli_devdb import add_devdb_command
-from runlane._cli_line import ProgressLine
-from runlane._cli_operator import add_operator_commands, format_workers, plain
-from runlane._cli_runs import add_run_commands
-from runlane._cli_target import TARGET_HELP, Target, add_target_options, target_runtime
-from runlane._cli_web import add_web_command
 from runlane._closing import Deadline
 from runlane._codec import exception_text
-from runlane._demo import DEMO_LANES, run_demo
 from runlane._display import clipped, shown
 from runlane._limits import as_int, as_wait_timeout
 from runlane._status import format_report, unhealthy
+from runlane.cli._demo import DEMO_LANES, run_demo
+from runlane.cli._devdb import add_devdb_command
+from runlane.cli._line import ProgressLine
+from runlane.cli._operator import add_operator_commands, format_workers, plain
+from runlane.cli._runs import add_run_commands
+from runlane.cli._target import TARGET_HELP, Target, add_target_options, target_runtime
+from runlane.cli._web import add_web_command
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
 from runlane.logging import JsonFormatter
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
@@ -877,7 +877,3 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

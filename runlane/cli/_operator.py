@@ -1,7 +1,7 @@
 """The operator commands: ``runlane queues list|pause|resume``, ``runlane workers`` and
 ``runlane schedules list|pause|resume|run``.
 
-Each takes ``APP`` or ``--database-url`` (see :mod:`runlane._cli_target`); reads print aligned
+Each takes ``APP`` or ``--database-url`` (see :mod:`runlane.cli._target`); reads print aligned
 text, or one JSON document with ``--json``; actions are idempotent and say what they did.
 Registered on the ``runlane`` parser by :mod:`runlane.cli`.
 """
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
+from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane.flow import RateLimit
 from runlane.models import QueueInfo, ScheduleInfo, WorkerInfo
 from runlane.runtime import Runlane

@@ -14,9 +14,9 @@ import argparse
 import logging
 from typing import Any
 
-from runlane._cli_target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane._display import shown
 from runlane._limits import as_int
+from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane.errors import ConfigurationError
 
 __all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind"]
