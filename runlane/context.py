@@ -14,13 +14,14 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, Unpack, cast, overload
 
 import attrs
 
 from runlane._codec import OutputNotSerializable, converter, encode_output
 from runlane._limits import output_limit
 from runlane._progress import AttemptProgress, ProgressSink, encode_progress
+from runlane._trigger_options import ChildTriggerOptions, TriggerOptions, child_options
 from runlane._validation import as_duration, check_text
 from runlane.errors import (
     ChildRunFailed,
@@ -89,9 +90,8 @@ class ContextBackend(Protocol):
         task: Task[Any, Any] | str,
         payload: Any,
         *,
-        parent_run_id: uuid.UUID,
         idempotency_key: str,
-        options: dict[str, Any],
+        options: TriggerOptions,
     ) -> RunHandle: ...
 
 
@@ -379,11 +379,16 @@ class RunContext:
     # -- child runs ----------------------------------------------------------------------
 
     @_outages_recorded
-    def trigger_child(self, task: Task[Any, Any] | str, payload: Any, **options: Any) -> RunHandle:
-        """Trigger a run linked to this one as its parent. Durable: on a re-run, the n-th
-        call returns the child the first run created (its idempotency key defaults to one
-        derived from this run and the call's position). A run that already holds the key
-        but is not this run's child is never adopted (``RunStateConflict``)."""
+    def trigger_child(
+        self, task: Task[Any, Any] | str, payload: Any, **options: Unpack[ChildTriggerOptions]
+    ) -> RunHandle:
+        """Trigger a run linked to this one as its parent; ``options`` are ``trigger``'s
+        (``queue``, ``delay``, ``run_at``, ``idempotency_key``, ``priority``,
+        ``max_attempts``, ``concurrency_key``), an unknown one raises ConfigurationError.
+        Durable: on a re-run, the n-th call returns the child the first run created (its
+        idempotency key defaults to one derived from this run and the call's position). A
+        run that already holds the key but is not this run's child is never adopted
+        (``RunStateConflict``)."""
         backend, _ = self._attached()
         given = options.pop("idempotency_key", None)
         if given is not None:
@@ -392,9 +397,8 @@ class RunContext:
         key = (
             given if given is not None else f"{RESERVED_PREFIX}child:{self.run_id}:{self._children}"
         )
-        handle = backend.trigger_child(
-            task, payload, parent_run_id=self.run_id, idempotency_key=key, options=options
-        )
+        checked = child_options(options, self.run_id)
+        handle = backend.trigger_child(task, payload, idempotency_key=key, options=checked)
         if not handle.created:
             self._check_adopted(backend, handle, key)
         return handle

@@ -42,6 +42,7 @@ from runlane import (
     queue,
     task,
 )
+from runlane._trigger_options import TriggerOptions
 from runlane.storage import ClaimedRun, LeaseRef, StepStored, Storage
 from tests.conftest import RunlaneFactory
 from tests.helpers import (
@@ -248,7 +249,7 @@ def parent(payload: dict[str, Any], context: RunContext) -> dict[str, Any]:
 def typo_parent(payload: dict[str, Any], context: RunContext) -> dict[str, str | None]:
     """Misspells a trigger_child option (``dealy``) and reports the error."""
     try:
-        context.trigger_child(child, {"x": 1, "fail": False}, dealy=5)
+        context.trigger_child(child, {"x": 1, "fail": False}, dealy=5)  # type: ignore[call-arg]
     except ConfigurationError:
         return {"error": "ConfigurationError"}
     return {"error": None}
@@ -347,9 +348,8 @@ class ManualBackend:
         task: Task[Any, Any] | str,
         payload: Any,
         *,
-        parent_run_id: uuid.UUID,
         idempotency_key: str,
-        options: dict[str, Any],
+        options: TriggerOptions,
     ) -> RunHandle:
         raise AssertionError("no child runs in this test")
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Unpack
 
+import attrs
+
 from runlane import _telemetry, _workers
 from runlane._bulk import BulkFilters, bulk_action, bulk_filter
 from runlane._closing import Closing
@@ -29,6 +31,7 @@ from runlane._limits import (
     check_limit,
 )
 from runlane._middleware import Middleware, check_middleware
+from runlane._trigger_options import DEFAULT_OPTIONS, TriggerOptions
 from runlane._validation import (
     as_duration,
     as_int32,
@@ -91,6 +94,16 @@ _end_watchers = iter(range(1, 1 << 62))
 _START_FAILED_CLOSE_SECONDS = 10.0
 
 
+@attrs.frozen
+class _Plan:
+    """A trigger's options checked for one task (Runlane._plan)."""
+
+    task: Task[Any, Any]
+    queue: str
+    max_attempts: int
+    delay: timedelta
+
+
 class Runlane:
     """A runtime: the task catalog, the queues and one lane's storage.
 
@@ -122,6 +135,8 @@ class Runlane:
         self._default_queue = next(q.name for q in queues if q.default)
         self._tasks = {t.id: t for t in tasks}
         self._schedules = [self._schedule_entry(s) for s in schedules]
+        # the checked plan of each task's triggers with default options (see _plan)
+        self._default_plans: dict[Task[Any, Any] | str, _Plan] = {}
         self._retention = retention
         self._lock = threading.Lock()
         self._started = False
@@ -314,32 +329,48 @@ class Runlane:
             )
         return name
 
+    def _plan(self, task: Task[Any, Any] | str, options: TriggerOptions) -> _Plan:
+        """``options`` checked for runs of ``task``: its task, queue, attempts and due time.
+
+        A call with every option at its default gets the plan its task's first such call
+        made (the checks depend on nothing else), so the common trigger checks nothing
+        twice; anything else is checked on every call."""
+        if options is DEFAULT_OPTIONS:
+            try:
+                plan = self._default_plans.get(task)
+            except TypeError:  # an unhashable "task": the checks below refuse it
+                plan = None
+            if plan is not None:
+                return plan
+        resolved = self._resolve_task(task)
+        queue_name = self._resolve_queue(resolved, options.queue)
+        check_run_key(self._queues[queue_name], options.concurrency_key)
+        delay_delta = as_duration("delay", options.delay)
+        if options.run_at is not None:
+            if options.delay is not None:
+                raise ConfigurationError("pass either delay or run_at, not both")
+            as_run_at(options.run_at)
+        as_int32("priority", options.priority)
+        attempts = (
+            resolved.retry.max_attempts if options.max_attempts is None else options.max_attempts
+        )
+        as_int32("max_attempts", attempts, minimum=1)
+        plan = _Plan(resolved, queue_name, attempts, delay_delta)
+        if options is DEFAULT_OPTIONS:  # only registered tasks get here: the map stays small
+            self._default_plans[task] = plan
+        return plan
+
     def _new_runs(
         self,
         task: Task[Any, Any] | str,
         payloads: Iterable[Any],
         idempotency_keys: Sequence[str | None] | None,
+        options: TriggerOptions,
         *,
-        queue: str | None,
-        delay: timedelta | float | None,
-        run_at: datetime | None,
-        priority: int,
-        max_attempts: int | None,
-        parent_run_id: uuid.UUID | None = None,
         batch: bool = False,
-        concurrency_key: str | None = None,
     ) -> NewRuns:
-        resolved = self._resolve_task(task)
-        queue_name = self._resolve_queue(resolved, queue)
-        check_run_key(self._queues[queue_name], concurrency_key)
-        delay_delta = as_duration("delay", delay)
-        if run_at is not None:
-            if delay is not None:
-                raise ConfigurationError("pass either delay or run_at, not both")
-            as_run_at(run_at)
-        as_int32("priority", priority)
-        attempts = resolved.retry.max_attempts if max_attempts is None else max_attempts
-        as_int32("max_attempts", attempts, minimum=1)
+        plan = self._plan(task, options)
+        resolved = plan.task
         limit = self.max_payload_bytes
         encoded: list[str]
         if batch:
@@ -354,36 +385,38 @@ class Runlane:
                     ) from exc
         else:
             encoded = [encode_payload(resolved.id, resolved.schema, p, limit) for p in payloads]
-        if isinstance(idempotency_keys, str | bytes):
-            raise ConfigurationError(
-                "idempotency_keys takes one key (or None) per payload, got a single string"
-            )
-        keys: list[str | None] = (
-            [None] * len(encoded) if idempotency_keys is None else list(idempotency_keys)
-        )
-        if len(keys) != len(encoded):
-            raise ConfigurationError(
-                f"got {len(keys)} idempotency keys for {len(encoded)} payloads; "
-                "give one per payload"
-            )
-        for key in keys:
-            if key is not None:
-                check_text("idempotency_key", key)
-                if parent_run_id is None:  # a producer's key: not in runlane's key space
-                    refuse_reserved_key(key)
+        keys: list[str | None]
+        if idempotency_keys is None:
+            keys = [None] * len(encoded)
+        else:
+            if isinstance(idempotency_keys, str | bytes):
+                raise ConfigurationError(
+                    "idempotency_keys takes one key (or None) per payload, got a single string"
+                )
+            keys = list(idempotency_keys)
+            if len(keys) != len(encoded):
+                raise ConfigurationError(
+                    f"got {len(keys)} idempotency keys for {len(encoded)} payloads; "
+                    "give one per payload"
+                )
+            for key in keys:
+                if key is not None:
+                    check_text("idempotency_key", key)
+                    if options.parent_run_id is None:  # a producer's: not runlane's key space
+                        refuse_reserved_key(key)
         return NewRuns(
             environment=self.environment,
             task_id=resolved.id,
-            queue=queue_name,
+            queue=plan.queue,
             ids=new_run_ids(len(encoded)),
             payloads=encoded,
             idempotency_keys=keys,
-            priority=priority,
-            max_attempts=attempts,
-            delay=delay_delta,
-            run_at=run_at,
-            parent_run_id=parent_run_id,
-            concurrency_key=concurrency_key,
+            priority=options.priority,
+            max_attempts=plan.max_attempts,
+            delay=plan.delay,
+            run_at=options.run_at,
+            parent_run_id=options.parent_run_id,
+            concurrency_key=options.concurrency_key,
         )
 
     def trigger(
@@ -410,17 +443,31 @@ class Runlane:
         queue's ``key_concurrency_limit`` (a queue without one refuses it).
         """
         self._check_open()
+        if (
+            type(priority) is int
+            and priority == 0
+            and queue is None
+            and delay is None
+            and run_at is None
+            and max_attempts is None
+            and concurrency_key is None
+        ):
+            options = DEFAULT_OPTIONS
+        else:
+            options = TriggerOptions(
+                queue=queue,
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                concurrency_key=concurrency_key,
+            )
         (handle,) = self._trigger(
             task,
             [payload],
             None if idempotency_key is None else [idempotency_key],
-            queue=queue,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            connection=connection,
-            concurrency_key=concurrency_key,
+            options,
+            connection,
         )
         return handle
 
@@ -444,18 +491,16 @@ class Runlane:
         given, holds one key (or None) per payload; ``concurrency_key`` is every run's.
         """
         self._check_open()
-        return self._trigger(
-            task,
-            as_payload_list(payloads),
-            idempotency_keys,
+        options = TriggerOptions(
             queue=queue,
             delay=delay,
             run_at=run_at,
             priority=priority,
             max_attempts=max_attempts,
-            connection=connection,
-            batch=True,
             concurrency_key=concurrency_key,
+        )
+        return self._trigger(
+            task, as_payload_list(payloads), idempotency_keys, options, connection, batch=True
         )
 
     def _trigger(
@@ -463,30 +508,12 @@ class Runlane:
         task: Task[Any, Any] | str,
         payloads: list[Any],
         idempotency_keys: Sequence[str | None] | None,
+        options: TriggerOptions,
+        connection: Any = None,
         *,
-        queue: str | None,
-        delay: timedelta | float | None,
-        run_at: datetime | None,
-        priority: int,
-        max_attempts: int | None,
-        connection: Any,
-        parent_run_id: uuid.UUID | None = None,
         batch: bool = False,
-        concurrency_key: str | None = None,
     ) -> list[RunHandle]:
-        runs = self._new_runs(
-            task,
-            payloads,
-            idempotency_keys,
-            queue=queue,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            parent_run_id=parent_run_id,
-            batch=batch,
-            concurrency_key=concurrency_key,
-        )
+        runs = self._new_runs(task, payloads, idempotency_keys, options, batch=batch)
         if not runs.ids:
             return []
         self._ensure_started()
@@ -1019,10 +1046,11 @@ class Runlane:
         self._check_open()
         self._ensure_started()
         counts = self._storage.status_counts(self.environment)
-        counts.update(self._lane.status_fields(self._storage, self.environment))
+        lane = self._lane.status(self._storage, self.environment)
         leases = self._storage.maintenance_lease_list(self.environment)
         return StatusReport(
             environment=self.environment,
+            lane=lane,
             queues=_telemetry.queue_statuses(counts.pop("queues", ()), self._queues),
             maintenance_leases=tuple(
                 MaintenanceLeaseStatus(r.band, r.owner, r.fencing, r.expires_at, r.live)
