@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runlane._devdb import embedded_postgres_module
-from runlane._idle import IdleResult, run_until_idle
+from runlane.testing._idle import IdleResult, run_until_idle
 
 __all__ = [
     "IdleResult",
