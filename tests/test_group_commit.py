@@ -241,7 +241,7 @@ def test_a_lone_call_and_large_or_batched_calls_do_not_wait_for_a_group() -> Non
         seen.append("alone")
         return [InsertedRun(runs.ids[0], runs.queue, True)]
 
-    def together(groups: Any) -> list[list[InsertedRun]]:
+    def together(groups: Any, *_: Any) -> list[list[InsertedRun]]:
         raise AssertionError("no group expected")
 
     group = GroupCommit(alone, together)
@@ -272,7 +272,7 @@ def test_a_failed_leader_still_wakes_its_group() -> None:
         written.append(runs.ids[0])
         return [InsertedRun(runs.ids[0], runs.queue, True)]
 
-    def together(groups: Any) -> list[list[InsertedRun]]:
+    def together(groups: Any, *_: Any) -> list[list[InsertedRun]]:
         raise RuntimeError("the shared statement failed")
 
     group = GroupCommit(alone, together)
@@ -407,7 +407,7 @@ def test_a_queued_call_interrupted_by_a_signal_leaves_no_one_waiting() -> None:
             assert gate.wait(10)
         return [InsertedRun(runs.ids[0], runs.queue, True)]
 
-    def together(groups: Any) -> list[list[InsertedRun]]:
+    def together(groups: Any, *_: Any) -> list[list[InsertedRun]]:
         return [[InsertedRun(r.ids[0], r.queue, True)] for r in groups]
 
     group = GroupCommit(alone, together)

@@ -13,19 +13,24 @@ written, since it is one autocommit statement; each call of that group then writ
 again alone, on its own thread, so one bad row fails its own call and no other. Ids are made
 by the client, so a group that did commit before failing (its answer lost) is found again
 by the calls that retry alone.
+
+What a call does for a group it does while it waits, off the path between two statements:
+its run becomes one JSON object (``group_row``), so the leader only joins the objects of
+its group into the statement's one parameter. The leader hands the statement on to the
+next group as soon as its own has committed, before it sorts out its callers' handles.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
-import uuid
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from runlane.storage import InsertedRun, NewRuns
 
-__all__ = ["MAX_GROUP", "GroupCommit", "group_params", "groupable"]
+__all__ = ["MAX_GROUP", "GroupCommit", "group_row", "group_rows", "groupable"]
 
 log = logging.getLogger("runlane.postgres")
 
@@ -36,16 +41,19 @@ GROUP_ROW_CHARS = 16 * 1024
 MAX_GROUP = 256
 
 Alone = Callable[[NewRuns], list[InsertedRun]]
-Together = Callable[[Sequence[NewRuns]], list[list[InsertedRun]]]
+#: ``together(groups, rows, committed)``: the calls' runs, their rows (group_rows's JSON
+#: array) and what to call once the statement has committed, before handles are made
+Together = Callable[[Sequence[NewRuns], str, Callable[[], None]], list[list[InsertedRun]]]
 
 
 class _Waiter:
     """One queued call: woken to lead a group, or when its group is done."""
 
-    __slots__ = ("group", "result", "runs", "wake")
+    __slots__ = ("group", "result", "row", "runs", "wake")
 
     def __init__(self, runs: NewRuns) -> None:
         self.runs = runs
+        self.row: str | None = None  # group_row(runs), made by the call while it waits
         self.wake = threading.Lock()
         self.wake.acquire()  # released by whoever wakes this call
         self.group: list[_Waiter] | None = None  # set when this call leads
@@ -91,9 +99,11 @@ class GroupCommit:
                 return self._alone(runs)
             finally:
                 self._hand_over()
-        # woken to lead a group, or by the leader of the group it is in (never left waiting:
-        # every leader wakes its group in a finally, after a statement bounded by its timeout)
         try:
+            waiter.row = group_row(runs)  # a leader that takes this call first makes its own
+            # woken to lead a group, or by the leader of the group it is in (never left
+            # waiting: every leader wakes its group in a finally, after a statement bounded
+            # by its timeout)
             waiter.wake.acquire()
         except BaseException:  # a signal's exception in the main thread (KeyboardInterrupt)
             self._abandon(waiter)
@@ -139,8 +149,16 @@ class GroupCommit:
 
     def _lead(self, group: list[_Waiter]) -> None:
         """Write the runs of ``group`` (this call's first), then wake the others."""
+        handed: list[bool] = []
+
+        def committed() -> None:  # the next group may go: once, however often called
+            if not handed:
+                handed.append(True)
+                self._hand_over()
+
         try:
-            results = self._together([w.runs for w in group])
+            rows = group_rows([w.row or group_row(w.runs) for w in group])
+            results = self._together([w.runs for w in group], rows, committed)
         except Exception as exc:  # each call then meets its own error, alone
             log.debug(
                 "runlane: a shared trigger statement failed (%s); its %d calls write "
@@ -152,7 +170,7 @@ class GroupCommit:
             for waiter, result in zip(group, results, strict=True):
                 waiter.result = result
         finally:
-            self._hand_over()
+            committed()
             for waiter in group[1:]:
                 waiter.wake.release()
 
@@ -165,29 +183,31 @@ def groupable(runs: NewRuns) -> bool:
     return len(runs.payloads[0]) + (0 if key is None else len(key)) <= GROUP_ROW_CHARS
 
 
-def group_params(groups: Sequence[NewRuns]) -> dict[str, Any]:
-    """The parameters of run_insert_group: one array per column, one element per run."""
-    rows = [(runs, i) for runs in groups for i in range(len(runs.ids))]
-    return {
-        "ids": _literal(str(runs.ids[i]) for runs, i in rows),
-        "environments": [runs.environment for runs, _ in rows],
-        "task_ids": [runs.task_id for runs, _ in rows],
-        "queues": [runs.queue for runs, _ in rows],
-        "priorities": _literal(str(runs.priority) for runs, _ in rows),
-        "payloads": "[" + ",".join(runs.payloads[i] for runs, i in rows) + "]",
-        "max_attempts": _literal(str(runs.max_attempts) for runs, _ in rows),
-        "idempotency_keys": [runs.idempotency_keys[i] for runs, i in rows],
-        "parent_run_ids": _literal(_or_null(runs.parent_run_id) for runs, _ in rows),
-        "run_ats": [runs.run_at for runs, _ in rows],
-        "delay_seconds": _literal(repr(runs.delay.total_seconds()) for runs, _ in rows),
-        "trace_contexts": [runs.trace_context for runs, _ in rows],
-    }
+def group_rows(rows: Sequence[str]) -> str:
+    """The parameter of run_insert_group: the calls' rows (group_row) as one JSON array."""
+    return "[" + ",".join(rows) + "]"
 
 
-def _literal(texts: Iterable[str]) -> str:
-    """An array literal of elements whose text needs no quoting (uuids, numbers, NULL)."""
-    return "{" + ",".join(texts) + "}"
+def group_row(runs: NewRuns) -> str:
+    """One call's run as the JSON object run_insert_group reads (``json_to_recordset``):
+    its payload and trace context are JSON text already and go in as they are, names and
+    keys as JSON strings; what calls of one task usually share is made once (_shared)."""
+    key = runs.idempotency_keys[0]
+    parent = "null" if runs.parent_run_id is None else f'"{runs.parent_run_id}"'
+    run_at = "null" if runs.run_at is None else json.dumps(runs.run_at.isoformat())
+    shared = _shared(runs.environment, runs.task_id, runs.queue, runs.priority, runs.max_attempts)
+    return (
+        f'{{"id":"{runs.ids[0]}",{shared}'
+        f',"k":{"null" if key is None else json.dumps(key)}'
+        f',"pr":{parent},"r":{run_at},"d":{runs.delay.total_seconds()!r}'
+        f',"c":{"null" if runs.trace_context is None else runs.trace_context}'
+        f',"payload":{runs.payloads[0]}}}'
+    )
 
 
-def _or_null(value: uuid.UUID | None) -> str:
-    return "NULL" if value is None else str(value)
+@functools.lru_cache(maxsize=1024)
+def _shared(environment: str, task_id: str, queue: str, priority: int, max_attempts: int) -> str:
+    return (
+        f'"e":{json.dumps(environment)},"t":{json.dumps(task_id)},"q":{json.dumps(queue)},'
+        f'"p":{int(priority)},"a":{int(max_attempts)}'
+    )

@@ -19,7 +19,7 @@ from psycopg.rows import TupleRow, dict_row, tuple_row
 from runlane.models import RunStatus
 from runlane.postgres._batches import pipelined, refusing_too_large, split_runs
 from runlane.postgres._connections import Conn
-from runlane.postgres._group import group_params
+from runlane.postgres._group import group_row, group_rows
 from runlane.storage import ClaimedRun, DeliveryState, InsertedRun, NewRuns, OutboxItem
 
 __all__ = ["EagerPublisher", "OutboxMethods", "eager_item_id"]
@@ -110,20 +110,29 @@ class OutboxMethods:
         assert self._eager is not None  # only called when one is attached
         return self._insert_eager(runs, self._eager)
 
-    def _insert_eager_together(self, groups: Sequence[NewRuns]) -> list[list[InsertedRun]]:
+    def _insert_eager_together(
+        self,
+        groups: Sequence[NewRuns],
+        rows: str | None = None,
+        committed: Callable[[], None] | None = None,
+    ) -> list[list[InsertedRun]]:
         """The eager triggers of several calls in one statement and one commit (_group),
         their due items under one claim and handed to the publisher at once; each call's
-        handles, in order."""
+        handles, in order. ``rows`` and ``committed`` as for _insert_together."""
         publisher = self._eager
         assert publisher is not None  # only called when one is attached
         claim = uuid.uuid4()
-        params = {**group_params(groups), "claim": str(claim)}
+        if rows is None:
+            rows = group_rows([group_row(r) for r in groups])
+        params = {"rows": rows, "claim": str(claim)}
         claimed_at = time.monotonic()  # before the statement: the claim starts after
 
         def insert(conn: Conn) -> tuple[list[list[InsertedRun]], list[uuid.UUID]]:
             with conn.cursor(row_factory=tuple_row) as cur:
                 cur.execute(self._sql["run_insert_group_claimed"], params)
                 rows = cur.fetchall()
+                if committed is not None:
+                    committed()
                 inserted = {row[0] for row in rows}
                 made = [
                     [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]

@@ -53,7 +53,7 @@ from runlane.postgres._connections import (
     storage_error,
 )
 from runlane.postgres._flow import FlowMethods
-from runlane.postgres._group import GroupCommit, group_params, groupable
+from runlane.postgres._group import GroupCommit, group_row, group_rows, groupable
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
@@ -394,15 +394,23 @@ class PostgresStorage(
             return self._insert_eager(runs, self._eager)
         return self._insert_direct(runs, connection)
 
-    def _insert_together(self, groups: Sequence[NewRuns]) -> list[list[InsertedRun]]:
+    def _insert_together(
+        self,
+        groups: Sequence[NewRuns],
+        rows: str | None = None,
+        committed: Callable[[], None] | None = None,
+    ) -> list[list[InsertedRun]]:
         """The runs of several trigger() calls in one statement and one commit (_group); each
-        call's handles, in order."""
-        params = group_params(groups)
+        call's handles, in order. ``rows``: the calls' rows made already (group_rows);
+        ``committed`` is called once the statement has committed."""
+        params = {"rows": group_rows([group_row(r) for r in groups]) if rows is None else rows}
 
         def insert(conn: Conn) -> list[list[InsertedRun]]:
             with conn.cursor(row_factory=tuple_row) as cur:
                 cur.execute(self._sql["run_insert_group"], params)
                 inserted = {row[0] for row in cur.fetchall()}
+                if committed is not None:
+                    committed()
                 return [
                     [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
                     if inserted.issuperset(runs.ids)

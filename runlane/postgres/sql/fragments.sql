@@ -42,23 +42,18 @@ finished_at = case
         then now() end
 
 -- fragment: group_insert
--- The runs of one group of concurrent trigger() calls (sql/group.sql): every column an
--- array, zipped by position, aliased i; the statement adds its ordering and conflict rule.
+-- The runs of one group of concurrent trigger() calls (sql/group.sql): one JSON array of
+-- one object per run (postgres/_group.py group_row, short keys: environment, task_id,
+-- queue, priority, max_attempts, idempotency_key, parent_run_id, run_at, delay seconds,
+-- trace context), aliased i; the statement adds its ordering and conflict rule.
 insert into {schema}.runs as r (
     id, environment, task_id, queue, status, priority, payload, max_attempts,
     idempotency_key, parent_run_id, due_at, trace_context)
-select i.id, i.environment, i.task_id, i.queue, 'queued', i.priority, i.payload,
-       i.max_attempts, i.idempotency_key, i.parent_run_id,
-       coalesce(i.run_at, now() + i.delay_seconds * interval '1 second'),
-       i.trace_context::jsonb
-from rows from (unnest(%(ids)s::uuid[]), unnest(%(environments)s::text[]),
-                unnest(%(task_ids)s::text[]), unnest(%(queues)s::text[]),
-                unnest(%(priorities)s::integer[]), jsonb_array_elements(%(payloads)s::jsonb),
-                unnest(%(max_attempts)s::integer[]), unnest(%(idempotency_keys)s::text[]),
-                unnest(%(parent_run_ids)s::uuid[]), unnest(%(run_ats)s::timestamptz[]),
-                unnest(%(delay_seconds)s::float8[]), unnest(%(trace_contexts)s::text[]))
-    as i(id, environment, task_id, queue, priority, payload, max_attempts, idempotency_key,
-         parent_run_id, run_at, delay_seconds, trace_context)
+select i.id, i.e, i.t, i.q, 'queued', i.p, i.payload, i.a, i.k, i.pr,
+       coalesce(i.r, now() + i.d * interval '1 second'), i.c
+from json_to_recordset(%(rows)s::json)
+    as i(id uuid, e text, t text, q text, p integer, payload jsonb, a integer, k text,
+         pr uuid, r timestamptz, d float8, c jsonb)
 
 -- fragment: queue_live_leases
 -- How many live leases one bounded queue holds (a claim of it counts them after

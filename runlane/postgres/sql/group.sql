@@ -6,12 +6,12 @@
 
 -- name: run_insert_group
 -- The runs of concurrent trigger() calls in one statement and one commit (postgres/_group.py):
--- every column an array, zipped by position, since each call has its own task and options.
+-- one JSON object a run (each call has its own task and options), read by json_to_recordset.
 -- Locks in the order of run_insert_many, task by task: a key repeated in the group goes to
 -- the call with the smaller id, the others resolve to its run (as run_insert_many's callers
 -- do); a repeated id (the group retried after its answer was lost) is left alone.
 {@group_insert}
-order by i.environment collate "C", i.task_id collate "C", i.idempotency_key collate "C", i.id
+order by i.e collate "C", i.t collate "C", i.k collate "C", i.id
 on conflict do nothing
 returning r.id;
 
@@ -24,6 +24,6 @@ with claim as materialized (
 )
 {@group_insert}
 cross join claim
-order by i.environment collate "C", i.task_id collate "C", i.idempotency_key collate "C", i.id
+order by i.e collate "C", i.t collate "C", i.k collate "C", i.id
 on conflict do nothing
 returning r.id, r.due_at <= now() as due_now;
