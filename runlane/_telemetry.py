@@ -34,17 +34,16 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from runlane.errors import StopReason
-from runlane.models import QueueStatus
+from runlane.models import QueueStatus, StatusReport
 from runlane.storage import ClaimedRun, Completion, Failure, InsertedRun, LeaseRef, NewRuns
 
 if TYPE_CHECKING:
     from runlane.context import RunContext
-    from runlane.runtime import Runlane
     from runlane.tasks import Queue
     from runlane.worker._execution import Outcome
 
@@ -79,6 +78,7 @@ __all__ = [
     "queue_statuses",
     "register_runtime",
     "trigger",
+    "unregister_runtime",
 ]
 
 log = logging.getLogger("runlane.runs")
@@ -182,18 +182,28 @@ def instruments() -> _Instruments | None:
         return _meters[-1][1]
 
 
-_runtimes: weakref.WeakSet[Runlane] = weakref.WeakSet()
+class StatusSource(Protocol):
+    """An open runtime, as the queue-depth gauge reads it."""
+
+    def status(self) -> StatusReport: ...
 
 
-def register_runtime(runtime: Runlane) -> None:
-    """Report this runtime's queue depths through ``runlane.queue.depth``."""
+_runtimes: weakref.WeakSet[StatusSource] = weakref.WeakSet()
+
+
+def register_runtime(runtime: StatusSource) -> None:
+    """Report this runtime's queue depths through ``runlane.queue.depth`` (from its start
+    until :func:`unregister_runtime`, at its close)."""
     _runtimes.add(runtime)
+
+
+def unregister_runtime(runtime: StatusSource) -> None:
+    """Stop reading this runtime's queue depths (it is closing)."""
+    _runtimes.discard(runtime)
 
 
 def _observe_queues(options: Any) -> Iterator[Any]:
     for runtime in list(_runtimes):
-        if not runtime._started or runtime._closed:
-            continue
         try:
             report = runtime.status()
         except Exception:

@@ -110,7 +110,7 @@ class FlaskRunlane:
         if self._app_context:
             if self._context is None:
                 self._context = _AppContext(app)
-                runtime._wrap_attempts(self._context)
+                runtime.wrap_attempts(self._context)
             self._context.app = app  # an app factory called again (tests): the newest app
         app.extensions["runlane"] = self
         app.cli.add_command(_command_group(self))

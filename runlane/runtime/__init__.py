@@ -77,7 +77,7 @@ from runlane.runtime import _queue_admin, _schedule_admin
 from runlane.runtime._backend import Backend
 from runlane.runtime._reads import PointReads
 from runlane.schedules import Schedule
-from runlane.storage import NewRuns
+from runlane.storage import NewRuns, Storage
 from runlane.tasks import Queue, Task, _check_name
 from runlane.worker import Worker
 from runlane.worker._worker import WorkerOptions, check_worker_arguments
@@ -145,7 +145,6 @@ class Runlane:
         # wait_for_run's wake-ups, made by the first wait (False: not made yet)
         self._run_ends: RunEndWatcher | bool | None = False
         self._connect()
-        _telemetry.register_runtime(self)
 
     def _connect(self) -> None:
         """A fresh storage (and what reads through it) for a new or reopened runtime."""
@@ -190,10 +189,11 @@ class Runlane:
             max_attempts=task.retry.max_attempts,
         )
 
-    def _wrap_attempts(self, middleware: object) -> None:
+    def wrap_attempts(self, middleware: object) -> None:
         """Enter ``middleware`` outermost around the attempts of every worker (and drain)
         made from now on: how an integration (the Flask extension's app context) adds its
-        own to those given to ``create_runlane``."""
+        own to those given to ``create_runlane``. For runlane's integrations; an application
+        passes ``middleware=`` to ``create_runlane``."""
         (checked,) = check_middleware([middleware])
         with self._lock:
             self._middleware = (checked, *self._middleware)
@@ -232,6 +232,7 @@ class Runlane:
         self._storage.open()
         self._lane.prepare(self._storage, self.environment)
         self._started = True
+        _telemetry.register_runtime(self)  # its queue depths, while it is open
 
     def close(self, timeout: float | None = None) -> None:
         """Close the workers and services this runtime created (each asked to stop, their
@@ -244,6 +245,7 @@ class Runlane:
                 return
             self._closed = True
             self._started = False
+            _telemetry.unregister_runtime(self)
             owned, self._owned = self._owned, []
             run_ends, self._run_ends = self._run_ends, False
         # every part runs even when one raises; the first error is raised at the end
@@ -301,6 +303,14 @@ class Runlane:
     def _check_open(self) -> None:
         if self._closed:
             raise self._closed_error()
+
+    def opened_storage(self) -> Storage:
+        """This runtime's storage, started as every operator method starts it (a closed
+        runtime raises :class:`~runlane.RunlaneClosed`). For runlane's own parts that read
+        through the storage (the console); applications use the methods above."""
+        self._check_open()
+        self._ensure_started()
+        return self._storage
 
     # -- producing -----------------------------------------------------------------------
 
@@ -949,7 +959,9 @@ class Runlane:
             queues=queues,
             options=options,
             lane=self._lane,
-            make_backend=lambda storage: Backend(self, storage),
+            make_backend=lambda storage: Backend(
+                storage, trigger=self._trigger, max_output_bytes=self.max_output_bytes
+            ),
             on_closed=self._disown,
             middleware=self._middleware,
         )

@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from runlane._trigger_options import TriggerOptions
 from runlane.models import RunHandle
 from runlane.storage import Storage
 from runlane.tasks import Task
 
-if TYPE_CHECKING:
-    from runlane.runtime import Runlane
+__all__ = ["Backend", "TriggerRuns"]
 
-__all__ = ["Backend"]
+# the runtime's trigger path: a task, its payloads and their idempotency keys, the options
+TriggerRuns = Callable[
+    [Task[Any, Any] | str, list[Any], Sequence[str | None], TriggerOptions],
+    list[RunHandle],
+]
 
 
 class Backend:
     """What a handler's context uses: a storage (a worker slot's own connection, or the
-    runtime's pool) and the runtime for child triggers."""
+    runtime's pool), the runtime's trigger path for child runs, and its output limit."""
 
-    def __init__(self, runtime: Runlane, storage: Storage) -> None:
-        self._runtime = runtime
+    def __init__(self, storage: Storage, *, trigger: TriggerRuns, max_output_bytes: int) -> None:
         self.storage = storage
-
-    @property
-    def max_output_bytes(self) -> int:
-        """The runtime's output limit, for steps and handlers' return values."""
-        return self._runtime.max_output_bytes
+        self._trigger = trigger
+        self.max_output_bytes = max_output_bytes
 
     def trigger_child(
         self,
@@ -36,5 +36,5 @@ class Backend:
         idempotency_key: str,
         options: TriggerOptions,
     ) -> RunHandle:
-        (handle,) = self._runtime._trigger(task, [payload], [idempotency_key], options)
+        (handle,) = self._trigger(task, [payload], [idempotency_key], options)
         return handle

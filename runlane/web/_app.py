@@ -217,9 +217,7 @@ class _Console:
     def storage(self) -> Storage:
         # the console's own reads (runlane.web is part of runlane): opened as the operator API
         # opens it, so a closed runtime or a dead database fails the same way
-        self.runlane._check_open()
-        self.runlane._ensure_started()
-        return self.runlane._storage
+        return self.runlane.opened_storage()
 
     def allowed(self, action: str) -> None:
         """Refuse (403) a POST that lacks the CSRF token or that authorize does not allow."""
