@@ -42,6 +42,7 @@ from runlane.errors import (
     ServiceFailed,
     StaleLease,
 )
+from runlane.maintenance._board import Board, ServiceErrorCallback
 from runlane.maintenance._pass import MaintenanceScope, run_phase
 from runlane.maintenance._types import MaintenanceLimits, MaintenancePhase, ServiceErrorInfo
 from runlane.storage import MaintenanceFence
@@ -52,8 +53,6 @@ __all__ = ["BANDS", "Band", "ServiceErrorCallback", "Services"]
 _random = random.Random()
 
 log = logging.getLogger("runlane.services")
-
-ServiceErrorCallback = Callable[[BaseException, ServiceErrorInfo], None]
 
 _numbers = iter(range(1, 1 << 62))
 
@@ -93,8 +92,12 @@ BANDS = (
 
 
 class _BandLoop:
-    def __init__(self, services: Services, band: Band) -> None:
+    """One band's thread: acquires, refreshes and releases its lease, runs its phases, and
+    reports to the services' board."""
+
+    def __init__(self, services: Services, board: Board, band: Band) -> None:
         self.services = services
+        self.board = board
         self.band = band
         self.fence: MaintenanceFence | None = None
         self.deadline = 0.0  # monotonic time after which an unrefreshed owner stops acting
@@ -105,15 +108,15 @@ class _BandLoop:
         )
 
     def main(self) -> None:
-        s = self.services
+        board = self.board
         try:
-            while not s._stop.is_set():
+            while not board.stop.is_set():
                 self.step()
-                s._stop.wait(self.wait_time())
+                board.stop.wait(self.wait_time())
             self.release()
         except _Fatal as fatal:
             self.release()
-            if s._close_started:  # the runtime closed under a closing band: a clean close
+            if board.close_started:  # the runtime closed under a closing band: a clean close
                 log.debug("runlane: band %s closing: %s", self.band.name, fatal)
             else:
                 # the message says what to do; a traceback would add nothing
@@ -122,12 +125,12 @@ class _BandLoop:
                     self.band.name,
                     fatal,
                 )
-                s._fail(fatal.error)
+                board.fail(fatal.error)
         except BaseException as exc:
             log.exception("runlane: maintenance band %s failed", self.band.name)
-            s._fail(exc)
+            board.fail(exc)
         finally:
-            s._loop_exited()
+            board.loop_exited()
 
     def wait_time(self) -> float:
         s = self.services
@@ -139,16 +142,16 @@ class _BandLoop:
 
     def report(self, error: BaseException, phase: MaintenancePhase, operation: str) -> None:
         """Hand ``error`` to the observer; a fatal one then stops every band."""
-        closing = self.services._close_started and isinstance(error, RunlaneClosed)
+        closing = self.board.close_started and isinstance(error, RunlaneClosed)
         if not closing:  # a runtime closed while this band closes is no failure to report
-            self.services._report(error, ServiceErrorInfo(phase, self.band.name, operation))
+            self.board.report(error, ServiceErrorInfo(phase, self.band.name, operation))
         if isinstance(error, _FATAL):
             raise _Fatal(error) from error
 
     def lose(self, error: BaseException, operation: str) -> None:
         log.warning("runlane: lost maintenance band %s: %s", self.band.name, error)
         self.fence = None
-        self.services._set_owned(self.band.name, None)
+        self.board.set_owned(self.band.name, None)
         self.report(error, self.band.phases[0], operation)
 
     def step(self) -> None:
@@ -163,13 +166,13 @@ class _BandLoop:
                 self.report(exc, self.band.phases[0], "acquire")
                 return
             if fencing is None:  # another replica holds it; wake waiters that watch for that
-                s._set_owned(self.band.name, None)
+                self.board.set_owned(self.band.name, None)
                 return
             self.fence = MaintenanceFence(s.scope.environment, self.band.name, s.owner, fencing)
             self.last_refresh = now
             self.deadline = now + s.lease_seconds - s.margin
             self.next_pass = now
-            s._set_owned(self.band.name, fencing)
+            self.board.set_owned(self.band.name, fencing)
             log.info("runlane: %s owns band %s (fencing %d)", s.name, self.band.name, fencing)
         elif now - self.last_refresh >= s.refresh_interval:
             try:
@@ -208,7 +211,7 @@ class _BandLoop:
     def run_phases(self) -> None:
         s = self.services
         for phase in self.band.phases:
-            if self.fence is None or s._stop.is_set():
+            if self.fence is None or self.board.stop.is_set():
                 return
             try:
                 result = run_phase(s.scope, phase, s.limits, self.fence)
@@ -218,19 +221,17 @@ class _BandLoop:
             except Exception as exc:  # every failed pass reaches the callback
                 self.report(exc, phase, "pass")
             else:
-                s._count(phase, result.total)
+                self.board.count(phase, result.total)
 
     def release(self) -> None:
         if self.fence is None:
             return
         fence, self.fence = self.fence, None
-        self.services._set_owned(self.band.name, None)
+        self.board.set_owned(self.band.name, None)
         try:
             self.services.scope.storage.maintenance_lease_release(fence)
         except Exception as exc:  # the lease then simply expires
-            self.services._report(
-                exc, ServiceErrorInfo(self.band.phases[0], self.band.name, "release")
-            )
+            self.board.report(exc, ServiceErrorInfo(self.band.phases[0], self.band.name, "release"))
 
 
 class Services:
@@ -255,41 +256,30 @@ class Services:
         self.acquire_interval = self.lease_seconds / 6
         self.margin = self.lease_seconds / 10
         self.owner = uuid.uuid4()
-        self._on_error = on_service_error
-        self._stop = threading.Event()
-        self._closed = threading.Event()
+        self._board = Board(on_service_error, len(bands))
         self._close_lock = threading.Lock()
-        self._close_started = False
         self._started = False
-        self._failure: BaseException | None = None
-        self._owned: dict[str, int] = {}
-        # guards the counters below; notified on every change a waiter may look for
-        self._progress = threading.Condition()
-        self._generation = 0
-        self._running = 0
-        self.changed: dict[MaintenancePhase, int] = dict.fromkeys(MaintenancePhase, 0)
-        self.passes: dict[MaintenancePhase, int] = dict.fromkeys(MaintenancePhase, 0)
-        self._loops = [_BandLoop(self, band) for band in bands]
+        # per phase: passes made and rows changed (the board's counters)
+        self.changed: dict[MaintenancePhase, int] = self._board.changed
+        self.passes: dict[MaintenancePhase, int] = self._board.passes
+        self._loops = [_BandLoop(self, self._board, band) for band in bands]
 
     def start(self) -> None:
         with self._close_lock:
-            if self._started or self._close_started:
+            if self._started or self._board.close_started:
                 return
             self._started = True
-            with self._progress:
-                self._running = len(self._loops)
             for loop in self._loops:
                 loop.thread.start()
 
     @property
     def closed(self) -> bool:
         """True once ``close()`` was called or a fatal failure stopped the loops."""
-        return self._stop.is_set()
+        return self._board.stop.is_set()
 
     def owned_bands(self) -> dict[str, int]:
         """The bands this replica owns now, with their fencing numbers."""
-        with self._progress:
-            return dict(self._owned)
+        return self._board.owned_bands()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``predicate()`` holds; False when ``timeout`` passed first.
@@ -298,70 +288,7 @@ class Services:
         a band, band lost, reported failure and stop: a signal for tests and health checks
         instead of polling. It runs in the calling thread, without any lock of the services
         held."""
-        timeout = as_wait_timeout("timeout", timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._progress:
-                seen = self._generation
-            if predicate():
-                return True
-            with self._progress:
-                while self._generation == seen:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        return False
-                    self._progress.wait(remaining)
-
-    def _changed(self) -> None:
-        """Wake the waiters of ``wait_for``; call with ``_progress`` held."""
-        self._generation += 1
-        self._progress.notify_all()
-
-    def _set_owned(self, band: str, fencing: int | None) -> None:
-        with self._progress:
-            if fencing is None:
-                self._owned.pop(band, None)
-            else:
-                self._owned[band] = fencing
-            self._changed()
-
-    def _count(self, phase: MaintenancePhase, changed: int) -> None:
-        with self._progress:
-            self.passes[phase] += 1
-            self.changed[phase] += changed
-            self._changed()
-
-    def _report(self, error: BaseException, info: ServiceErrorInfo) -> None:
-        try:
-            if self._on_error is None:
-                log.error(
-                    "runlane maintenance %s (%s) failed: %r", info.phase, info.operation, error
-                )
-                return
-            try:
-                self._on_error(error, info)
-            except Exception:
-                log.exception("runlane: on_service_error raised")
-        finally:
-            with self._progress:
-                self._changed()
-
-    def _fail(self, exc: BaseException) -> None:
-        """A band failed fatally: record why and stop every band; the last loop to exit
-        marks the services closed."""
-        with self._progress:
-            if self._failure is None:
-                self._failure = exc
-            self._changed()
-        self._stop.set()
-
-    def _loop_exited(self) -> None:
-        with self._progress:
-            self._running -= 1
-            last = self._running == 0
-            self._changed()
-        if last and self._stop.is_set():
-            self._closed.set()
+        return self._board.wait_for(predicate, timeout)
 
     def wait_until_closed(self, timeout: float | None = None) -> bool:
         """Block until closed; False when ``timeout`` passed first. Raises ServiceFailed when
@@ -369,9 +296,9 @@ class Services:
         error raised by ``on_service_error`` that is not an ``Exception``. Other storage
         failures are reported to ``on_service_error`` and retried, not fatal."""
         timeout = as_wait_timeout("timeout", timeout)
-        if not self._closed.wait(timeout):
+        if not self._board.closed.wait(timeout):
             return False
-        failure = self._failure
+        failure = self._board.failure
         if failure is not None:
             raise ServiceFailed(
                 f"{self.name} stopped after a fatal failure: {failure}; "
@@ -387,15 +314,14 @@ class Services:
         timeout = as_wait_timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._close_lock:
-            first = not self._close_started
-            self._close_started = True
+            first = not self._board.close_started
+            self._board.close_started = True
         if not first:
-            self._closed.wait(timeout)
+            self._board.closed.wait(timeout)
             return
-        self._stop.set()
+        self._board.stop.set()
         try:
-            with self._progress:
-                self._changed()
+            self._board.notify()
             stuck: list[str] = []
             for loop in self._loops:
                 thread = loop.thread
@@ -414,7 +340,7 @@ class Services:
                     ", ".join(stuck),
                 )
         finally:
-            self._closed.set()
+            self._board.closed.set()
 
     def __enter__(self) -> Services:
         return self
