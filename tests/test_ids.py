@@ -39,3 +39,19 @@ def test_a_forked_child_does_not_reuse_its_parents_random_bits() -> None:
     parent = new_run_id()
     mask = (1 << 62) - 1
     assert child.int & mask != parent.int & mask
+
+
+def test_an_id_is_an_ordinary_uuid() -> None:
+    """Ids are made without UUID.__init__: each must still be a UUID like any other (equal
+    to its own text parsed, hashed, pickled, ordered and formatted the same)."""
+    import pickle  # noqa: PLC0415 - only here
+
+    for made in [new_run_id(), *new_run_ids(3)]:
+        parsed = uuid.UUID(str(made))
+        assert made == parsed
+        assert hash(made) == hash(parsed)
+        assert (made.version, made.variant) == (7, uuid.RFC_4122)
+        assert made.is_safe is uuid.SafeUUID.unknown
+        assert pickle.loads(pickle.dumps(made)) == made
+        assert repr(made) == repr(parsed)
+        assert made.bytes == parsed.bytes

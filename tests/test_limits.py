@@ -154,7 +154,7 @@ def test_the_payload_is_encoded_once_and_that_text_is_what_is_written(
     """The size check reuses the encoding the write needs: trigger() encodes the payload
     once (with the codec's one JSON encoder)."""
     calls: list[object] = []
-    real = _codec._ENCODER.encode
+    real = _codec._encode
 
     def counting(value: object) -> str:
         calls.append(value)
@@ -162,7 +162,7 @@ def test_the_payload_is_encoded_once_and_that_text_is_what_is_written(
 
     rl = make_runlane(tasks=[note])
     rl.start()
-    monkeypatch.setattr(_codec._ENCODER, "encode", counting)
+    monkeypatch.setattr(_codec, "_encode", counting)
     handle = rl.trigger(note, Note("ü"))
     monkeypatch.undo()
     assert calls == [{"text": "ü"}]
