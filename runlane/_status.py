@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
+
 from runlane.models import StatusReport
 
-__all__ = ["OUTBOX_MAX_AGE_SECONDS", "format_report", "unhealthy"]
-
-# pending outbox items older than this mean the publisher is not keeping up
-OUTBOX_MAX_AGE_SECONDS = 60.0
+__all__ = ["format_report", "report_document", "unhealthy"]
 
 
 def unhealthy(report: StatusReport) -> list[str]:
@@ -48,12 +49,7 @@ def unhealthy(report: StatusReport) -> list[str]:
             "no maintenance band has a live owner: run `runlane maintenance APP` or "
             "`runlane worker APP --with-maintenance`"
         )
-    age = report.outbox_oldest_age_seconds
-    if age is not None and age > OUTBOX_MAX_AGE_SECONDS:
-        problems.append(f"the oldest pending outbox item is {age:.0f}s old")
-    if report.broker is not None and report.broker.startswith("unreachable"):
-        problems.append(f"broker {report.broker}")
-    problems.extend(report.broker_problems)
+    problems.extend(report.lane.problems())
     if report.late_schedules:
         problems.append(
             f"{len(report.late_schedules)} schedules are late, their next fire time long past "
@@ -88,8 +84,7 @@ def format_report(report: StatusReport) -> list[str]:
     ]
     if report.outbox_oldest_age_seconds is not None:
         rows.append(("oldest pending outbox item", f"{report.outbox_oldest_age_seconds:.1f}s old"))
-    if report.broker is not None:
-        rows.append(("broker", report.broker))
+    rows.extend(report.lane.rows())
     rows.append(("late schedules", _listed(report.late_schedules) or 0))
     lines = [f"environment {report.environment!r}"]
     lines += [f"  {label:<34} {value}" for label, value in rows]
@@ -124,3 +119,11 @@ def format_report(report: StatusReport) -> list[str]:
             f"until {lease.expires_at.isoformat()}  owner {lease.owner}"
         )
     return lines
+
+
+def report_document(report: StatusReport) -> dict[str, Any]:
+    """The report as ``runlane status --json`` writes it: its fields, with the lane's (the
+    outbox's, a transport lane's broker) at the top level beside them."""
+    document = attrs.asdict(report, filter=lambda a, _: a.name != "lane")
+    document.update(attrs.asdict(report.lane))
+    return document

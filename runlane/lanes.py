@@ -15,12 +15,18 @@ A lane provides:
   claims them (fenced, bounded queues enforced in storage), and ``wait_for_work`` blocks,
   interruptibly, while nothing is due. It reports cancellations requested for running
   attempts through ``on_cancel``;
-- its **maintenance work** (:meth:`Lane.recover_delivery`, the ``DELIVERY_RECOVERY`` phase)
-  and **status fields** (:meth:`Lane.status_fields`, merged into ``StatusReport``);
+- its **maintenance work** (:meth:`Lane.recover_delivery`, the ``DELIVERY_RECOVERY`` phase,
+  reported as a :class:`LaneMaintenance` carried by ``MaintenanceResult.lane``) and its
+  **status** (:meth:`Lane.status`, a :class:`LaneStatus` carried by ``StatusReport.lane``);
+  a lane with fields of its own subclasses either (frozen attrs);
 - whether it supports ``drain()`` (``drain_unsupported`` is None when it does, else the
   reason given to the caller).
 
-Every lane must pass the lane conformance suite in ``tests/lanes/``.
+A lane that delivers through another system while Postgres keeps the truth builds on the
+transport toolkit in :mod:`runlane.postgres` (``Outbox``, ``outbox_of``,
+``PostgresListener``, ...). Every lane must pass the lane conformance suite,
+:mod:`runlane.testing.conformance`, which a lane kept outside this package runs too
+(docs/lanes.md).
 """
 
 from __future__ import annotations
@@ -30,15 +36,24 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 
-from runlane.maintenance._types import MaintenanceLimits
+from runlane.maintenance import NOT_RECORDS, LaneMaintenance, MaintenanceLimits
+from runlane.models import LaneStatus
 from runlane.storage import ClaimedRun, MaintenanceFence, Storage
 from runlane.tasks import Queue
 
-__all__ = ["Acquirer", "AcquirerOptions", "Lane", "RunEndWatcher"]
+__all__ = [
+    "NOT_RECORDS",
+    "Acquirer",
+    "AcquirerOptions",
+    "Lane",
+    "LaneMaintenance",
+    "LaneStatus",
+    "RunEndWatcher",
+]
 
 
 @attrs.frozen
@@ -84,6 +99,19 @@ class Acquirer(Protocol):
 
     def close(self, timeout: float | None) -> None:
         """Stop background threads and release connections, within ``timeout``."""
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until an announcement (a trigger, a cancel) would reach this acquirer at
+        once rather than at its next poll: its listener is connected, its consumer
+        consuming. True once ready (at once when there is nothing to wait for: a poll-only
+        or drain acquirer), False when ``timeout`` passed first. Readiness comes and goes
+        with connections; it is a snapshot, not a promise."""
+
+    @property
+    def rate_wait(self) -> float | None:
+        """Seconds until a rate limit that held due runs back in the last ``acquire`` lets
+        the next one start (None: none did). ``drain()`` waits this long and claims again
+        instead of reporting the queue empty; a lane without drain support returns None."""
 
 
 class RunEndWatcher(Protocol):
@@ -142,12 +170,12 @@ class Lane(Protocol):
         environment: str,
         limits: MaintenanceLimits,
         fence: MaintenanceFence | None,
-    ) -> dict[str, int]:
+    ) -> LaneMaintenance:
         """The lane's part of ``DELIVERY_RECOVERY``: announce again what may have been missed
         (the polling lane wakes queues whose delayed runs came due; a transport lane
         publishes pending outbox items and re-announces runs lost by the broker). Returns
-        ``MaintenanceResult`` fields: ``queues_woken``, ``outbox_published``,
-        ``deliveries_recovered``."""
+        what it did (``MaintenanceResult.lane``)."""
 
-    def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
-        """Lane-specific ``StatusReport`` fields (``outbox_pending``, ...)."""
+    def status(self, storage: Storage, environment: str) -> LaneStatus:
+        """The lane's part of ``Runlane.status()`` (``StatusReport.lane``): its outbox, and
+        whatever else it checks (a subclass of :class:`LaneStatus`)."""

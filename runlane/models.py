@@ -16,6 +16,7 @@ __all__ = [
     "BulkResult",
     "CancelResult",
     "DrainResult",
+    "LaneStatus",
     "MaintenanceLeaseStatus",
     "QueueInfo",
     "QueueStatus",
@@ -252,6 +253,43 @@ class QueueStatus:
     paused: bool = False  # Runlane.pause_queue: its runs are not claimed until resumed
 
 
+# pending outbox items older than this mean nothing is publishing them (LaneStatus.problems)
+OUTBOX_MAX_AGE_SECONDS = 60.0
+
+
+@attrs.frozen
+class LaneStatus:
+    """A lane's own part of a :class:`StatusReport` (``StatusReport.lane``), which
+    ``Lane.status`` returns.
+
+    The engine reads only what this class declares: ``problems()`` (lines added to the
+    unhealthy checks of ``runlane status``, the console and ``--json``), ``rows()`` (lines
+    shown after the engine's) and the outbox counts, which SPEC names on every report. A
+    lane with more to say subclasses it as a frozen attrs class (the RabbitMQ lane's
+    ``RabbitMQStatus`` adds its broker) and overrides both methods to show it.
+    """
+
+    # items written but not yet handed to the transport (0 for a lane without an outbox,
+    # None when the lane does not say)
+    outbox_pending: int | None = None
+    outbox_oldest_age_seconds: float | None = None  # age of the oldest pending item
+
+    def problems(self) -> list[str]:
+        """One line per failing lane check, naming what is wrong and what to do."""
+        age = self.outbox_oldest_age_seconds
+        if age is not None and age > OUTBOX_MAX_AGE_SECONDS:
+            return [
+                f"the oldest pending outbox item is {age:.0f}s old (is a publisher running, "
+                "and can it reach the transport?)"
+            ]
+        return []
+
+    def rows(self) -> list[tuple[str, str]]:
+        """``(label, value)`` lines the status output shows for this lane, after the
+        outbox's."""
+        return []
+
+
 @attrs.frozen
 class StatusReport:
     """Progress signals of one environment (``Runlane.status()``, ``runlane status APP``).
@@ -274,13 +312,6 @@ class StatusReport:
     waiting: int = 0  # runs suspended on a token, a run or a sleep
     tombstone_remaining_children: int = 0  # children the pruned parents still wait for
     queues: tuple[QueueStatus, ...] = ()  # every registered queue, and any other with runs
-    # lane fields (Lane.status_fields): a transport lane's outbox, and its broker
-    outbox_pending: int | None = None  # items not yet published (0 for the polling lane)
-    outbox_oldest_age_seconds: float | None = None  # age of the oldest pending item
-    broker: str | None = None  # "reachable at host:port" or "unreachable at host:port (...)"
-    # transport lanes: the broker queues that cannot be served (publishes of their runs keep
-    # timing out), one line each naming the queue and what to do
-    broker_problems: tuple[str, ...] = ()
     # unpaused schedules whose awaited slot is long past (database time): maintenance is not
     # firing them (at most 100 ids, the most overdue first)
     late_schedules: tuple[str, ...] = ()
@@ -294,6 +325,18 @@ class StatusReport:
     # executing (RunSnapshot.executing)
     claimed_not_started: int = 0
     resolved_tokens: tuple[ResolvedTokenStatus, ...] = ()
+    # the lane's own fields (Lane.status): its outbox, and e.g. the RabbitMQ lane's broker
+    lane: LaneStatus = LaneStatus()
+
+    @property
+    def outbox_pending(self) -> int | None:
+        """Outbox items not yet published (``lane.outbox_pending``; 0 on the polling lane)."""
+        return self.lane.outbox_pending
+
+    @property
+    def outbox_oldest_age_seconds(self) -> float | None:
+        """Age of the oldest pending outbox item (``lane.outbox_oldest_age_seconds``)."""
+        return self.lane.outbox_oldest_age_seconds
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from runlane import RunContext, Runlane, RunStatus, task
-from runlane.maintenance import MaintenanceLimits
+from runlane.maintenance import LaneMaintenance, MaintenanceLimits
 from runlane.postgres import PostgresStorage, postgres_polling_lane
 from runlane.retry import RetryPolicy, next_retry_delay
 from runlane.storage import ClaimedRun, Completion, Expiration, Failure, LeaseRef, NewRuns
@@ -124,12 +124,12 @@ def test_a_delayed_insert_is_announced_when_recovery_finds_it_due(
     (run_id,) = insert(storage, "q", delay=timedelta(hours=1))
     lane = postgres_polling_lane(connection_string=database_url, schema=schema)
     limits = MaintenanceLimits(delivery_recovery_limit=10)
-    assert lane.recover_delivery(storage, ENV, limits, None) == {"queues_woken": 0}
+    assert lane.recover_delivery(storage, ENV, limits, None) == LaneMaintenance()
     assert heard(listener) == []
     # time passes (by hand: a queued run's due time moving is not itself announced)
     dbx.run("update {schema}.runs set due_at = now() - interval '1 second' where id = %s", run_id)
     assert heard(listener) == []
-    assert lane.recover_delivery(storage, ENV, limits, None) == {"queues_woken": 1}
+    assert lane.recover_delivery(storage, ENV, limits, None) == LaneMaintenance(queues_woken=1)
     assert heard(listener) == ["env|q"]
 
 

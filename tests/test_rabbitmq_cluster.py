@@ -27,7 +27,7 @@ from psycopg import sql
 from runlane import RunContext, Runlane, create_runlane, queue, task
 from runlane._rabbit_nodes import RabbitNode
 from runlane.models import RunStatus
-from runlane.rabbitmq import rabbitmq_lane
+from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
 
 pytestmark = pytest.mark.slow
 
@@ -166,8 +166,9 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
         assert not twice, f"handlers executed more than once: {twice}"
         report = producer.status()
         assert report.outbox_pending == 0
-        assert report.broker is not None
-        assert report.broker.startswith("reachable")
+        broker = RabbitMQStatus.of(report).broker
+        assert broker is not None
+        assert broker.startswith("reachable")
         assert leader_node.nodename in _online(producer_node, name)
         elapsed = time.monotonic() - began
         print(

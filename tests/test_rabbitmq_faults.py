@@ -45,6 +45,7 @@ from runlane import (
 )
 from runlane._rabbit_nodes import RabbitNode
 from runlane.postgres import PostgresStorage
+from runlane.rabbitmq import RabbitMQStatus
 from runlane.storage import OutboxItem
 from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import (
@@ -749,8 +750,9 @@ def test_triggers_commit_while_the_broker_is_down_and_are_delivered_when_it_retu
     report = rl.status()
     assert report.outbox_pending == 20
     assert report.outbox_oldest_age_seconds is not None
-    assert report.broker is not None
-    assert report.broker.startswith(f"unreachable at 127.0.0.1:{rabbitmq_node.port}")
+    broker = RabbitMQStatus.of(report).broker
+    assert broker is not None
+    assert broker.startswith(f"unreachable at 127.0.0.1:{rabbitmq_node.port}")
     rabbitmq_node.start()
     _settle(rl, db, schema, run_ids, timeout=60)
     worker.close(timeout=10)

@@ -18,6 +18,7 @@ from psycopg import sql
 from runlane import RunContext, task
 from runlane._rabbit_nodes import RabbitNode
 from runlane._status import unhealthy
+from runlane.rabbitmq import RabbitMQStatus
 from runlane.rabbitmq._amqp import Watchdog, declare_queue, queue_name
 from tests.conftest import RabbitRuntimes
 from tests.helpers import Conn, wait_until
@@ -73,7 +74,7 @@ def test_a_quorum_queue_without_a_leader_is_reported_unhealthy(
         publish_timeout=timedelta(seconds=1),
         claim_duration=timedelta(seconds=30),
     )
-    assert rl.status().broker_problems == ()
+    assert RabbitMQStatus.of(rl.status()).broker_problems == ()
     rl.trigger_many(noop, [None] * 3)  # published after commit: each try times out
     wait_until(
         lambda: _max_failures(db, schema) >= 2,
@@ -82,9 +83,10 @@ def test_a_quorum_queue_without_a_leader_is_reported_unhealthy(
         state=lambda: _max_failures(db, schema),
     )
     report = rl.status()
-    assert report.broker is not None
-    assert report.broker.startswith("reachable")
-    (problem,) = report.broker_problems
+    status = RabbitMQStatus.of(report)
+    assert status.broker is not None
+    assert status.broker.startswith("reachable")
+    (problem,) = status.broker_problems
     assert f"RabbitMQ queue {name} (runlane queue 'default') cannot be served" in problem
     assert "3 runs wait to be published" in problem
     assert "no confirm within 1s" in problem
@@ -106,4 +108,4 @@ def test_a_quorum_queue_without_a_leader_is_reported_unhealthy(
         timeout=30,
         what="the runs published once the queue was declared again",
     )
-    assert rl.status().broker_problems == ()
+    assert RabbitMQStatus.of(rl.status()).broker_problems == ()

@@ -35,7 +35,7 @@ from runlane import (
 )
 from runlane._rabbit_nodes import RabbitNode
 from runlane.lanes import AcquirerOptions
-from runlane.rabbitmq import rabbitmq_lane
+from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from tests.conftest import RabbitRuntimes
 from tests.helpers import (
@@ -258,8 +258,9 @@ def test_a_worker_started_before_its_broker_retries_with_backoff_then_consumes(
     gaps = [b.created - a.created for a, b in itertools.pairwise(seen)]
     assert gaps[-1] > gaps[0], f"no backoff between retries: {gaps}"
     report = rl.status()
-    assert report.broker is not None
-    assert report.broker.startswith(f"unreachable at {where}")
+    broker = RabbitMQStatus.of(report).broker
+    assert broker is not None
+    assert broker.startswith(f"unreachable at {where}")
     assert report.outbox_pending == 3
     assert all(rl.get_run(r).status is RunStatus.QUEUED for r in run_ids)
 
@@ -273,7 +274,7 @@ def test_a_worker_started_before_its_broker_retries_with_backoff_then_consumes(
     worker.close(timeout=10)
     assert not executions.more_than_once()
     assert set(executions.runs) == set(run_ids)
-    assert rl.status().broker == f"reachable at {where}"
+    assert RabbitMQStatus.of(rl.status()).broker == f"reachable at {where}"
     for record in caplog.records:
         text = record.getMessage() + (
             logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
@@ -466,8 +467,9 @@ def test_status_shows_the_pending_outbox_while_the_broker_is_down(
     assert first.outbox_pending == 3
     assert first.outbox_oldest_age_seconds is not None
     assert first.outbox_oldest_age_seconds >= 0
-    assert first.broker is not None
-    assert first.broker.startswith("unreachable at 127.0.0.1:")
+    first_broker = RabbitMQStatus.of(first).broker
+    assert first_broker is not None
+    assert first_broker.startswith("unreachable at 127.0.0.1:")
     first_age = first.outbox_oldest_age_seconds
     wait_until(
         lambda: (rl.status().outbox_oldest_age_seconds or 0) > first_age + 0.2,

@@ -38,7 +38,7 @@ from runlane._closing import Deadline
 from runlane._codec import exception_text
 from runlane._display import clipped, shown
 from runlane._limits import as_int, as_wait_timeout
-from runlane._status import format_report, unhealthy
+from runlane._status import format_report, report_document, unhealthy
 from runlane.cli._demo import DEMO_LANES, run_demo
 from runlane.cli._devdb import add_devdb_command
 from runlane.cli._line import ProgressLine
@@ -423,7 +423,7 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
         if args.once:
             result = runlane.run_maintenance_once()
             if _json_lines:
-                log.info("maintenance pass done", extra=attrs.asdict(result))
+                log.info("maintenance pass done", extra=result.counts())
             else:
                 print(_describe(result))
             return 0
@@ -449,7 +449,7 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
 
 
 def _describe(result: MaintenanceResult) -> str:
-    return "\n".join(f"{name:<24} {value}" for name, value in attrs.asdict(result).items())
+    return "\n".join(f"{name:<24} {value}" for name, value in result.counts().items())
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -478,7 +478,7 @@ def _show_status(runlane: Runlane, as_json: bool) -> int:
     workers = runlane.list_workers()
     problems = unhealthy(report)
     if as_json:
-        document = {**attrs.asdict(report), "workers": plain(workers), "unhealthy": problems}
+        document = {**report_document(report), "workers": plain(workers), "unhealthy": problems}
         print(json.dumps(document, default=str, indent=2))
     else:
         print("\n".join([*format_report(report), *format_workers(workers)]), flush=True)

@@ -103,7 +103,10 @@ def _polling(database_url: str, schema: str, count: int) -> None:
 
 
 def _rabbitmq(database_url: str, schema: str, count: int, amqp_url: str) -> None:
-    from runlane.rabbitmq import rabbitmq_lane  # noqa: PLC0415 - the rabbitmq extra (pika)
+    from runlane.rabbitmq import (  # noqa: PLC0415 - the rabbitmq extra (pika)
+        RabbitMQStatus,
+        rabbitmq_lane,
+    )
 
     lane = rabbitmq_lane(connection_string=database_url, schema=schema, amqp_url=amqp_url)
     runlane = create_runlane(lane=lane, queues=[queue("demo", default=True)], tasks=[square])
@@ -122,5 +125,5 @@ def _rabbitmq(database_url: str, schema: str, count: int, amqp_url: str) -> None
         finally:
             worker.close(timeout=10)
         _print_runs(runlane, all_handles)
-        report = runlane.status()
-        print(f"pending outbox items: {report.outbox_pending}; broker {report.broker}")
+        status = RabbitMQStatus.of(runlane.status())
+        print(f"pending outbox items: {status.outbox_pending}; broker {status.broker}")

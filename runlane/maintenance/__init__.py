@@ -6,6 +6,8 @@
 
 from runlane.maintenance._services import Services
 from runlane.maintenance._types import (
+    NOT_RECORDS,
+    LaneMaintenance,
     MaintenanceLimits,
     MaintenancePhase,
     MaintenanceResult,
@@ -14,6 +16,8 @@ from runlane.maintenance._types import (
 )
 
 __all__ = [
+    "NOT_RECORDS",
+    "LaneMaintenance",
     "MaintenanceLimits",
     "MaintenancePhase",
     "MaintenanceResult",

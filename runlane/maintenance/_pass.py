@@ -16,6 +16,7 @@ from runlane._codec import dump_json
 from runlane._ids import new_run_id
 from runlane.errors import LeaseExpired
 from runlane.maintenance._types import (
+    LaneMaintenance,
     MaintenanceLimits,
     MaintenancePhase,
     MaintenanceResult,
@@ -70,9 +71,9 @@ class MaintenanceScope:
     tasks: Mapping[str, Task[Any, Any]]
     schedules: Sequence[ScheduleEntry]
     retention: RetentionPolicy
-    # the lane's DELIVERY_RECOVERY work: (environment, limit, fence) -> records changed
-    # (the polling lane announces queues whose delayed runs came due)
-    recover_delivery: Callable[[str, MaintenanceLimits, MaintenanceFence | None], dict[str, int]]
+    # the lane's DELIVERY_RECOVERY work: (environment, limits, fence) -> what it did (the
+    # polling lane announces queues whose delayed runs came due)
+    recover_delivery: Callable[[str, MaintenanceLimits, MaintenanceFence | None], LaneMaintenance]
     # schedule id -> digest of a stored definition found equal to this runtime's: while the
     # row's digest stays the same the definition is not compared (nor written) again
     stored_definitions: dict[str, bytes] = attrs.field(factory=dict)
@@ -252,7 +253,7 @@ def run_phase(
     if phase is MaintenancePhase.ATTEMPT_EXPIRY:
         return _expire(scope, limits.attempt_expiry_limit, fence)
     if phase is MaintenancePhase.DELIVERY_RECOVERY:
-        return MaintenanceResult(**scope.recover_delivery(env, limits, fence))
+        return MaintenanceResult(lane=scope.recover_delivery(env, limits, fence))
     if phase is MaintenancePhase.CLEANUP:
         return _cleanup(scope, limits.cleanup_limit, fence)
     raise AssertionError(f"unknown phase {phase!r}")

@@ -11,6 +11,8 @@ import attrs
 from runlane._limits import MAX_DURATION, as_int32, as_timedelta
 
 __all__ = [
+    "NOT_RECORDS",
+    "LaneMaintenance",
     "MaintenanceLimits",
     "MaintenancePhase",
     "MaintenanceResult",
@@ -62,9 +64,59 @@ class MaintenanceLimits:
     outbox_publish_limit: int = attrs.field(default=100, validator=_positive)
 
 
+# metadata of a LaneMaintenance field that counts notifications, not records changed
+NOT_RECORDS = {"record": False}
+
+
+@attrs.frozen
+class LaneMaintenance:
+    """What a lane's part of ``DELIVERY_RECOVERY`` did (``Lane.recover_delivery`` returns
+    it; ``MaintenanceResult.lane`` carries it). Every field is a count.
+
+    The fields are those the shipped lanes report, which SPEC names on every result: the
+    polling lane's ``queues_woken`` (announcements, not records) and a transport lane's
+    ``outbox_published`` and ``deliveries_recovered``. A lane with counts of its own
+    subclasses it as a frozen attrs class of ``int`` fields; a field that counts
+    notifications rather than records changed carries ``metadata=NOT_RECORDS`` and stays
+    out of ``MaintenanceResult.total``.
+    """
+
+    queues_woken: int = attrs.field(default=0, metadata=NOT_RECORDS)  # queues announced again
+    outbox_published: int = 0  # transport lanes: outbox items published by the pass
+    deliveries_recovered: int = 0  # runs re-announced: queued too long without an item
+
+    @property
+    def records(self) -> int:
+        """Records changed (every field but those marked ``NOT_RECORDS``)."""
+        return sum(
+            getattr(self, a.name) for a in attrs.fields(type(self)) if a.metadata != NOT_RECORDS
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Every field by name."""
+        return {a.name: getattr(self, a.name) for a in attrs.fields(type(self))}
+
+    def __add__(self, other: LaneMaintenance) -> LaneMaintenance:
+        """Field by field; an empty base result adds to any lane's."""
+        if type(other) is not type(self):
+            if other == LaneMaintenance():
+                return self
+            if self == LaneMaintenance():
+                return other
+            raise TypeError(
+                f"cannot add {type(self).__name__} and {type(other).__name__}: "
+                "results of different lanes"
+            )
+        return attrs.evolve(
+            self, **{name: n + getattr(other, name) for name, n in self.counts().items()}
+        )
+
+
 @attrs.frozen
 class MaintenanceResult:
-    """The records one pass changed, per phase, for operational metrics."""
+    """The records one pass changed, per phase, for operational metrics. The lane's part
+    of ``DELIVERY_RECOVERY`` is ``lane`` (its counts are also readable here:
+    ``queues_woken``, ``outbox_published``, ``deliveries_recovered``)."""
 
     schedules_created: int = 0
     due_runs_delivered: int = 0
@@ -72,22 +124,44 @@ class MaintenanceResult:
     wait_token_runs_resumed: int = 0
     attempts_expired: int = 0
     cancellations_finalized: int = 0
-    queues_woken: int = 0
     runs_pruned: int = 0
     runs_tombstoned: int = 0
-    outbox_published: int = 0  # transport lanes: outbox items published by the pass
-    deliveries_recovered: int = 0  # runs re-announced: queued too long without an item
     workers_pruned: int = 0  # rows of stopped and lost workers past their retention
+    lane: LaneMaintenance = LaneMaintenance()  # what the lane's delivery recovery did
+
+    @property
+    def queues_woken(self) -> int:
+        """Queues announced again by the polling lane (``lane.queues_woken``)."""
+        return self.lane.queues_woken
+
+    @property
+    def outbox_published(self) -> int:
+        """Outbox items a transport lane published in the pass (``lane.outbox_published``)."""
+        return self.lane.outbox_published
+
+    @property
+    def deliveries_recovered(self) -> int:
+        """Runs re-announced after being queued too long without an outbox item
+        (``lane.deliveries_recovered``)."""
+        return self.lane.deliveries_recovered
+
+    def _engine(self) -> dict[str, int]:
+        return attrs.asdict(self, recurse=False, filter=lambda a, _: a.name != "lane")
+
+    def counts(self) -> dict[str, int]:
+        """Every count by name, the lane's included, flat (for logs and metrics)."""
+        return {**self._engine(), **self.lane.counts()}
 
     @property
     def total(self) -> int:
         """Records changed in all phases (wake-up notifications are not records)."""
-        changed: int = sum(attrs.astuple(self)) - self.queues_woken
-        return changed
+        return sum(self._engine().values()) + self.lane.records
 
     def __add__(self, other: MaintenanceResult) -> MaintenanceResult:
+        theirs = other._engine()
         return MaintenanceResult(
-            *(a + b for a, b in zip(attrs.astuple(self), attrs.astuple(other), strict=True))
+            **{name: n + theirs[name] for name, n in self._engine().items()},
+            lane=self.lane + other.lane,
         )
 
 

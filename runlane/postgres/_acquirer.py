@@ -148,6 +148,12 @@ class PollingAcquirer:
             poll = min(poll, self._rate_wait)
         self._wake.wait(poll)
 
+    def wait_ready(self, timeout: float) -> bool:
+        """Ready once the LISTEN connection is up (at once in poll-only mode or a drain)."""
+        if self._listener is None:
+            return True
+        return self._listener.connected.wait(timeout)
+
     def interrupt(self) -> None:
         self._wake.set()
 

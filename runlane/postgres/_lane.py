@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import attrs
 
@@ -20,8 +19,8 @@ from runlane._limits import (
     as_timedelta,
 )
 from runlane.errors import ConfigurationError
-from runlane.lanes import AcquirerOptions
-from runlane.maintenance._types import MaintenanceLimits
+from runlane.lanes import AcquirerOptions, LaneMaintenance, LaneStatus
+from runlane.maintenance import MaintenanceLimits
 from runlane.postgres._acquirer import PollingAcquirer
 from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, check_conninfo
 from runlane.postgres._ends import RunEnds
@@ -78,18 +77,19 @@ class PostgresPollingLane:
         environment: str,
         limits: MaintenanceLimits,
         fence: MaintenanceFence | None,
-    ) -> dict[str, int]:
+    ) -> LaneMaintenance:
         """Announce the queues whose delayed runs came due within the last minute: nothing
         announced them (they were not due when written), and an idle worker polls only
         every ``poll_interval``. Writes nothing, so the fence is not needed."""
         limit = limits.delivery_recovery_limit
         if not limit:
-            return {"queues_woken": 0}
-        return {"queues_woken": len(storage.run_wake_due_queues(environment, WAKE_WINDOW, limit))}
+            return LaneMaintenance()
+        woken = storage.run_wake_due_queues(environment, WAKE_WINDOW, limit)
+        return LaneMaintenance(queues_woken=len(woken))
 
-    def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
+    def status(self, storage: Storage, environment: str) -> LaneStatus:
         """The polling lane has no outbox: nothing is ever pending publication."""
-        return {"outbox_pending": 0}
+        return LaneStatus(outbox_pending=0)
 
     def create_acquirer(
         self,

@@ -241,6 +241,17 @@ class RabbitAcquirer:
     def wait_for_work(self) -> None:
         self._arrived.wait(self._poll)
 
+    def wait_ready(self, timeout: float) -> bool:
+        """Ready once the consumer is consuming and the listener (cancellations) connected."""
+        deadline = Deadline(timeout)
+        return self.consuming.wait(timeout) and self._listener.connected.wait(deadline.left())
+
+    @property
+    def rate_wait(self) -> float | None:
+        """None: the lane has no drain(), and a delivery held back by a rate limit is
+        deferred through the outbox, not waited for here."""
+        return None
+
     def interrupt(self) -> None:
         self._arrived.set()
 

@@ -1,4 +1,5 @@
-"""Queues the broker cannot serve, for ``status()`` and the console's health list.
+"""The RabbitMQ lane's status (:class:`RabbitMQStatus`) and the queues the broker cannot
+serve, for ``status()`` and the console's health list.
 
 A publisher whose publish gets no confirm within ``publish_timeout`` fails that queue's
 outbox items alone (``_publisher.py``); an item that failed ``FAILING_AFTER`` times or more
@@ -13,9 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
+from runlane.errors import ConfigurationError
+from runlane.lanes import LaneStatus
+from runlane.models import StatusReport
 from runlane.rabbitmq._amqp import queue_name
 
-__all__ = ["FAILING_AFTER", "queue_problems"]
+__all__ = ["FAILING_AFTER", "RabbitMQStatus", "queue_problems"]
 
 # failures of one item before its queue is reported (one can be a broker restart
 # mid-publish); the outbox_failing_queues statement and the outbox_failing index (migration
@@ -40,3 +46,36 @@ def queue_problems(schema: str, environment: str, rows: Sequence[Mapping[str, An
             "broker cannot serve')"
         )
     return problems
+
+
+@attrs.frozen
+class RabbitMQStatus(LaneStatus):
+    """The RabbitMQ lane's part of a status report (``StatusReport.lane``): the outbox's
+    pending items (``LaneStatus``), whether the broker answers, and the broker queues it
+    cannot serve."""
+
+    broker: str | None = None  # "reachable at host:port" or "unreachable at host:port (...)"
+    # the broker queues that cannot be served (publishes of their runs keep timing out), one
+    # line each naming the queue and what to do
+    broker_problems: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, report: StatusReport) -> RabbitMQStatus:
+        """``report.lane``, typed: the RabbitMQ lane's part of a status report (e.g.
+        ``RabbitMQStatus.of(runlane.status()).broker``). Raises
+        :class:`~runlane.ConfigurationError` for the report of a runtime on another lane."""
+        if not isinstance(report.lane, cls):
+            raise ConfigurationError(
+                f"this status report is not the RabbitMQ lane's (its lane part is "
+                f"{type(report.lane).__name__}): the runtime was built on another lane"
+            )
+        return report.lane
+
+    def problems(self) -> list[str]:
+        found = super().problems()
+        if self.broker is not None and self.broker.startswith("unreachable"):
+            found.append(f"broker {self.broker}")
+        return found + list(self.broker_problems)
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [] if self.broker is None else [("broker", self.broker)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import attrs
 import pika
@@ -20,8 +19,8 @@ import pika
 from runlane._limits import INT32_MAX, as_int
 from runlane.contract import contract_defaults
 from runlane.errors import ConfigurationError
-from runlane.lanes import AcquirerOptions
-from runlane.maintenance._types import MaintenanceLimits
+from runlane.lanes import AcquirerOptions, LaneMaintenance
+from runlane.maintenance import MaintenanceLimits
 from runlane.postgres import (
     PostgresListener,
     PostgresStorage,
@@ -32,7 +31,7 @@ from runlane.postgres import (
 )
 from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, check_queue_names, describe
 from runlane.rabbitmq._consumer import RabbitAcquirer
-from runlane.rabbitmq._health import queue_problems
+from runlane.rabbitmq._health import RabbitMQStatus, queue_problems
 from runlane.rabbitmq._publisher import OutboxPublisher
 from runlane.storage import MaintenanceFence, Storage
 
@@ -175,7 +174,7 @@ class RabbitMQLane:
         environment: str,
         limits: MaintenanceLimits,
         fence: MaintenanceFence | None,
-    ) -> dict[str, int]:
+    ) -> LaneMaintenance:
         """Publish one page of pending outbox items, then re-announce runs queued past the
         recovery threshold with no item (a purged queue, a dead-lettered message). Outbox
         writes are fenced by their claim tokens, so replicas may do this at once."""
@@ -189,24 +188,28 @@ class RabbitMQLane:
             )
             if recovered:
                 publisher.wake()
-        return {"outbox_published": published, "deliveries_recovered": recovered}
+        return LaneMaintenance(outbox_published=published, deliveries_recovered=recovered)
 
-    def status_fields(self, storage: Storage, environment: str) -> dict[str, Any]:
+    def status(self, storage: Storage, environment: str) -> RabbitMQStatus:
         """Pending outbox items and the oldest one's age; whether the broker answers; the
         queues it cannot serve (``broker_problems``, from the outbox's failed publishes)."""
         outbox = outbox_of(storage)
-        fields = outbox.outbox_status(environment)
+        pending = outbox.outbox_status(environment)
         failing = outbox.outbox_failing_queues(environment)
-        fields["broker_problems"] = tuple(queue_problems(self.schema, environment, failing))
         params = self._params()
         params.socket_timeout = min(self.connect_timeout, 3.0)
         try:
             pika.BlockingConnection(params).close()
         except AMQP_ERRORS as exc:
-            fields["broker"] = f"unreachable at {describe(params)} ({type(exc).__name__})"
+            broker = f"unreachable at {describe(params)} ({type(exc).__name__})"
         else:
-            fields["broker"] = f"reachable at {describe(params)}"
-        return fields
+            broker = f"reachable at {describe(params)}"
+        return RabbitMQStatus(
+            outbox_pending=pending["outbox_pending"],
+            outbox_oldest_age_seconds=pending["outbox_oldest_age_seconds"],
+            broker=broker,
+            broker_problems=tuple(queue_problems(self.schema, environment, failing)),
+        )
 
 
 def _positive(name: str, value: timedelta) -> timedelta:

@@ -49,7 +49,7 @@ from runlane._middleware import Middleware
 from runlane._workers import new_beat
 from runlane.context import ContextBackend, RunContext
 from runlane.errors import ConfigurationError, StopReason, StorageUnavailable, WorkerFailed
-from runlane.lanes import AcquirerOptions, Lane
+from runlane.lanes import Acquirer, AcquirerOptions, Lane
 from runlane.models import WorkerState
 from runlane.storage import ClaimedRun, LeaseRef, Storage
 from runlane.tasks import Queue, Task
@@ -317,8 +317,9 @@ class Worker:
         return self._closed.is_set()
 
     @property
-    def acquirer(self) -> object:
-        """The lane's delivery path of this worker (for tests and diagnostics)."""
+    def acquirer(self) -> Acquirer:
+        """The lane's delivery path of this worker (for tests and diagnostics: e.g. the
+        conformance suite's ``acquirer.wait_ready``)."""
         return self._acquirer
 
     def __enter__(self) -> Worker:
@@ -651,7 +652,7 @@ class Worker:
         Due runs a rate limit held back are waited for, and so are this drain's own results
         that were not written when the claim began (``unwritten``: a limited queue's slots
         free only once they are); the caller then claims again."""
-        held = getattr(self._acquirer, "rate_wait", None)
+        held = self._acquirer.rate_wait
         if held:
             self._stopping.wait(held)
             return False
