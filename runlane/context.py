@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, Unpack, cast
 
 import attrs
 
+from runlane._attempt import AttemptControl
 from runlane._codec import OutputNotSerializable, converter, encode_output
 from runlane._limits import output_limit
-from runlane._progress import AttemptProgress, ProgressSink, encode_progress
+from runlane._progress import AttemptProgress, encode_progress
 from runlane._trigger_options import ChildTriggerOptions, TriggerOptions, child_options
 from runlane._validation import as_duration, check_text
 from runlane.errors import (
@@ -58,7 +59,7 @@ def _outages_recorded(method: F) -> F:
         try:
             return method(self, *args, **kwargs)
         except StorageUnavailable as exc:
-            if exc is self._outage:
+            if exc is self._control.outage:
                 raise
             outage = StorageUnavailable(
                 f"context.{method.__name__}() could not reach the database ({exc}). Let this "
@@ -66,7 +67,7 @@ def _outages_recorded(method: F) -> F:
                 "attempt is then handed back without being spent, and the run re-runs from "
                 "the top once the database is back, its stored steps answered from storage"
             )
-            self._outage = outage
+            self._control.outage = outage
             raise outage from exc
 
     return cast(F, recorded)
@@ -146,31 +147,35 @@ class RunContext:
     cancelled: threading.Event = attrs.field(factory=threading.Event)
     _backend: ContextBackend | None = attrs.field(default=None, alias="backend", repr=False)
     _lease_token: uuid.UUID | None = attrs.field(default=None, alias="lease_token", repr=False)
+    # the engine's side (stop asked, outage met, progress sink); shares ``cancelled``
+    _control: AttemptControl = attrs.field(
+        default=attrs.Factory(lambda self: AttemptControl(self.cancelled), takes_self=True),
+        alias="control",
+        repr=False,
+    )
     _sleeps: int = attrs.field(default=0, init=False, repr=False)
     _children: int = attrs.field(default=0, init=False, repr=False)
-    _stop_reason: StopReason | None = attrs.field(default=None, init=False, repr=False)
-    _stop_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
-    _outage: StorageUnavailable | None = attrs.field(default=None, init=False, repr=False)
-    # time.monotonic() when the worker last checked the claim's lease and started the
-    # attempt (fault-injection tests tell a pause after that moment from a late start)
-    _lease_checked_at: float = attrs.field(default=0.0, init=False, repr=False)
-    # report_progress: the worker's lifecycle writer, and this attempt's progress there
-    _progress_sink: ProgressSink | None = attrs.field(default=None, init=False, repr=False)
+    # report_progress: this attempt's progress in the worker's lifecycle writer
     _progress: AttemptProgress | None = attrs.field(default=None, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self._control.cancelled is not self.cancelled:
+            raise ConfigurationError(
+                "RunContext(control=...) shares its cancelled event: pass "
+                "cancelled=control.cancelled"
+            )
 
     # -- stopping ------------------------------------------------------------------------
 
     @property
     def stop_reason(self) -> StopReason | None:
         """Why the attempt was asked to stop (the first reason given), or None."""
-        return self._stop_reason
+        return self._control.stop_reason
 
-    def _request_stop(self, reason: StopReason) -> None:
-        """Ask the handler to stop; the first reason sticks. Called by the engine."""
-        with self._stop_lock:
-            if self._stop_reason is None:
-                self._stop_reason = reason
-        self.cancelled.set()
+    @property
+    def _lease_checked_at(self) -> float:
+        # read by fault-injection tests (see AttemptControl.lease_checked_at)
+        return self._control.lease_checked_at
 
     def raise_if_stopped(self) -> None:
         """Raise :class:`runlane.RunInterrupted` when the attempt was asked to stop; let it
@@ -180,7 +185,7 @@ class RunContext:
                 "raise_if_stopped() works only inside a handler run by a worker or drain: this "
                 "RunContext is not attached to a run attempt"
             )
-        reason = self._stop_reason
+        reason = self._control.stop_reason
         if reason is None and self.cancelled.is_set():
             # set by the handler itself: it stops, and, with no stop asked of the attempt,
             # the engine records a failed attempt
@@ -211,8 +216,9 @@ class RunContext:
             self._progress = AttemptProgress(lease)
         if self._progress.stale:
             self._stale("the progress")
-        if self._progress_sink is not None:
-            self._progress_sink.progress(self._progress, value)
+        sink = self._control.progress_sink
+        if sink is not None:
+            sink.progress(self._progress, value)
             return
         # a context not run by a worker (built by hand): written at once
         if not backend.storage.run_progress_many([ProgressWrite(lease, value)]):
@@ -220,18 +226,6 @@ class RunContext:
             self._stale("the progress")
 
     # -- plumbing ------------------------------------------------------------------------
-
-    def _outage_behind(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is (or was caused by) a database outage a durable operation of
-        this context met."""
-        seen: set[int] = set()
-        current: BaseException | None = exc
-        while current is not None and id(current) not in seen:
-            if current is self._outage:
-                return True
-            seen.add(id(current))
-            current = current.__cause__ or current.__context__
-        return False
 
     def _attached(self) -> tuple[ContextBackend, LeaseRef]:
         if self._backend is None or self._lease_token is None:
@@ -242,7 +236,7 @@ class RunContext:
         return self._backend, LeaseRef(self.run_id, self.attempt, self._lease_token)
 
     def _stale(self, what: str) -> NoReturn:
-        self._request_stop(StopReason.LEASE_LOST)
+        self._control.request_stop(StopReason.LEASE_LOST)
         raise StaleLease(
             f"run {self.run_id} attempt {self.attempt} no longer holds its lease; {what} was "
             "not recorded. Return from the handler: another attempt owns the run now."

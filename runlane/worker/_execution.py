@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from runlane._attempt import AttemptControl
 from runlane._codec import (
     OutputNotSerializable,
     OutputTooLarge,
@@ -21,7 +22,7 @@ from runlane._codec import (
     encode_output,
     exception_text,
 )
-from runlane._limits import output_limit, truncate_message, truncate_traceback
+from runlane._limits import truncate_message, truncate_traceback
 from runlane._middleware import Middleware, MiddlewareStack
 from runlane.context import ContextBackend, RunContext, Suspended
 from runlane.errors import (
@@ -67,7 +68,9 @@ class Outcome:
     note: str | None = None  # what the failure's log record adds (why it is recorded so)
 
 
-def make_context(claimed: ClaimedRun, environment: str, backend: ContextBackend) -> RunContext:
+def make_context(
+    claimed: ClaimedRun, environment: str, backend: ContextBackend, control: AttemptControl
+) -> RunContext:
     return RunContext(
         run_id=claimed.id,
         task_id=claimed.task_id,
@@ -77,6 +80,8 @@ def make_context(claimed: ClaimedRun, environment: str, backend: ContextBackend)
         environment=environment,
         backend=backend,
         lease_token=claimed.lease_token,
+        cancelled=control.cancelled,
+        control=control,
     )
 
 
@@ -182,6 +187,9 @@ def execute_attempt(
     context: RunContext,
     middleware: Sequence[Middleware] = (),
     report: Callable[[Outcome], None] | None = None,
+    *,
+    control: AttemptControl,
+    max_output: int,
 ) -> Outcome:
     """Run the handler for ``claimed`` inside ``middleware`` and return the fenced write that
     records the result.
@@ -196,6 +204,8 @@ def execute_attempt(
     An exception a middleware raises entering or exiting fails the attempt as the handler's
     would. ``report`` is called once with every outcome that fails the attempt, inside the
     middleware when they are entered (an error-reporting scope sees the failure's record).
+    ``control`` is the engine's side of ``context`` (was the exception an outage it met);
+    ``max_output`` the runtime's limit on the handler's return value.
     """
     task = tasks.get(claimed.task_id)
     if task is None:
@@ -215,7 +225,7 @@ def execute_attempt(
         failed = _failure(claimed, exc, retry=None, with_tb=tb)
         return _reported(Outcome(failed, handler_ran=False, error=exc), report)
     if not middleware:
-        outcome, _ = _run(claimed, task, payload, context)
+        outcome, _ = _run(claimed, task, payload, context, control=control, max_output=max_output)
         return _reported(outcome, report)
     stack = MiddlewareStack()
     try:
@@ -223,9 +233,11 @@ def execute_attempt(
     except _WORKER_STOPS:
         raise
     except BaseException as exc:
-        return _reported(_raised(claimed, task, context, exc, handler_ran=False), report)
+        return _reported(_raised(claimed, task, control, exc, handler_ran=False), report)
     try:
-        outcome, raised = _run(claimed, task, payload, context)
+        outcome, raised = _run(
+            claimed, task, payload, context, control=control, max_output=max_output
+        )
     except BaseException as exc:  # KeyboardInterrupt, SystemExit: the worker stops
         stack.exit(exc)
         raise
@@ -236,7 +248,7 @@ def execute_attempt(
             raise exit_error
         return outcome
     if isinstance(outcome.write, Completion):
-        return _reported(_raised(claimed, task, context, exit_error, handler_ran=True), report)
+        return _reported(_raised(claimed, task, control, exit_error, handler_ran=True), report)
     # the attempt already failed, was handed back or suspended: that stands
     log.warning(
         "run %s attempt %d of %s: a middleware raised %s while exiting; the attempt's "
@@ -258,7 +270,13 @@ def _reported(outcome: Outcome, report: Callable[[Outcome], None] | None) -> Out
 
 
 def _run(
-    claimed: ClaimedRun, task: Task[Any, Any], payload: Any, context: RunContext
+    claimed: ClaimedRun,
+    task: Task[Any, Any],
+    payload: Any,
+    context: RunContext,
+    *,
+    control: AttemptControl,
+    max_output: int,
 ) -> tuple[Outcome, BaseException | None]:
     """Call the handler and encode its output: the outcome, and the exception the handler
     raised (for the middleware to see) if any."""
@@ -269,11 +287,9 @@ def _run(
     except _WORKER_STOPS:
         raise
     except BaseException as exc:
-        return _raised(claimed, task, context, exc, handler_ran=True), exc
+        return _raised(claimed, task, control, exc, handler_ran=True), exc
     try:
-        output = encode_output(
-            result, output_limit(context._backend), what="the handler's return value"
-        )
+        output = encode_output(result, max_output, what="the handler's return value")
     except _WORKER_STOPS:
         raise
     except BaseException as exc:  # OutputNotSerializable, or a BaseException a hook raised
@@ -289,14 +305,14 @@ def _run(
 def _raised(
     claimed: ClaimedRun,
     task: Task[Any, Any],
-    context: RunContext,
+    control: AttemptControl,
     exc: BaseException,
     *,
     handler_ran: bool,
 ) -> Outcome:
     """How an attempt whose handler (or a middleware) raised ``exc`` is recorded."""
     if isinstance(exc, RunInterrupted):
-        if context.stop_reason is not None:
+        if control.stop_reason is not None:
             return Outcome(_interrupted(claimed, exc), handler_ran=handler_ran)
         # raised with no stop asked of this attempt (the handler set context.cancelled
         # itself, or raised it): a failure like any other, or the hand-back would deliver
@@ -318,7 +334,7 @@ def _raised(
             note=f"{type(exc).__name__} is a BaseException that is not an Exception (a "
             "library's asyncio.CancelledError?)",
         )
-    if context._outage_behind(exc):
+    if control.outage_behind(exc):
         log.warning(
             "run %s attempt %d of %s: a durable operation could not reach the database; "
             "handing the attempt back unspent",

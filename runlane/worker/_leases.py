@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import attrs
 
-from runlane.context import RunContext
+from runlane._attempt import AttemptControl
 from runlane.errors import StopReason
 from runlane.models import RunStatus
 from runlane.storage import ClaimedRun, LeaseRef, Storage, WorkerBeat
@@ -43,7 +43,7 @@ _EXTENSIONS_PER_LEASE = 3
 @attrs.define(eq=False)
 class Tracked:
     claimed: ClaimedRun
-    context: RunContext | None  # None while claimed but not started (prefetched)
+    control: AttemptControl | None  # None while claimed but not started (prefetched)
     task: Task[object, object] | None
     deadline: float | None  # time.monotonic() past which the attempt has timed out
     held_at: float = 0.0  # time.monotonic() of the claim
@@ -61,8 +61,8 @@ class Tracked:
         it when it starts."""
         if self.stop_reason is None:
             self.stop_reason = reason
-        if self.context is not None:
-            self.context._request_stop(reason)
+        if self.control is not None:
+            self.control.request_stop(reason)
 
     @property
     def ref(self) -> LeaseRef:
@@ -85,11 +85,11 @@ class LeaseTracker:
             self.on_change()
 
     def track(
-        self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
+        self, claimed: ClaimedRun, control: AttemptControl, task: Task[object, object] | None
     ) -> None:
         """Track an attempt that starts executing now."""
         self.hold(claimed)
-        self.begin(claimed, context, task)
+        self.begin(claimed, control, task)
 
     def hold(self, claimed: ClaimedRun, *, sent_at: float | None = None) -> None:
         """Keep the lease of a run claimed ahead of a free slot (its timeout starts later).
@@ -125,7 +125,7 @@ class LeaseTracker:
         return (now if now is not None else time.monotonic()) - since >= budget
 
     def begin(
-        self, claimed: ClaimedRun, context: RunContext, task: Task[object, object] | None
+        self, claimed: ClaimedRun, control: AttemptControl, task: Task[object, object] | None
     ) -> bool:
         """The held run starts executing; False when its lease was lost meanwhile."""
         timeout = task.timeout if task is not None else None
@@ -134,10 +134,10 @@ class LeaseTracker:
             item = self._tracked.get(claimed.ref)
             if item is None:
                 return False
-            item.context, item.task, item.deadline = context, task, deadline
+            item.control, item.task, item.deadline = control, task, deadline
             item.begun_at = time.monotonic()
             if item.stop_reason is not None:
-                context._request_stop(item.stop_reason)
+                control.request_stop(item.stop_reason)
         if deadline is not None:
             self._changed()
         return True
@@ -151,7 +151,7 @@ class LeaseTracker:
     def held_since(self, before: float) -> list[Tracked]:
         """Runs claimed ahead and still not started at ``before`` (monotonic)."""
         with self._lock:
-            return [t for t in self._tracked.values() if t.context is None and t.held_at < before]
+            return [t for t in self._tracked.values() if t.control is None and t.held_at < before]
 
     def started_unmarked(self, begun_before: float) -> list[Tracked]:
         """Attempts whose handler began before ``begun_before`` (monotonic) and whose start

@@ -41,10 +41,11 @@ from typing import Any
 import attrs
 
 from runlane import _telemetry
+from runlane._attempt import AttemptControl
 from runlane._backoff import Backoff
 from runlane._closing import Closing, Deadline
 from runlane._display import shown
-from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout
+from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout, output_limit
 from runlane._middleware import Middleware
 from runlane._workers import new_beat
 from runlane.context import ContextBackend, RunContext
@@ -662,8 +663,9 @@ class Worker:
             return False
         return True
 
-    def _start(self, slot: _Slot, claimed: ClaimedRun) -> RunContext | None:
-        """The context a claimed run starts with; None when it must not start."""
+    def _start(self, slot: _Slot, claimed: ClaimedRun) -> tuple[RunContext, AttemptControl] | None:
+        """The context a claimed run starts with, and the engine's side of it; None when it
+        must not start."""
         if self._stopping.is_set():
             # claimed just before close: give it straight back
             self._hand_back([claimed], "claimed just before close")
@@ -682,19 +684,20 @@ class Worker:
             )
             self._hand_back([claimed], "its lease may have lapsed before it started")
             return None
-        context = make_context(claimed, self.environment, slot.backend)
-        context._progress_sink = self._writer  # report_progress goes with its batches
-        context._lease_checked_at = checked_at
+        # report_progress goes with the writer's batches
+        control = AttemptControl(progress_sink=self._writer, lease_checked_at=checked_at)
+        context = make_context(claimed, self.environment, slot.backend, control)
         task = self._tasks.get(claimed.task_id)
-        if not self._tracker.begin(claimed, context, task):
+        if not self._tracker.begin(claimed, control, task):
             log.warning("run %s lost its lease while waiting for a slot; skipped", claimed.id)
             return None
-        return context
+        return context, control
 
     def _execute(self, slot: _Slot, claimed: ClaimedRun) -> None:
-        context = self._start(slot, claimed)
-        if context is None:
+        started_with = self._start(slot, claimed)
+        if started_with is None:
             return
+        context, control = started_with
         attempt = _telemetry.begin_attempt(claimed, self._options.lease)
         started = time.perf_counter()
         with self._cond:
@@ -706,6 +709,8 @@ class Worker:
                 context,
                 self._middleware,
                 lambda failed: log_failure(claimed, failed, time.perf_counter() - started),
+                control=control,
+                max_output=output_limit(slot.backend),
             )
         except BaseException as exc:
             if attempt is not None:
