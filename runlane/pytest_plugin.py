@@ -39,6 +39,9 @@ from runlane.testing import start_embedded_postgres
 
 __all__ = ["RunlaneFactory", "runlane_database_url", "runlane_factory", "runlane_schema"]
 
+# the lane conformance suite's asserts explain their failures as a test module's do
+pytest.register_assert_rewrite("runlane.testing.conformance")
+
 RunlaneFactory = Callable[..., Runlane]
 
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
 from runlane import RetryPolicy, RunContext, RunSnapshot, RunStatus, task
-from tests.lanes.conftest import LaneHarness
+from runlane.testing.conformance import LaneRuntimes
 
 ONE_ATTEMPT = RetryPolicy(max_attempts=1)
 LEASE = timedelta(seconds=2)
@@ -97,7 +97,7 @@ def settle(rl: Any, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, RunSnapshot]:
         pause.wait(0.1)
 
 
-def test_random_close_timings_never_strand_a_run(lane_factory: LaneHarness) -> None:
+def test_random_close_timings_never_strand_a_run(lane_factory: LaneRuntimes) -> None:
     executions = Executions()
     environments = itertools.count(1)
 

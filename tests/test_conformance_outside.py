@@ -1,0 +1,227 @@
+"""The lane conformance suite run by a lane kept outside runlane, as its author would: a
+throw-away project holding a lane package (the polling lane wrapped behind the Lane
+protocol, written against public names only) and a test module subclassing
+``LaneConformance``, run by pytest in a subprocess with runlane's plugin fixtures. A broken
+variant of the lane (its idle worker deaf to announcements) fails the suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LANE_PACKAGE = '''
+"""A lane of its own: the polling lane behind the Lane protocol, public names only."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from runlane.lanes import Acquirer, AcquirerOptions, LaneMaintenance, LaneStatus, RunEndWatcher
+from runlane.maintenance import MaintenanceLimits
+from runlane.postgres import PostgresPollingLane
+from runlane.storage import ClaimedRun, MaintenanceFence, Storage
+
+
+class WrappedLane:
+    def __init__(self, inner: PostgresPollingLane, *, deaf: bool = False) -> None:
+        self.inner = inner
+        self.deaf = deaf
+
+    @property
+    def name(self) -> str:
+        return "wrapped-polling"
+
+    @property
+    def lease_duration(self) -> timedelta:
+        return self.inner.lease_duration
+
+    @property
+    def drain_unsupported(self) -> str | None:
+        return self.inner.drain_unsupported
+
+    def create_storage(self) -> Storage:
+        return self.inner.create_storage()
+
+    def prepare(self, storage: Storage, environment: str) -> None:
+        self.inner.prepare(storage, environment)
+
+    def watch_run_ends(self, environment: str, name: str) -> RunEndWatcher | None:
+        return self.inner.watch_run_ends(environment, name)
+
+    def create_acquirer(
+        self,
+        storage: Storage,
+        options: AcquirerOptions,
+        on_cancel: Callable[[uuid.UUID], None],
+    ) -> Acquirer:
+        acquirer = self.inner.create_acquirer(storage, options, on_cancel)
+        return DeafAcquirer(acquirer) if self.deaf and not options.drain else acquirer
+
+    def recover_delivery(
+        self,
+        storage: Storage,
+        environment: str,
+        limits: MaintenanceLimits,
+        fence: MaintenanceFence | None,
+    ) -> LaneMaintenance:
+        return self.inner.recover_delivery(storage, environment, limits, fence)
+
+    def status(self, storage: Storage, environment: str) -> LaneStatus:
+        return self.inner.status(storage, environment)
+
+
+class DeafAcquirer:
+    """A broken delivery path: an idle worker waits out its poll interval, whatever is
+    announced (only close wakes it)."""
+
+    def __init__(self, inner: Acquirer) -> None:
+        self.inner = inner
+        self.woken = threading.Event()
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def acquire(self, want: int, for_bounded: int) -> list[ClaimedRun]:
+        self.woken.clear()
+        return self.inner.acquire(want, for_bounded)
+
+    def wait_for_work(self) -> None:
+        self.woken.wait(30)
+
+    def interrupt(self) -> None:
+        self.woken.set()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    def close(self, timeout: float | None) -> None:
+        self.woken.set()
+        self.inner.close(timeout)
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self.inner.wait_ready(timeout)
+
+    @property
+    def rate_wait(self) -> float | None:
+        return self.inner.rate_wait
+'''
+
+LANE_TESTS = """
+import os
+from datetime import timedelta
+
+import pytest
+
+from runlane.postgres import postgres_polling_lane
+from runlane.testing.conformance import LaneConformance, LaneHarness
+from wrapped_lane import WrappedLane
+
+
+class WrappedHarness(LaneHarness):
+    name = "wrapped-polling"
+
+    def __init__(self, database_url: str, schema: str) -> None:
+        self.database_url = database_url
+        self.schema = schema
+        self.started = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def stop(self) -> None:
+        self.started = False
+
+    def build_lane(self, *, lease_duration: timedelta, poll_interval: timedelta) -> WrappedLane:
+        assert self.started, "the suite builds lanes between start() and stop()"
+        inner = postgres_polling_lane(
+            connection_string=self.database_url,
+            schema=self.schema,
+            lease_duration=lease_duration,
+            poll_interval=poll_interval,
+        )
+        return WrappedLane(inner, deaf=os.environ.get("LANE_IS_DEAF") == "1")
+
+
+class TestWrappedLane(LaneConformance):
+    @pytest.fixture
+    def lane_harness(self, runlane_database_url: str, runlane_schema: str) -> WrappedHarness:
+        return WrappedHarness(runlane_database_url, runlane_schema)
+"""
+
+# a handful of the suite: delivery, the idle wake-up, the hand-back, drain and shutdown
+PICKED = (
+    "exactly_once or promptly or hands_an_interrupted_run_back or drain_executes "
+    "or drain_on_a_lane_without or close_ends_every_thread"
+)
+
+
+_PLUGINS_OFF = ("-p", "no:randomly", "-p", "no:xdist")
+
+
+def _project(tmp_path: Path) -> Path:
+    project = tmp_path / "wrapped-lane"
+    project.mkdir()
+    (project / "wrapped_lane.py").write_text(LANE_PACKAGE)
+    (project / "test_wrapped_lane.py").write_text(LANE_TESTS)
+    return project
+
+
+def _pytest(project: Path, database_url: str, *args: str, deaf: bool = False) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUNLANE_"))}
+    env["RUNLANE_TEST_DATABASE_URL"] = database_url
+    env["LANE_IS_DEAF"] = "1" if deaf else "0"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_PLUGINS_OFF, *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return done.stdout + done.stderr
+
+
+def test_a_lane_outside_runlane_runs_the_conformance_suite(
+    tmp_path: Path, database_url: str
+) -> None:
+    out = _pytest(_project(tmp_path), database_url, "-k", PICKED, "-rs")
+    # one is the other half of drain support (this lane drains): skipped
+    assert "6 passed, 1 skipped, 5 deselected" in out, out
+    assert "supports drain() (the other half's test)" in out, out
+
+
+def test_the_suite_fails_a_lane_whose_idle_worker_misses_announcements(
+    tmp_path: Path, database_url: str
+) -> None:
+    out = _pytest(_project(tmp_path), database_url, "-k", "idle_worker_starts", deaf=True)
+    assert "1 failed" in out, out
+    assert "after its trigger (poll is 30 s)" in out or "did not start in 5" in out, out
+
+
+@pytest.mark.parametrize("module", ["runlane", "runlane.testing", "runlane.lanes"])
+def test_runlane_imports_without_pytest(module: str) -> None:
+    # pytest stays an optional dependency (the testing extra): only the conformance suite
+    # and the plugin need it
+    done = _import_without_pytest(module)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_conformance_suite_says_it_needs_pytest() -> None:
+    done = _import_without_pytest("runlane.testing.conformance")
+    assert done.returncode != 0
+    assert "pytest" in done.stderr
+
+
+def _import_without_pytest(module: str) -> subprocess.CompletedProcess[str]:
+    code = f"import sys; sys.modules['pytest'] = None; import {module}"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
