@@ -2,8 +2,9 @@
 
 ``runlane-worker-N-consumer`` owns the worker's one AMQP connection (pika connections belong
 to one thread). It consumes the worker's queues with a prefetch of the worker's claim batch
-(``create_delivery_worker(claim_batch=...)``, at most four times its concurrency) and
-buffers deliveries; it never touches the database. The pool's acquiring slot takes
+(``create_delivery_worker(claim_batch=...)``, at most four times its concurrency), raised to
+two claim batches while the worker claims ahead of its slots, and buffers deliveries; it
+never touches the database. The pool's acquiring slot takes
 deliveries from the buffer, claims the runs they name by id with the same fenced claim as the
 polling lane (bounded queues, rate limits and per-key limits still enforced in storage,
 under the queue's lock), and only then
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +58,10 @@ __all__ = ["ConsumerStats", "RabbitAcquirer"]
 log = logging.getLogger("runlane.rabbitmq.consumer")
 
 _SETUP_SECONDS = 15.0  # declaring and consuming the worker's queues may take this long
+_MAX_PREFETCH = 1000  # the most unacknowledged deliveries of a queue a worker asks for
+# a worker that asked for more runs than its slots counts as claiming ahead this long after
+# (a claim for free slots in between, after a short claim, does not stop it)
+_AHEAD_SECONDS = 1.0
 
 
 @attrs.define
@@ -99,14 +105,25 @@ class RabbitAcquirer:
         self._lease = options.lease
         self._worker_id = options.worker_id
         self._queues = {q.name: q for q in options.queues}
-        # unacknowledged deliveries the broker sends ahead: the worker's claim batch, at
-        # most 4 x concurrency (the broker hands them over whatever the handlers' length,
-        # and messages held here wait behind a busy worker), so one claim can feed every
-        # slot and a few runs ahead; measured: prefetch = concurrency halves throughput (the
-        # claim-ack-redeliver round trip leaves slots idle)
+        # unacknowledged deliveries the broker sends ahead, at two levels. While the worker
+        # claims only for its free slots (long handlers, or no backlog): its claim batch, at
+        # most 4 x concurrency, so one claim can feed every slot and a few runs ahead (the
+        # broker hands deliveries over whatever the handlers' length, and a message held
+        # here waits behind a busy worker); prefetch = concurrency halved throughput (the
+        # claim-ack-redeliver round trip left slots idle). While it claims ahead (quick
+        # handlers and a backlog: it asks for more runs than it has slots), a second
+        # consumer of each queue takes the prefetch to two claim batches, so a whole batch
+        # is buffered while the last one is claimed and acknowledged (see _pace). RabbitMQ
+        # applies a prefetch to consumers made after it is set, never to existing ones:
+        # hence a second consumer, not a new prefetch.
+        self._concurrency = max(1, options.concurrency)
         self._prefetch = max(
             1, options.concurrency, min(options.claim_batch, 4 * options.concurrency)
         )
+        self._prefetch_ahead = min(2 * options.claim_batch, _MAX_PREFETCH) - self._prefetch
+        self._ahead_until = 0.0  # monotonic time until which the worker counts as ahead
+        self._ahead_asked = False  # the consumer thread was asked to consume ahead
+        self._ahead_tags: list[str] = []  # consumer tags of the ahead consumers (its thread)
         self._params = params
         self._schema = schema
         self._delivery_limit = delivery_limit
@@ -145,6 +162,7 @@ class RabbitAcquirer:
         self._listener.start()
 
     def acquire(self, want: int, for_bounded: int) -> list[ClaimedRun]:
+        self._pace(want)
         self._arrived.clear()
         taken = self._take(want, for_bounded)
         if not taken:
@@ -290,6 +308,50 @@ class RabbitAcquirer:
                 return
             self._on_cancel(run_id)
 
+    # -- the prefetch ----------------------------------------------------------------------
+
+    def _pace(self, want: int) -> None:
+        """Consume ahead while the worker claims ahead of its slots (it wants more runs
+        than it has slots: quick handlers and a backlog); the consumer thread stops the
+        ahead consumers once it has not for ``_AHEAD_SECONDS``, so that messages do not
+        wait in this buffer behind long handlers while another worker is idle."""
+        if want <= self._concurrency or self._prefetch_ahead <= 0:
+            return
+        self._ahead_until = time.monotonic() + _AHEAD_SECONDS
+        if self._ahead_asked:
+            return
+        with self._lock:
+            conn, channel = self._conn, self._channel
+        if conn is None or channel is None:
+            return
+        self._ahead_asked = True
+        try:
+            conn.add_callback_threadsafe(lambda: self._consume_ahead(channel))
+        except AMQP_ERRORS as exc:
+            self._ahead_asked = False
+            log.info("runlane: %s: consuming ahead failed (%s)", self._name, exc)
+
+    def _consume_ahead(self, channel: BlockingChannel) -> None:
+        """On the consumer thread: a second consumer of each queue (prefetch: the rest of
+        two claim batches) while the worker claims ahead, and none once it has stopped.
+        Cancelling one returns the deliveries pika holds for it and has not dispatched
+        (rejected with requeue: the broker delivers them again, to any consumer); those
+        already buffered here stay and are claimed as any other."""
+        if self._channel is not channel:  # that connection is gone
+            return
+        ahead = time.monotonic() < self._ahead_until
+        if ahead and not self._ahead_tags:
+            channel.basic_qos(prefetch_count=self._prefetch_ahead)
+            for name in self._queues:
+                self._ahead_tags.append(self._consume_queue(channel, name))
+            log.debug("runlane: %s consumes ahead", self._name)
+        elif not ahead and self._ahead_tags:
+            tags, self._ahead_tags = self._ahead_tags, []
+            for tag in tags:
+                channel.basic_cancel(tag)
+            log.debug("runlane: %s stopped consuming ahead", self._name)
+        self._ahead_asked = bool(self._ahead_tags)
+
     # -- the buffer ------------------------------------------------------------------------
 
     def _take(self, want: int, for_bounded: int) -> list[_Delivery]:
@@ -371,6 +433,8 @@ class RabbitAcquirer:
     def _run_connection(self, backoff: Backoff) -> None:
         conn = pika.BlockingConnection(self._params)
         self._unsettled = set()
+        self._ahead_tags = []
+        self._ahead_asked = False
         # a broker that accepts the connection but never answers (a quorum queue that lost
         # its members) would block these calls for good: bound them
         with self._watchdog.bound(conn, _SETUP_SECONDS):
@@ -379,9 +443,7 @@ class RabbitAcquirer:
             for name in self._queues:
                 amqp_name = queue_name(self._schema, self._environment, name)
                 declare_queue(channel, self._schema, amqp_name, self._delivery_limit)
-                channel.basic_consume(
-                    queue=amqp_name, on_message_callback=self._receiver(name), auto_ack=False
-                )
+                self._consume_queue(channel, name)
         cancelled = threading.Event()
         # the broker cancels a consumer whose queue was deleted: reconnect, which declares
         # the queue again and consumes it anew
@@ -400,12 +462,23 @@ class RabbitAcquirer:
         )
         while not self._stop.is_set() and not cancelled.is_set():
             conn.process_data_events(time_limit=0.2)
+            if self._ahead_tags and time.monotonic() >= self._ahead_until:
+                self._consume_ahead(channel)
         if cancelled.is_set():
             log.warning(
                 "runlane: %s: the broker cancelled consuming (a queue was deleted?); "
                 "declaring and consuming again",
                 self._name,
             )
+
+    def _consume_queue(self, channel: BlockingChannel, name: str) -> str:
+        """Consume the logical queue ``name`` (with the channel's prefetch as set now);
+        returns the consumer tag."""
+        return channel.basic_consume(
+            queue=queue_name(self._schema, self._environment, name),
+            on_message_callback=self._receiver(name),
+            auto_ack=False,
+        )
 
     def _receiver(
         self, queue: str

@@ -1,0 +1,125 @@
+"""The RabbitMQ consumer's prefetch: one claim batch while its worker claims for free slots,
+two while it claims ahead of them (quick handlers and a backlog), and back to one once it
+stops, without losing, repeating or stranding a delivery. The acquirer is driven directly,
+as a worker's acquiring slot drives it, so that what it is asked for is exact."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from runlane import RunContext, queue, task
+from runlane.lanes import AcquirerOptions
+from runlane.rabbitmq import _consumer
+from runlane.rabbitmq._consumer import RabbitAcquirer
+from tests.conftest import RabbitRuntimes
+from tests.helpers import amqp_queue, ready_messages, wait_until
+
+RUNS = 40
+CONCURRENCY = 2
+CLAIM_BATCH = 8  # one claim batch: the prefetch of its slots; ahead: 16 in all
+
+
+@pytest.fixture
+def acquirer(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[RabbitAcquirer, Any]]:
+    monkeypatch.setattr(_consumer, "_AHEAD_SECONDS", 0.3)
+
+    @task(id="prefetch.noop")
+    def noop(payload: Any, context: RunContext) -> Any:
+        return payload
+
+    runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
+    runlane.start()
+    made = runlane.lane.create_acquirer(
+        runlane._storage,
+        AcquirerOptions(
+            environment=runlane.environment,
+            queues=[queue("default")],
+            name="prefetch-acquirer",
+            lease=timedelta(seconds=60),
+            drain=False,
+            concurrency=CONCURRENCY,
+            claim_batch=CLAIM_BATCH,
+        ),
+        lambda run_id: None,
+    )
+    assert isinstance(made, RabbitAcquirer)
+    made.start()
+    try:
+        wait_until(made.consuming.is_set, timeout=15, what="the consumer consuming")
+        runlane.trigger_many(noop, list(range(RUNS)))
+        yield made, runlane
+    finally:
+        made.close(10)
+
+
+def _round_trip(acquirer: RabbitAcquirer) -> None:
+    """A synchronous call on the consumer's channel, on its thread: deliveries the broker
+    sent before answering it have reached the buffer."""
+    conn, channel = acquirer._conn, acquirer._channel
+    assert conn is not None
+    assert channel is not None
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            channel.basic_qos(prefetch_count=acquirer._prefetch)
+        finally:
+            done.set()
+
+    conn.add_callback_threadsafe(call)
+    assert done.wait(10), "the consumer thread did not run the call"
+
+
+def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
+    acquirer: tuple[RabbitAcquirer, Any], rabbitmq_url: str, schema: str
+) -> None:
+    consumer, _ = acquirer
+
+    def buffered() -> int:
+        return len(consumer._buffer)
+
+    wait_until(lambda: buffered() == CLAIM_BATCH, timeout=15, what="one claim batch buffered")
+    _round_trip(consumer)
+    assert buffered() == CLAIM_BATCH  # claims for free slots only: one batch, no more
+
+    claimed = {run.id for run in consumer.acquire(CONCURRENCY, 0)}  # free slots only
+    wait_until(lambda: buffered() == CLAIM_BATCH, timeout=15, what="the batch refilled")
+    _round_trip(consumer)
+    assert buffered() == CLAIM_BATCH
+    assert not consumer._ahead_tags
+
+    # asking for more than its slots: the worker claims ahead, and the consumer with it
+    claimed |= {run.id for run in consumer.acquire(CONCURRENCY + 2, 0)}
+    assert len(claimed) == 2 * CONCURRENCY + 2
+    wait_until(lambda: buffered() == 2 * CLAIM_BATCH, timeout=15, what="two claim batches buffered")
+    _round_trip(consumer)
+    assert buffered() == 2 * CLAIM_BATCH
+
+    # it stops asking for more than its slots: the second consumer goes, what it delivered
+    # stays buffered and is claimed as any other delivery
+    wait_until(lambda: not consumer._ahead_tags, timeout=15, what="the ahead consumer gone")
+    back_to_one = False  # the buffer is down to one claim batch: only the first consumer
+    while len(claimed) < RUNS:
+        taken = {run.id for run in consumer.acquire(CONCURRENCY, 0)}
+        assert not taken & claimed, "a run was claimed twice"
+        claimed |= taken
+        if not taken:
+            wait_until(lambda: buffered() > 0, timeout=15, what="a delivery")
+        _round_trip(consumer)  # the broker has sent what the acknowledgements allow
+        if buffered() <= CLAIM_BATCH:
+            back_to_one = True
+        assert not back_to_one or buffered() <= CLAIM_BATCH, "more than one batch again"
+    assert back_to_one
+    _round_trip(consumer)
+    assert consumer.stats.claimed == RUNS
+    assert consumer.stats.duplicates == consumer.stats.unknown == 0
+    assert buffered() == 0
+    assert not consumer._unsettled
+    assert ready_messages(rabbitmq_url, amqp_queue(schema)) == 0
