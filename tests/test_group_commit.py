@@ -438,3 +438,73 @@ def test_a_queued_call_interrupted_by_a_signal_leaves_no_one_waiting() -> None:
     assert not after.is_alive(), "a later call waits for the call that left"
     assert later == [[InsertedRun(runs.ids[0], "default", True)]]
     assert group._in_flight == 0
+
+
+def test_a_follower_interrupted_in_a_formed_group_still_wakes_the_ones_after_it() -> None:
+    """Followers wake one another in turn (the leader wakes only the first): one that stops
+    waiting (Ctrl-C in the main thread) while its group's statement is in flight passes
+    the wake-up on, so the calls after it are not left waiting for it."""
+    lone_gate, group_gate = threading.Event(), threading.Event()
+    lone_started, group_started = threading.Event(), threading.Event()
+
+    class Interrupted(Exception):
+        pass
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        if runs.payloads[0] == '"first"':
+            lone_started.set()
+            assert lone_gate.wait(10)
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any, rows: str, committed: Callable[[], None]) -> Any:
+        group_started.set()
+        assert group_gate.wait(10)
+        committed()
+        return [[InsertedRun(r.ids[0], r.queue, True)] for r in groups]
+
+    group = GroupCommit(alone, together)
+    out: dict[str, list[InsertedRun]] = {}
+    leader_runs, last_runs = new_runs('"leader"'), new_runs('"last"')
+    first = threading.Thread(target=group.insert, args=(new_runs('"first"'),))
+    leader = threading.Thread(target=lambda: out.__setitem__("leader", group.insert(leader_runs)))
+
+    def last_call() -> None:
+        wait_until(lambda: len(group._queue) == 2, timeout=10, what="the main thread to queue")
+        out["last"] = group.insert(last_runs)
+
+    last = threading.Thread(target=last_call)
+    first.start()
+    assert lone_started.wait(10)
+    leader.start()
+    wait_until(lambda: len(group._queue) == 1, timeout=10, what="the leader to queue")
+    last.start()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    def release_when_grouped() -> None:
+        wait_until(lambda: len(group._queue) == 3, timeout=10, what="three queued calls")
+        lone_gate.set()
+        assert group_started.wait(10)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)  # the main thread: a follower, waiting
+
+    helper = threading.Thread(target=release_when_grouped)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        helper.start()
+        with pytest.raises(Interrupted):
+            group.insert(new_runs('"main"'))
+        last.join(10)
+        assert not last.is_alive(), "the call after the interrupted follower was not woken"
+        assert out["last"] == [InsertedRun(last_runs.ids[0], "default", True)]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        lone_gate.set()
+        group_gate.set()
+    for thread in (first, leader, helper):
+        thread.join(10)
+        assert not thread.is_alive()
+    assert out["leader"] == [InsertedRun(leader_runs.ids[0], "default", True)]
+    assert group._in_flight == 0
+    assert group._queue == []
