@@ -34,6 +34,7 @@ from runlane import (
     task,
 )
 from runlane.worker import Worker
+from runlane.worker._handoff import HandOff
 from tests.conftest import RunlaneFactory
 from tests.helpers import (
     HOUR_RETRY,
@@ -593,14 +594,14 @@ def test_a_backlog_of_quick_runs_is_claimed_ahead_before_the_hand_off_runs_dry(
     trip; with a backlog of quick handlers the worker tops the hand-off up while it still
     holds runs, and each run still runs once."""
     claims: list[tuple[bool, int]] = []
-    real = Worker._acquire_once
+    real = HandOff._acquire_once
 
-    def recorded(self: Worker, slot: Any, *, refill: bool = False) -> Any:
+    def recorded(self: HandOff, slot: Any, *, refill: bool = False) -> Any:
         with self._cond:
             claims.append((refill, len(self._handoff)))
         return real(self, slot, refill=refill)
 
-    monkeypatch.setattr(Worker, "_acquire_once", recorded)
+    monkeypatch.setattr(HandOff, "_acquire_once", recorded)
 
     @task(id="quick", schema=Item)
     def quick(payload: Item, context: RunContext) -> int:
