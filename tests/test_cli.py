@@ -23,11 +23,11 @@ from runlane.cli import (
     EXIT_CONFIGURATION,
     EXIT_FAILURE,
     EXIT_FORCED,
-    _JsonFormatter,
     _parser,
     load_app,
     main,
 )
+from runlane.logging import JsonFormatter
 from runlane.postgres import postgres_polling_lane
 from tests.helpers import cli_process
 
@@ -292,7 +292,7 @@ def test_json_log_lines_carry_structured_fields() -> None:
     )
     record.run_id = "r1"
     record.duration_ms = 12
-    entry = json.loads(_JsonFormatter().format(record))
+    entry = json.loads(JsonFormatter().format(record))
     assert entry["message"] == "run r1 done"
     assert (entry["level"], entry["logger"]) == ("INFO", "runlane.worker")
     assert (entry["run_id"], entry["duration_ms"]) == ("r1", 12)

@@ -17,19 +17,13 @@ import argparse
 import importlib
 import json
 import logging
-import logging.handlers
 import os
-import queue
-import signal
 import sys
 import sysconfig
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from importlib import metadata
-from types import FrameType
 from typing import Any
 
 import attrs
@@ -39,15 +33,24 @@ from runlane._codec import exception_text
 from runlane._display import clipped, shown
 from runlane._limits import as_int, as_wait_timeout
 from runlane._status import format_report, report_document, unhealthy
+from runlane.cli._codes import EXIT_CONFIGURATION, EXIT_FAILURE, EXIT_FORCED, EXIT_PIPE
 from runlane.cli._demo import DEMO_LANES, run_demo
 from runlane.cli._devdb import add_devdb_command
 from runlane.cli._line import ProgressLine
+from runlane.cli._logs import (
+    configure_logging,
+    flush_logging,
+    json_lines,
+    logging_options,
+    say,
+    stop_logging,
+)
 from runlane.cli._operator import add_operator_commands, format_workers, plain
 from runlane.cli._runs import add_run_commands
+from runlane.cli._signals import Stopper
 from runlane.cli._target import TARGET_HELP, Target, add_target_options, target_runtime
 from runlane.cli._web import add_web_command
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
-from runlane.logging import JsonFormatter
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
 from runlane.models import DrainResult
 from runlane.postgres import (
@@ -59,12 +62,7 @@ from runlane.postgres import (
 )
 from runlane.runtime import Runlane
 
-__all__ = ["EXIT_CONFIGURATION", "EXIT_FAILURE", "EXIT_FORCED", "load_app", "main"]
-
-EXIT_FAILURE = 1  # a runtime failure: the database, the schema, a failed worker or service
-EXIT_CONFIGURATION = 2  # a usage or configuration error (argparse uses 2 as well)
-EXIT_FORCED = 3  # a second SIGTERM/SIGINT: exited at once, runs left to lease expiry
-EXIT_PIPE = 141  # stdout closed by the reader (`runlane status APP | head -1`), as SIGPIPE
+__all__ = ["EXIT_CONFIGURATION", "EXIT_FAILURE", "EXIT_FORCED", "EXIT_PIPE", "load_app", "main"]
 
 DATABASE_URL_HELP = "PostgreSQL URL (default: $RUNLANE_DATABASE_URL, then $DATABASE_URL)"
 
@@ -194,7 +192,7 @@ def _queues(value: str | None) -> list[str] | None:
 def _cmd_drain(args: argparse.Namespace) -> int:
     runlane = load_app(args.app)
     # a terminal's progress line is not a JSON object: none under --log-format json
-    progress = _DrainProgress() if sys.stderr.isatty() and not _json_lines else None
+    progress = _DrainProgress() if sys.stderr.isatty() and not json_lines() else None
     try:
         result = runlane.drain(
             max_runs=args.max_runs, queues=_queues(args.queues), on_progress=progress
@@ -207,7 +205,7 @@ def _cmd_drain(args: argparse.Namespace) -> int:
         f"Executed {result.runs_executed} runs: {result.completed} completed, "
         f"{result.failed} failed, {result.retried} retried"
     )
-    if _json_lines:  # every line is JSON: the summary is a record with the counts
+    if json_lines():  # every line is JSON: the summary is a record with the counts
         log.info(summary, extra=attrs.asdict(result))
     else:
         print(summary)
@@ -218,7 +216,7 @@ class _DrainProgress:
     """``drain``'s progress line (a terminal), after the log lines written so far."""
 
     def __init__(self) -> None:
-        self._line = ProgressLine(before_write=_flush_logging)
+        self._line = ProgressLine(before_write=flush_logging)
 
     def __call__(self, result: DrainResult) -> None:
         self._line.show(
@@ -230,101 +228,12 @@ class _DrainProgress:
         self._line.finish()
 
 
-# how long past --shutdown-timeout the main thread waits for the closer thread
-_CLOSER_ALLOWANCE_SECONDS = 5.0
-# how long the log thread may take to write the records still queued at exit
-_LOG_DRAIN_SECONDS = 5.0
-
-
-class _Stopper:
-    """SIGTERM/SIGINT handling for a long-running command.
-
-    The first signal closes gracefully in a fresh thread (the main thread keeps observing);
-    a second one exits at once with ``EXIT_FORCED``, leaving runs still executing to lease
-    expiry. Installed before the worker or services start, so no signal finds a gap; a
-    signal that arrives before ``attach`` closes what is attached as soon as it is."""
-
-    def __init__(self) -> None:
-        self.name = "runlane"
-        self._close: Callable[[], None] | None = None
-        self.requested = threading.Event()
-        self.close_error: BaseException | None = None
-        self._closer: threading.Thread | None = None
-
-    def attach(self, name: str, close: Callable[[], None]) -> None:
-        self.name = name
-        self._close = close
-        if self.requested.is_set():
-            self._start_closer()
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested.is_set():
-            _print(
-                f"{self.name}: second signal: exiting now; runs still executing are left to "
-                "lease expiry",
-                logging.WARNING,
-                signal=signal.Signals(signum).name,
-                exit_code=EXIT_FORCED,
-            )
-            _stop_logging()  # what was logged so far is written first
-            os._exit(EXIT_FORCED)
-        self.requested.set()
-        _print(
-            f"{signal.Signals(signum).name} received; closing {self.name} "
-            "(a second signal exits at once)",
-            signal=signal.Signals(signum).name,
-        )
-        self._start_closer()
-
-    def _start_closer(self) -> None:
-        if self._close is None or self._closer is not None:
-            return
-        self._closer = threading.Thread(
-            target=self._run_close, name="runlane-cli-closer", daemon=True
-        )
-        self._closer.start()
-
-    def _run_close(self) -> None:
-        assert self._close is not None
-        try:
-            self._close()
-        except BaseException as exc:  # reported by the main thread
-            self.close_error = exc
-
-    def wait_for_closer(self, timeout: float) -> None:
-        """Join the closer thread: its close keeps to ``timeout`` (--shutdown-timeout);
-        past that and a short allowance the process exits without it."""
-        if self._closer is not None:
-            self._closer.join(timeout + _CLOSER_ALLOWANCE_SECONDS)
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        for sig in previous:
-            signal.signal(sig, self.handle)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-def _print(message: str, level: int = logging.INFO, **fields: Any) -> None:
-    """One line of the CLI's own on stderr: ``runlane: <message>``, or, under
-    ``--log-format json``, a log record of ``runlane.cli`` (one JSON object, with ``fields``)
-    so that every line the process writes is JSON."""
-    if _json_lines:
-        log.log(level, message, extra=fields)
-        return
-    print(f"runlane: {message}", file=sys.stderr, flush=True)
-
-
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _supervise(
-    stopper: _Stopper, wait_until_closed: Callable[[], object], shutdown_timeout: float
+    stopper: Stopper, wait_until_closed: Callable[[], object], shutdown_timeout: float
 ) -> int:
     """Observe a worker or services until they close; 0 after a clean close."""
     try:
@@ -333,7 +242,7 @@ def _supervise(
         if not stopper.requested.is_set():
             raise
         # asked to stop: a failure seen while closing is reported, the close stays clean
-        _print(f"warning: while closing: {_one_line(exc)}", logging.WARNING)
+        say(f"warning: while closing: {_one_line(exc)}", logging.WARNING)
     finally:
         stopper.wait_for_closer(shutdown_timeout)
     if stopper.close_error is not None:
@@ -345,7 +254,7 @@ def _supervise(
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     runlane = load_app(args.app)
-    stopper = _Stopper()
+    stopper = Stopper()
     try:
         with stopper.installed():
             # status() reads every table: an unmigrated schema fails here, with the migrate
@@ -368,7 +277,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
                 stopper.attach(worker.name, close)
                 beside = f" with maintenance ({services.name})" if services is not None else ""
-                _print(
+                say(
                     f"{worker.name} running {args.concurrency} slots{beside} "
                     f"(environment {runlane.environment!r}); SIGTERM or Ctrl-C stops it",
                     worker=worker.name,
@@ -378,7 +287,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 code = _supervise(
                     stopper, lambda: _wait_for_both(worker, services), args.shutdown_timeout
                 )
-                _print(f"{worker.name} stopped", worker=worker.name, exit_code=code)
+                say(f"{worker.name} stopped", worker=worker.name, exit_code=code)
                 return code
             finally:
                 worker.close(timeout=args.shutdown_timeout)  # idempotent
@@ -390,7 +299,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _report_service_error(error: BaseException, info: ServiceErrorInfo) -> None:
-    _print(
+    say(
         f"{info.phase} ({info.operation}): {_one_line(error)}",
         logging.WARNING,
         phase=info.phase,
@@ -418,11 +327,11 @@ def _wait_for_both(worker: Any, services: Services | None) -> None:
 def _cmd_maintenance(args: argparse.Namespace) -> int:
     runlane = load_app(args.app)
 
-    stopper = _Stopper()
+    stopper = Stopper()
     try:
         if args.once:
             result = runlane.run_maintenance_once()
-            if _json_lines:
+            if json_lines():
                 log.info("maintenance pass done", extra=result.counts())
             else:
                 print(_describe(result))
@@ -432,14 +341,14 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
             services = runlane.start_services(on_service_error=_report_service_error)
             try:
                 stopper.attach(services.name, lambda: services.close(timeout=args.shutdown_timeout))
-                _print(
+                say(
                     f"{services.name} maintaining environment {runlane.environment!r}; "
                     "SIGTERM or Ctrl-C stops it",
                     services=services.name,
                     environment=runlane.environment,
                 )
                 code = _supervise(stopper, services.wait_until_closed, args.shutdown_timeout)
-                _print(f"{services.name} stopped", services=services.name, exit_code=code)
+                say(f"{services.name} stopped", services=services.name, exit_code=code)
                 return code
             finally:
                 services.close(timeout=args.shutdown_timeout)  # idempotent
@@ -483,7 +392,7 @@ def _show_status(runlane: Runlane, as_json: bool) -> int:
     else:
         print("\n".join([*format_report(report), *format_workers(workers)]), flush=True)
     for problem in problems:
-        _print(f"unhealthy: {problem}")
+        say(f"unhealthy: {problem}")
     return EXIT_FAILURE if problems else 0
 
 
@@ -538,146 +447,6 @@ def _shutdown_seconds(value: str) -> float:
     return limit
 
 
-def _logging_options(parser: argparse.ArgumentParser, *, argparse_default: bool) -> None:
-    """``--log-level`` and ``--log-format``; on subcommands they default to SUPPRESS so that
-    an option given before the command is not overwritten by the subcommand's default."""
-    level_default: Any = argparse.SUPPRESS if argparse_default else "INFO"
-    format_default: Any = argparse.SUPPRESS if argparse_default else "text"
-    parser.add_argument(
-        "--log-level",
-        default=level_default,
-        type=str.upper,
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="log level of worker, maintenance and drain (default INFO)",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=format_default,
-        choices=["text", "json"],
-        help="text lines or one JSON object per line (default text)",
-    )
-
-
-_JsonFormatter = JsonFormatter  # public as runlane.logging.JsonFormatter
-
-
-class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The handler ``runlane`` installs; replaced, not stacked, when main() runs again.
-
-    It writes to whatever ``sys.stderr`` is when a record is emitted, so a thread that logs
-    after ``main()`` returned (or after a test swapped stderr) never hits a closed stream."""
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    @property
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        """The stream is always the current sys.stderr."""
-
-
-class _CliQueueHandler(logging.handlers.QueueHandler):
-    """What the CLI puts on the root logger: the logging thread only enqueues the record.
-
-    ``runlane-cli-log`` formats and writes it. A worker logs two records per run at INFO;
-    written in the slots' threads, they cut one process's throughput from about 12,100 to
-    4,500 runs/s on 2 cores; enqueued, to about 8,300 (20,000 no-op runs, concurrency 8)."""
-
-
-class _Flush(logging.LogRecord):
-    """Not a record: a marker the log thread answers once everything before it is written."""
-
-    def __init__(self) -> None:
-        super().__init__("runlane.cli", logging.DEBUG, __file__, 0, "", None, None)
-        self.done = threading.Event()
-
-
-class _CliLogListener(logging.handlers.QueueListener):
-    def handle(self, record: logging.LogRecord) -> None:
-        if isinstance(record, _Flush):
-            record.done.set()
-            return
-        super().handle(record)
-
-    def start(self) -> None:
-        """Like QueueListener.start, with a named thread."""
-        monitor = self._monitor  # type: ignore[attr-defined]
-        thread = threading.Thread(target=monitor, name="runlane-cli-log", daemon=True)
-        self._thread = thread
-        thread.start()
-
-    def stop(self) -> None:
-        """Like QueueListener.stop, with a bounded join: the queued records get
-        ``_LOG_DRAIN_SECONDS`` to be written (a stderr nobody reads must not hold the exit)."""
-        thread: threading.Thread | None = self._thread
-        self.enqueue_sentinel()
-        if thread is not None:
-            thread.join(_LOG_DRAIN_SECONDS)
-        self._thread = None
-
-
-_log_listener: _CliLogListener | None = None
-# --log-format json is in effect: the CLI's own lines are log records too (see _print)
-_json_lines = False
-_previous_thread_hook = threading.excepthook
-
-
-def _log_thread_exception(hook: threading.ExceptHookArgs) -> None:
-    """Under --log-format json, an exception escaping a thread is a JSON record too."""
-    if hook.exc_type is SystemExit:
-        return
-    exc_info = (hook.exc_type, hook.exc_value, hook.exc_traceback)
-    name = hook.thread.name if hook.thread is not None else "?"
-    log.error("uncaught exception in thread %s", name, exc_info=exc_info)  # type: ignore[arg-type]
-
-
-def _flush_logging(timeout: float = 1.0) -> None:
-    """Wait (bounded) until the records logged so far are written."""
-    listener = _log_listener
-    if listener is None:
-        return
-    marker = _Flush()
-    listener.queue.put_nowait(marker)
-    marker.done.wait(timeout)
-
-
-def _stop_logging() -> None:
-    """Write every queued record, stop the log thread and take the CLI's handler off."""
-    global _log_listener, _json_lines  # noqa: PLW0603 - see _configure_logging
-    listener, _log_listener = _log_listener, None
-    if _json_lines:
-        _json_lines = False
-        logging.captureWarnings(False)
-        threading.excepthook = _previous_thread_hook
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, _CliHandler | _CliQueueHandler)]:
-        root.removeHandler(handler)
-    if listener is not None:
-        listener.stop()
-
-
-def _configure_logging(level: str, fmt: str) -> None:
-    global _log_listener, _json_lines  # noqa: PLW0603 - one per process, like the root logger
-    _stop_logging()
-    handler = _CliHandler()
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-        _json_lines = True
-        logging.captureWarnings(True)  # warnings.warn(): a py.warnings record, not a plain line
-        threading.excepthook = _log_thread_exception
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    _log_listener = _CliLogListener(records, handler)
-    _log_listener.start()
-    root = logging.getLogger()
-    root.addHandler(_CliQueueHandler(records))
-    root.setLevel(level)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runlane",
@@ -691,10 +460,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the whole traceback before an error's one line (also after the command)",
     )
-    _logging_options(parser, argparse_default=False)
+    logging_options(parser, argparse_default=False)
     # the same options after the command (`runlane worker APP --log-level DEBUG`)
     logged = argparse.ArgumentParser(add_help=False)
-    _logging_options(logged, argparse_default=True)
+    logging_options(logged, argparse_default=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     migrate = commands.add_parser(
@@ -840,11 +609,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command in {"worker", "maintenance", "drain"}:
-        _configure_logging(args.log_level, args.log_format)
+        configure_logging(args.log_level, args.log_format)
     try:
         return _run(args)
     finally:
-        _stop_logging()
+        stop_logging()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -859,7 +628,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_PIPE
     except RunlaneError as exc:
         code = EXIT_CONFIGURATION if isinstance(exc, ConfigurationError) else EXIT_FAILURE
-        if _json_lines:  # the traceback, when asked, goes in the record's "exception"
+        if json_lines():  # the traceback, when asked, goes in the record's "exception"
             info = exc if getattr(args, "traceback", False) else None
             log.error(  # noqa: TRY400 - the traceback only with --traceback
                 "error: %s", _one_line(exc), exc_info=info, extra={"exit_code": code}
@@ -867,10 +636,10 @@ def _run(args: argparse.Namespace) -> int:
             return code
         if getattr(args, "traceback", False):
             traceback.print_exception(exc, file=sys.stderr)
-        _print(f"error: {_one_line(exc)}")
+        say(f"error: {_one_line(exc)}")
         return code
     except Exception:
-        if not _json_lines:
+        if not json_lines():
             raise  # a bug: the whole traceback
         log.exception("unexpected error", extra={"exit_code": EXIT_FAILURE})
         return EXIT_FAILURE

@@ -1,0 +1,93 @@
+"""SIGTERM/SIGINT for the long-running commands (worker, maintenance): the first signal closes
+gracefully, a second exits at once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from runlane.cli._codes import EXIT_FORCED
+from runlane.cli._logs import say, stop_logging
+
+__all__ = ["Stopper"]
+
+# how long past --shutdown-timeout the main thread waits for the closer thread
+_CLOSER_ALLOWANCE_SECONDS = 5.0
+
+
+class Stopper:
+    """SIGTERM/SIGINT handling for a long-running command.
+
+    The first signal closes gracefully in a fresh thread (the main thread keeps observing);
+    a second one exits at once with ``EXIT_FORCED``, leaving runs still executing to lease
+    expiry. Installed before the worker or services start, so no signal finds a gap; a
+    signal that arrives before ``attach`` closes what is attached as soon as it is."""
+
+    def __init__(self) -> None:
+        self.name = "runlane"
+        self._close: Callable[[], None] | None = None
+        self.requested = threading.Event()
+        self.close_error: BaseException | None = None
+        self._closer: threading.Thread | None = None
+
+    def attach(self, name: str, close: Callable[[], None]) -> None:
+        self.name = name
+        self._close = close
+        if self.requested.is_set():
+            self._start_closer()
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested.is_set():
+            say(
+                f"{self.name}: second signal: exiting now; runs still executing are left to "
+                "lease expiry",
+                logging.WARNING,
+                signal=signal.Signals(signum).name,
+                exit_code=EXIT_FORCED,
+            )
+            stop_logging()  # what was logged so far is written first
+            os._exit(EXIT_FORCED)
+        self.requested.set()
+        say(
+            f"{signal.Signals(signum).name} received; closing {self.name} "
+            "(a second signal exits at once)",
+            signal=signal.Signals(signum).name,
+        )
+        self._start_closer()
+
+    def _start_closer(self) -> None:
+        if self._close is None or self._closer is not None:
+            return
+        self._closer = threading.Thread(
+            target=self._run_close, name="runlane-cli-closer", daemon=True
+        )
+        self._closer.start()
+
+    def _run_close(self) -> None:
+        assert self._close is not None
+        try:
+            self._close()
+        except BaseException as exc:  # reported by the main thread
+            self.close_error = exc
+
+    def wait_for_closer(self, timeout: float) -> None:
+        """Join the closer thread: its close keeps to ``timeout`` (--shutdown-timeout);
+        past that and a short allowance the process exits without it."""
+        if self._closer is not None:
+            self._closer.join(timeout + _CLOSER_ALLOWANCE_SECONDS)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            signal.signal(sig, self.handle)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
