@@ -34,6 +34,7 @@ __all__ = [
     "encodable",
     "skip_disk_flushes",
     "slow_files_first",
+    "uses_broker",
 ]
 
 # Worker processes for the whole suite. Most tests wait (for a broker, a lease, a thread, a
@@ -82,6 +83,22 @@ def slow_files_first(items: list[pytest.Item]) -> None:
     longest start first rather than last, alone, at the end of the run."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow)
+
+
+# Fixtures through which a test reaches a RabbitMQ broker (whose queues the lane names after
+# the test's schema)
+BROKER_FIXTURES = frozenset({"rabbitmq_url", "rabbitmq_node", "rabbitmq_cluster", "rabbit_runtime"})
+
+
+def uses_broker(request: pytest.FixtureRequest) -> bool:
+    """Whether the test may have declared broker queues named after its schema: it asked for
+    a broker fixture (``fixturenames`` counts those fetched with ``getfixturevalue`` too), or
+    it is a parametrization on the RabbitMQ lane. Its schema is then not handed on."""
+    if BROKER_FIXTURES.intersection(request.fixturenames):
+        return True
+    callspec = getattr(request.node, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return any("rabbit" in str(value).lower() for value in params)
 
 
 def skip_disk_flushes(url: str) -> None:

@@ -4,7 +4,6 @@ on loopback (one per session, one per fault test, a three-node cluster per modul
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,12 +21,14 @@ from runlane._rabbit_nodes import (
 )
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
+from tests._schemas import SchemaPool, new_schema_name
 from tests._suite import (
     auto_workers,
     cluster_timeouts,
     encodable,
     skip_disk_flushes,
     slow_files_first,
+    uses_broker,
 )
 
 RunlaneFactory = Callable[..., Runlane]
@@ -68,18 +69,37 @@ def fresh_schema(database_url: str) -> Iterator[str]:
     """A schema name unique to this test, not migrated; dropped afterwards from a
     RUNLANE_TEST_DATABASE_URL server. The embedded server's are left to go with its data
     directory at the end of the session: a drop cost a fifth of what the migration did."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
+    name = new_schema_name()
     yield name
     if os.environ.get("RUNLANE_TEST_DATABASE_URL"):
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(name)))
 
 
+@pytest.fixture(scope="session")
+def schema_pool(database_url: str) -> SchemaPool | None:
+    """This process's migrated schemas, handed from one test to the next (tests/_schemas.py);
+    None on a RUNLANE_TEST_DATABASE_URL server, whose schemas are each dropped after use."""
+    if os.environ.get("RUNLANE_TEST_DATABASE_URL"):
+        return None
+    return SchemaPool(database_url)
+
+
 @pytest.fixture
-def schema(database_url: str, fresh_schema: str) -> str:
-    """A migrated schema unique to this test."""
-    apply_postgres_storage_migrations(connection_string=database_url, schema=fresh_schema)
-    return fresh_schema
+def schema(request: pytest.FixtureRequest, database_url: str) -> Iterator[str]:
+    """A migrated schema that is this test's alone, holding no rows: fresh, or emptied after
+    an earlier test that changed nothing but its rows (tests/_schemas.py). A test that also
+    asks for ``fresh_schema`` gets that name migrated."""
+    pool: SchemaPool | None = request.getfixturevalue("schema_pool")
+    if pool is None or "fresh_schema" in request.fixturenames:
+        name: str = request.getfixturevalue("fresh_schema")
+        apply_postgres_storage_migrations(connection_string=database_url, schema=name)
+        yield name
+        return
+    name = pool.take()
+    yield name
+    if not uses_broker(request):
+        pool.give_back(name)
 
 
 @pytest.fixture
