@@ -32,6 +32,8 @@ def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[st
         ("raise SystemExit('settings missing')\n", "SystemExit: settings missing"),
         ("def f(:\n    pass\n", "SyntaxError: invalid syntax"),
         ("import json\njson.loads('{')\n", "JSONDecodeError: Expecting property name"),
+        # raised inside runlane (tasks.py, not the cli package): still the application's line
+        ("from runlane import queue\nq = queue('')\n", "ConfigurationError: queue name ''"),
     ],
 )
 def test_an_app_failing_to_import_is_one_line(

@@ -131,7 +131,8 @@ def _where(exc: BaseException) -> str:
     library's, nor the import machinery's) in the traceback, where the import failed."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f" (at {exc.filename}:{exc.lineno})"
-    skipped = ("<", sysconfig.get_paths()["stdlib"], os.path.dirname(__file__) + os.sep)
+    package = os.path.dirname(os.path.dirname(__file__))  # runlane/, not only runlane/cli/
+    skipped = ("<", sysconfig.get_paths()["stdlib"], package + os.sep)
     frames = [
         frame
         for frame in traceback.extract_tb(exc.__traceback__)
