@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import pika  # type: ignore[import-untyped, unused-ignore]
 import psycopg
 import pytest
 from psycopg import sql
@@ -28,6 +29,7 @@ from runlane import RunContext, Runlane, create_runlane, queue, task
 from runlane._rabbit_nodes import RabbitNode
 from runlane.models import RunStatus
 from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
+from tests.helpers import consumer_ready
 
 pytestmark = pytest.mark.slow
 
@@ -36,18 +38,37 @@ TRIGGER_EVERY = 0.02
 OUTAGE_SECONDS = 4.0
 
 
-def _leader(node: RabbitNode, name: str) -> str | None:
-    rows: list[dict[str, Any]] = json.loads(
-        node.ctl("list_queues", "name", "leader", "--formatter", "json")
-    )
-    return next((row["leader"] for row in rows if row["name"] == name), None)
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
-def _online(node: RabbitNode, name: str) -> list[str]:
+def _channel(connection: Any) -> Any:
+    channel = connection.channel()
+    channel.confirm_delivery()  # basic_publish raises unless the broker confirms
+    return channel
+
+
+def _drain(channel: Any, queue: str, count: int) -> list[bytes]:
+    """Consume and ack ``count`` messages (fewer if none comes for 5 s)."""
+    bodies: list[bytes] = []
+    for method, _properties, body in channel.consume(queue, inactivity_timeout=5):
+        if method is None:
+            break
+        bodies.append(body)
+        channel.basic_ack(method.delivery_tag)
+        if len(bodies) >= count:
+            break
+    channel.cancel()
+    return bodies
+
+
+def _members(node: RabbitNode, name: str) -> tuple[str | None, list[str]]:
+    """The queue's leader and its online members, as ``node`` sees them: one rabbitmqctl
+    call (each starts an Erlang VM: about a second of CPU)."""
     rows: list[dict[str, Any]] = json.loads(
-        node.ctl("list_queues", "name", "online", "--formatter", "json")
+        node.ctl("list_queues", "name", "leader", "online", "--formatter", "json")
     )
-    return next((list(row["online"]) for row in rows if row["name"] == name), [])
+    row = next((row for row in rows if row["name"] == name), None)
+    return (None, []) if row is None else (row["leader"], list(row["online"]))
 
 
 @pytest.fixture
@@ -93,13 +114,11 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
     try:
         # the first worker declares the queue through its node: that member leads it
         worker_1 = first.create_delivery_worker(concurrency=4)
+        consumer_ready(worker_1, timeout=30)  # it consumes: its queue is declared
         name = f"runlane.{schema}.default.{work.name}"
-        deadline = time.monotonic() + 30
-        while _leader(producer_node, name) is None:
-            assert time.monotonic() < deadline, "the first worker never declared its queue"
-            time.sleep(0.2)
-        assert _leader(producer_node, name) == leader_node.nodename
-        assert set(_online(producer_node, name)) == {n.nodename for n in cluster}
+        leader, online = _members(producer_node, name)
+        assert leader == leader_node.nodename
+        assert set(online) == {n.nodename for n in cluster}
         worker_2 = second.create_delivery_worker(concurrency=4)
 
         stop = threading.Event()
@@ -131,7 +150,8 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
                 producer.run_maintenance_once()
                 time.sleep(0.5)
             # a new leader among the survivors
-            assert _leader(producer_node, name) in {producer_node.nodename, other_node.nodename}
+            leader, _ = _members(producer_node, name)
+            assert leader in {producer_node.nodename, other_node.nodename}
             outage.clear()
             restart = leader_node.start()
             time.sleep(1.0)
@@ -169,7 +189,7 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
         broker = RabbitMQStatus.of(report).broker
         assert broker is not None
         assert broker.startswith("reachable")
-        assert leader_node.nodename in _online(producer_node, name)
+        assert leader_node.nodename in _members(producer_node, name)[1]
         elapsed = time.monotonic() - began
         print(
             f"\n{len(triggered)} runs ({len(during_outage)} during the outage), each executed "
@@ -178,3 +198,37 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
     finally:
         for runtime_ in (first, second, producer):
             runtime_.close()
+
+
+def test_quorum_queue_survives_sigkill_of_a_cluster_node(
+    cluster: list[RabbitNode],
+) -> None:
+    """The cluster fixture itself: three members, a quorum queue on all of them that keeps
+    confirming and delivering while one member is SIGKILLed, and the member back online
+    after its restart."""
+    first, second, third = cluster
+    assert len({first.port, second.port, third.port}) == 3
+    status = first.ctl("cluster_status", "--formatter", "json")
+    for node in cluster:
+        assert node.nodename in status
+
+    conn = pika.BlockingConnection(first.connection_parameters())
+    channel = _channel(conn)
+    name = f"t.{uuid.uuid4().hex[:12]}"
+    channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+    members = first.ctl("list_queues", "name", "members", "--formatter", "json")
+    assert all(node.nodename in members for node in cluster)
+    channel.basic_publish("", name, b"before", PERSISTENT, mandatory=True)
+
+    second.kill()
+    try:
+        for i in range(20):  # confirmed by the two remaining members
+            channel.basic_publish("", name, f"after {i}".encode(), PERSISTENT, mandatory=True)
+        expected = [b"before"] + [f"after {i}".encode() for i in range(20)]
+        assert _drain(channel, name, len(expected)) == expected
+    finally:
+        second.start()  # rejoins the cluster from its own data directory
+    online = first.ctl("list_queues", "name", "online", "--formatter", "json")
+    assert second.nodename in online
+    channel.queue_delete(name)
+    conn.close()
