@@ -29,7 +29,7 @@ from runlane.cli import (
 )
 from runlane.logging import JsonFormatter
 from runlane.postgres import postgres_polling_lane
-from tests.helpers import cli_process
+from tests.helpers import cli_process, elapse, make_due
 
 APP = textwrap.dedent(
     """
@@ -298,9 +298,12 @@ def test_json_log_lines_carry_structured_fields() -> None:
     assert (entry["run_id"], entry["duration_ms"]) == ("r1", 12)
 
 
-def test_a_killed_worker_loses_no_run(tmp_path: Path, database_url: str, schema: str) -> None:
+def test_a_killed_worker_loses_no_run(
+    tmp_path: Path, database_url: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
     """SIGKILL mid-run: the lease lapses, maintenance retries the run, another worker
-    completes it, and the dead worker's attempt is recorded as expired."""
+    completes it, and the dead worker's attempt is recorded as expired. The lease's lapse
+    and the retry's delay pass on the database's clock (moved), not by waiting."""
 
     @task(id="cli.echo")
     def echo(payload: object, context: RunContext) -> object:
@@ -315,16 +318,11 @@ def test_a_killed_worker_loses_no_run(tmp_path: Path, database_url: str, schema:
             proc.kill()  # SIGKILL: no shutdown, no hand-back, connections simply vanish
             assert proc.wait(timeout=30) == -signal.SIGKILL
         assert survivor.get_run(handle.id).status is RunStatus.RUNNING
-        deadline = time.monotonic() + 30
-        while survivor.run_maintenance_once().attempts_expired == 0:  # lease: 1 s
-            assert time.monotonic() < deadline, "the dead worker's lease never lapsed"
-            time.sleep(0.2)
-        survivor.run_maintenance_once()  # the retry is due at once (RetryPolicy default 1 s)
-        deadline = time.monotonic() + 30
-        while survivor.get_run(handle.id).status is not RunStatus.QUEUED:
-            assert time.monotonic() < deadline, "the retry was never delivered"
-            time.sleep(0.2)
-            survivor.run_maintenance_once()
+        elapse(db, schema, 5, "runs.lease_expires_at")  # its 1 s lease lapses
+        assert survivor.run_maintenance_once().attempts_expired == 1
+        make_due(db, schema, handle.id)  # the retry's delay (RetryPolicy default 1 s) passes
+        assert survivor.run_maintenance_once().due_runs_delivered == 1
+        assert survivor.get_run(handle.id).status is RunStatus.QUEUED
         # the survivor's handler does not hang: it returns the payload
         assert survivor.drain().runs_executed == 1
         done = survivor.get_run(handle.id)
@@ -355,11 +353,12 @@ def test_a_frozen_worker_resumed_after_a_takeover_changes_nothing(
             _wait_for_line(proc, f"waiting {handle.id}")
             proc.send_signal(signal.SIGSTOP)
             try:
-                deadline = time.monotonic() + 30
-                while survivor.get_run(handle.id).status is not RunStatus.QUEUED:
-                    assert time.monotonic() < deadline, "the frozen worker's run was not retried"
-                    time.sleep(0.2)
-                    survivor.run_maintenance_once()
+                # frozen past its 1 s lease (on the database's clock, moved) and retry delay
+                elapse(db, schema, 5, "runs.lease_expires_at")
+                assert survivor.run_maintenance_once().attempts_expired == 1
+                make_due(db, schema, handle.id)
+                assert survivor.run_maintenance_once().due_runs_delivered == 1
+                assert survivor.get_run(handle.id).status is RunStatus.QUEUED
                 assert survivor.drain().runs_executed == 1
             finally:
                 flag.write_text("go")
