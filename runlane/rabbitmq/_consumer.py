@@ -501,7 +501,8 @@ class RabbitAcquirer:
                         message_id=properties.message_id,
                     )
                 )
-            self._arrived.set()
+            if not self._arrived.is_set():  # set: a lock and a notify, once per delivery
+                self._arrived.set()
 
         return received
 
