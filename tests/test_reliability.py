@@ -294,6 +294,9 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
                 time.sleep(0.5)
             assert held >= 1, "the worker held no run claimed ahead; the test proves nothing"
             maintainer = make_runlane(tasks=[])
+            # the real clock must pass the 2 s leases, not only the database's: what is under
+            # test is the resumed worker's own deadline for what it claimed ahead (with the
+            # database's clock moved instead, it started 13 expired attempts)
             expired = 0
             deadline = time.monotonic() + 20
             while expired == 0 and time.monotonic() < deadline:
