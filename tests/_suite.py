@@ -12,7 +12,8 @@ hooks call these; the options themselves are in pyproject.toml (``-n auto --dist
   three-node broker cluster, a browser, a server of the module's own) is set up once, not
   once per worker. (``--dist loadgroup`` would balance better, but pytest-xdist 3.8 cannot
   group tests under pytest 9.2: it renames a test id pytest no longer reads.) Files holding
-  a ``slow`` test are handed out first.
+  a ``slow`` test are handed out first (``--no-loadscope-reorder`` keeps that order: xdist
+  would otherwise hand out the files with the most tests first).
 - pytest-randomly shuffles the order (modules, then the tests in each) with a seed printed
   in the header: ``pytest --randomly-seed=N`` repeats a run's order (``--randomly-seed=last``
   the last run's), ``pytest -p no:randomly`` keeps the file order.

@@ -697,6 +697,7 @@ class FencingMachine(RuleBasedStateMachine):
             assert self.storage.run_get("elsewhere", run.id) is None
 
 
+@pytest.mark.slow
 def test_fencing_state_machine(database_url: str, schema: str, db: Conn) -> None:
     storage = PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=2)
     storage.open()
@@ -1098,6 +1099,7 @@ class FlowFencingMachine(RuleBasedStateMachine):
             assert j - i <= self.rate_bound, (j - i, starts[i:j])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("burst", [None, 1])
 def test_flow_limits_hold_under_every_interleaving(
     database_url: str, schema: str, db: Conn, burst: int | None

@@ -59,6 +59,9 @@ from tests.helpers import (
     storage_of,
 )
 
+# tens of megabytes through Postgres per test: minutes for the file, handed out first
+pytestmark = pytest.mark.slow
+
 
 @task(id="greet", schema=Greet)
 def greet(payload: Greet, context: RunContext) -> str:

@@ -937,6 +937,7 @@ def actor_storages(database_url: str, schema: str) -> Iterator[dict[str, Postgre
         storage.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", [0, 3600, -3600], ids=["clock", "clock+1h", "clock-1h"])
 def test_lease_rules_state_machine(
     actor_storages: dict[str, PostgresStorage], dbx: Db, shift: int
