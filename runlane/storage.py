@@ -27,6 +27,7 @@ __all__ = [
     "DeliveryState",
     "Expiration",
     "ExpiredAttempt",
+    "FailingQueue",
     "Failure",
     "FailureApplied",
     "InsertedRun",
@@ -36,6 +37,7 @@ __all__ = [
     "MaintenanceLeaseRow",
     "NewRuns",
     "OutboxItem",
+    "OutboxStatus",
     "OutputRefused",
     "ProgressWrite",
     "PruneResult",
@@ -307,6 +309,27 @@ class OutboxItem:
     environment: str
     queue: str
     claim_token: uuid.UUID
+
+
+@attrs.frozen
+class OutboxStatus:
+    """An environment's outbox: items not yet published, and the oldest one's age in
+    seconds by database time (None when there is none)."""
+
+    pending: int
+    oldest_age_seconds: float | None
+
+
+@attrs.frozen
+class FailingQueue:
+    """A queue whose outbox items failed to publish twice or more: the transport could not
+    serve it (``Outbox.outbox_failing_queues``)."""
+
+    queue: str
+    items: int  # its items that failed twice or more
+    failures: int  # the most failures of one of them
+    last_error: str | None  # that item's last error
+    oldest_age_seconds: float  # of the oldest of them, by database time
 
 
 @attrs.frozen

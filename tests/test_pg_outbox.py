@@ -224,8 +224,9 @@ def test_deferring_and_recovering(storage: PostgresStorage, dbx: SchemaDb, liste
     assert storage.outbox_recover(ENV, timedelta(minutes=5), 10) == 0  # not twice
     assert sorted(r[0] for r in items(dbx)) == sorted(runs.ids)
     status = storage.outbox_status(ENV)
-    assert status["outbox_pending"] == 2
-    assert status["outbox_oldest_age_seconds"] >= 0
+    assert status.pending == 2
+    assert status.oldest_age_seconds is not None
+    assert status.oldest_age_seconds >= 0
 
 
 def test_unclaim_releases_only_under_the_current_claim_and_counts_no_failure(
@@ -266,10 +267,10 @@ def test_failing_queues_are_read_from_the_failing_index(
     dbx.run("analyze {schema}.outbox")
     rows = storage.outbox_failing_queues(ENV)
     # q0 items 0, 3, ..., 27 failed 1 + n // 10 times: n 12..27 (6 items) failed 2 or 3 times
-    assert [(r["queue"], r["items"], r["failures"], r["last_error"]) for r in rows] == [
+    assert [(r.queue, r.items, r.failures, r.last_error) for r in rows] == [
         ("q0", 6, 3, "error 27")
     ]
-    assert rows[0]["oldest_age_seconds"] >= 26
+    assert rows[0].oldest_age_seconds >= 26
     assert storage.outbox_failing_queues("another") == []
     plan = "\n".join(
         str(row[0])

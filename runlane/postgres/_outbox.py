@@ -20,7 +20,15 @@ from runlane.models import RunStatus
 from runlane.postgres._batches import pipelined, refusing_too_large, split_runs
 from runlane.postgres._connections import Conn
 from runlane.postgres._group import group_row, group_rows
-from runlane.storage import ClaimedRun, DeliveryState, InsertedRun, NewRuns, OutboxItem
+from runlane.storage import (
+    ClaimedRun,
+    DeliveryState,
+    FailingQueue,
+    InsertedRun,
+    NewRuns,
+    OutboxItem,
+    OutboxStatus,
+)
 
 __all__ = ["EagerPublisher", "OutboxMethods", "eager_item_id"]
 
@@ -240,28 +248,29 @@ class OutboxMethods:
             lambda conn: len(conn.execute(self._sql["outbox_recover"], params).fetchall())
         )
 
-    def outbox_status(self, environment: str) -> dict[str, Any]:
-        """``outbox_pending`` and ``outbox_oldest_age_seconds`` (None when empty)."""
+    def outbox_status(self, environment: str) -> OutboxStatus:
+        """Pending items of ``environment`` and the oldest one's age."""
 
-        def status(conn: Conn) -> dict[str, Any]:
+        def status(conn: Conn) -> OutboxStatus:
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(self._sql["outbox_status"], {"environment": environment})
                 row = cur.fetchone()
             assert row is not None
-            return dict(row)
+            return OutboxStatus(
+                pending=row["outbox_pending"], oldest_age_seconds=row["outbox_oldest_age_seconds"]
+            )
 
         return self._with_conn(status)
 
-    def outbox_failing_queues(self, environment: str) -> list[dict[str, Any]]:
-        """Per queue whose items failed to publish twice or more:
-        ``queue``, ``items``, ``failures`` (the most), ``last_error`` (the worst item's) and
-        ``oldest_age_seconds``."""
+    def outbox_failing_queues(self, environment: str) -> list[FailingQueue]:
+        """Per queue whose items failed to publish twice or more: how many, the most
+        failures of one, the worst item's error and the oldest one's age."""
         params = {"environment": environment}
 
-        def failing(conn: Conn) -> list[dict[str, Any]]:
+        def failing(conn: Conn) -> list[FailingQueue]:
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(self._sql["outbox_failing_queues"], params)
-                return list(cur.fetchall())
+                return [FailingQueue(**row) for row in cur.fetchall()]
 
         return self._with_conn(failing)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from runlane.errors import ConfigurationError
 from runlane.postgres._outbox import EagerPublisher
@@ -34,8 +34,10 @@ from runlane.postgres._storage import PostgresStorage
 from runlane.storage import (
     ClaimedRun,
     DeliveryState,
+    FailingQueue,
     LimitedClaim,
     OutboxItem,
+    OutboxStatus,
     QueueLimits,
     Storage,
 )
@@ -136,12 +138,13 @@ class Outbox(Protocol):
         """Write items again for up to ``limit`` runs queued past ``threshold`` with none
         (a purged broker queue, a dead-lettered message); returns how many."""
 
-    def outbox_status(self, environment: str) -> dict[str, Any]:
-        """``outbox_pending`` and ``outbox_oldest_age_seconds`` (None when empty)."""
+    def outbox_status(self, environment: str) -> OutboxStatus:
+        """Pending items of ``environment`` and the oldest one's age (database time)."""
 
-    def outbox_failing_queues(self, environment: str) -> list[dict[str, Any]]:
-        """Per queue whose items failed to publish twice or more: ``queue``, ``items``,
-        ``failures`` (the most), ``last_error`` and ``oldest_age_seconds``."""
+    def outbox_failing_queues(self, environment: str) -> list[FailingQueue]:
+        """Per queue whose items failed to publish twice or more (the transport cannot
+        serve it): how many, the most failures of one, the worst item's error, the oldest
+        one's age."""
 
     # -- connections -----------------------------------------------------------------------
 

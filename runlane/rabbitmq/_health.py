@@ -11,8 +11,7 @@ every publish to it times out while the queue still shows as running.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
 
@@ -20,6 +19,7 @@ from runlane.errors import ConfigurationError
 from runlane.lanes import LaneStatus
 from runlane.models import StatusReport
 from runlane.rabbitmq._amqp import queue_name
+from runlane.storage import FailingQueue
 
 __all__ = ["FAILING_AFTER", "RabbitMQStatus", "queue_problems"]
 
@@ -29,16 +29,16 @@ __all__ = ["FAILING_AFTER", "RabbitMQStatus", "queue_problems"]
 FAILING_AFTER = 2
 
 
-def queue_problems(schema: str, environment: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per failing queue (rows of ``outbox_failing_queues``): what is wrong, with
+def queue_problems(schema: str, environment: str, rows: Sequence[FailingQueue]) -> list[str]:
+    """One line per failing queue (``Outbox.outbox_failing_queues``): what is wrong, with
     the broker's queue named, and what to do."""
     problems = []
     for row in rows:
-        name = queue_name(schema, environment, str(row["queue"]))
+        name = queue_name(schema, environment, row.queue)
         problems.append(
-            f"RabbitMQ queue {name} (runlane queue {row['queue']!r}) cannot be served: "
-            f"{row['items']} runs wait to be published, one failed {row['failures']} times "
-            f"(last error: {row['last_error']}); its runs are safe in Postgres. Check it with "
+            f"RabbitMQ queue {name} (runlane queue {row.queue!r}) cannot be served: "
+            f"{row.items} runs wait to be published, one failed {row.failures} times "
+            f"(last error: {row.last_error}); its runs are safe in Postgres. Check it with "
             f"`rabbitmq-queues quorum_status {name}`; a quorum queue with no leader (RabbitMQ "
             "3.10 loses it for good when its node is killed within about 0.5 s of the queue's "
             f"declaration) does not recover: delete it (`rabbitmqctl delete_queue {name}`), "

@@ -205,8 +205,8 @@ class RabbitMQLane:
         else:
             broker = f"reachable at {describe(params)}"
         return RabbitMQStatus(
-            outbox_pending=pending["outbox_pending"],
-            outbox_oldest_age_seconds=pending["outbox_oldest_age_seconds"],
+            outbox_pending=pending.pending,
+            outbox_oldest_age_seconds=pending.oldest_age_seconds,
             broker=broker,
             broker_problems=tuple(queue_problems(self.schema, environment, failing)),
         )
