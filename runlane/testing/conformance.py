@@ -21,7 +21,8 @@ give it a ``lane_harness`` fixture returning your :class:`LaneHarness`::
 Each test starts the harness, builds runtimes on lanes it makes, closes them and stops the
 harness. The tests cover delivery (exactly once, promptly when idle), hand-back at
 shutdown, cancel wake-up, task timeouts, bounded queues, paused queues, shutdown, drain
-support (or its refusal) and the runtime's ownership of its workers. What a test needs from
+support (or its refusal), the runtime's ownership of its workers, and a property test
+(hypothesis, skipped without it): random close timings never strand a run. What a test needs from
 a lane beyond the public API is declared on :class:`runlane.lanes.Acquirer` (readiness);
 the records a test checks are read through ``Runlane.list_runs`` and
 ``Runlane.get_run_history``. See docs/lanes.md. Needs pytest (the ``testing`` extra).
@@ -30,6 +31,7 @@ the records a test checks are read through ``Runlane.list_runs`` and
 from __future__ import annotations
 
 import abc
+import itertools
 import threading
 import time
 import uuid
@@ -47,6 +49,7 @@ from runlane import (
     RunContext,
     Runlane,
     RunlaneClosed,
+    RunSnapshot,
     RunStatus,
     Schedule,
     StopReason,
@@ -793,3 +796,153 @@ class LaneConformance:
         assert calls.per_run[quick.id] == 1, lanes.describe(quick.id)
         assert lanes.count_runs("queued") == 1
         assert lanes.attempts_consumed(quick.id) == 0
+
+    # -- random close timings --------------------------------------------------------------
+
+    def test_random_close_timings_never_strand_a_run(self, lanes: LaneRuntimes) -> None:
+        """Runs are triggered, a worker starts and is closed after a drawn delay with a drawn
+        timeout while its handlers are in any phase (claimed and not started, claimed by a
+        claim still in flight, running and honouring the stop, running past the timeout and
+        deaf to it); then a fresh worker starts and maintenance runs until every run is
+        terminal. With ``max_attempts=1`` and a 2 s lease, a run the close stranded would end
+        ``failed`` (its lease lapsed), and one whose hand-back spent its attempt would fail
+        when retried: every run must end ``completed``, no attempt executing twice."""
+        pytest.importorskip("hypothesis")
+        # optional (the dev extra): a lane without hypothesis installed skips this test
+        from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: PLC0415
+        from hypothesis import strategies as st  # noqa: PLC0415
+
+        executions = _Executions()
+        environments = itertools.count(1)
+
+        @task(id="lanes.close-timing", retry=ONE_ATTEMPT)
+        def work(payload: dict[str, Any], context: RunContext) -> int:
+            executions.add(context)
+            if context.attempt == 1:
+                if payload["honours_stop"]:
+                    context.cancelled.wait(payload["seconds"])
+                    context.raise_if_stopped()
+                else:
+                    threading.Event().wait(payload["seconds"])  # busy, deaf to the stop
+            n: int = payload["n"]
+            return n
+
+        handlers = st.lists(
+            # up to past close's timeout plus its grace: a deaf handler may outlive the close
+            st.tuples(st.floats(0.0, 0.9), st.booleans()),
+            min_size=1,
+            max_size=20,
+        )
+        plans = st.tuples(
+            handlers,
+            st.integers(min_value=1, max_value=4),  # concurrency
+            st.integers(min_value=1, max_value=8),  # claim batch
+            st.floats(min_value=0.0, max_value=0.3),  # seconds until close
+            st.floats(min_value=0.0, max_value=0.5),  # close's timeout
+        )
+
+        @settings(
+            max_examples=6,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],  # no shrinking: keep the suite short
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        )
+        @given(plan=plans)
+        # close at once, while the first claim is in flight
+        @example(plan=([(0.05, True)] * 6, 2, 8, 0.0, 0.0))
+        # handlers deaf to the stop, still running when close gives up on them
+        @example(plan=([(0.9, False)] * 5, 3, 4, 0.05, 0.0))
+        # a small timeout with handlers that honour the stop and a backlog claimed ahead
+        @example(plan=([(0.0, True)] * 20, 1, 8, 0.02, 0.1))
+        def check(plan: _ClosePlan) -> None:
+            _close_once(lanes, work, executions, f"close-{next(environments)}", plan)
+
+        check()
+
+
+# one close-timing example: handlers (seconds, honours the stop), concurrency, claim batch,
+# seconds until close, close's timeout
+_ClosePlan = tuple[list[tuple[float, bool]], int, int, float, float]
+_CLOSE_LEASE = timedelta(seconds=2)
+_CLOSE_SLACK = 2.0  # close returns within its timeout plus a small constant
+_SETTLE_SECONDS = 15.0  # every run terminal after the restart within this
+
+
+class _Executions:
+    """(run id, attempt) of every handler execution, across examples (run ids differ)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pairs: list[tuple[uuid.UUID, int]] = []
+
+    def add(self, context: RunContext) -> None:
+        with self._lock:
+            self.pairs.append((context.run_id, context.attempt))
+
+    def of(self, run_ids: set[uuid.UUID]) -> list[tuple[uuid.UUID, int]]:
+        with self._lock:
+            return [pair for pair in self.pairs if pair[0] in run_ids]
+
+
+def _settle(rl: Runlane, run_ids: list[uuid.UUID]) -> dict[uuid.UUID, RunSnapshot]:
+    """Run maintenance until every run is terminal (bounded); returns the last snapshots."""
+    deadline = time.monotonic() + _SETTLE_SECONDS
+    pause = threading.Event()
+    while True:
+        snaps = {run_id: rl.get_run(run_id) for run_id in run_ids}
+        if all(s.status.is_terminal for s in snaps.values()) or time.monotonic() >= deadline:
+            return snaps
+        rl.run_maintenance_once()  # finalizes expired leases: a stranded run would fail
+        pause.wait(0.1)
+
+
+def _close_once(
+    lanes: LaneRuntimes,
+    work: Task[Any, Any],
+    executions: _Executions,
+    environment: str,
+    plan: _ClosePlan,
+) -> None:
+    handlers, concurrency, claim_batch, close_after, close_timeout = plan
+    rl = lanes.runtime(
+        tasks=[work],
+        environment=environment,
+        lease_duration=_CLOSE_LEASE,
+        poll_interval=timedelta(seconds=0.5),
+    )
+    try:
+        handles = rl.trigger_many(
+            work,
+            [
+                {"n": n, "seconds": seconds, "honours_stop": honours}
+                for n, (seconds, honours) in enumerate(handlers)
+            ],
+        )
+        run_ids = [h.id for h in handles]
+        worker = rl.create_delivery_worker(concurrency=concurrency, claim_batch=claim_batch)
+        threading.Event().wait(close_after)  # the drawn close timing
+        asked = time.monotonic()
+        worker.close(timeout=close_timeout)
+        took = time.monotonic() - asked
+        assert took < close_timeout + _CLOSE_SLACK, f"close took {took:.2f}s"
+        assert worker.wait_until_closed(timeout=0) is True  # a clean close never raises
+
+        with rl.create_delivery_worker(concurrency=4):  # the restart
+            snaps = _settle(rl, run_ids)
+        wrong = {
+            str(run_id): (s.status.value, s.error.type if s.error else None)
+            for run_id, s in snaps.items()
+            if s.status is not RunStatus.COMPLETED
+        }
+        assert not wrong, f"runs not completed after the restart: {wrong}"
+        for n, run_id in enumerate(run_ids):
+            assert snaps[run_id].output == n
+            assert snaps[run_id].error is None
+        pairs = executions.of(set(run_ids))
+        twice = {pair: k for pair, k in Counter(pairs).items() if k > 1}
+        assert not twice, f"handlers executed more than once for one attempt: {twice}"
+        assert {run_id for run_id, _ in pairs} == set(run_ids)
+    finally:
+        rl.close(timeout=5)

@@ -1,22 +1,17 @@
 """This repository's two lanes as conformance-suite harnesses (runlane.testing.conformance).
 
-``test_conformance.py`` runs the suite once per lane; ``lane_factory`` gives the other files
-of this folder (the close-timing property) a :class:`LaneRuntimes` on each lane in turn.
-A lane of this repository adds its harness below, its class to ``test_conformance.py`` and
-its name to ``HARNESSES``.
+``test_conformance.py`` runs the suite once per lane; a lane of this repository adds its
+harness below and its class there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from datetime import timedelta
-
-import pytest
 
 from runlane.lanes import Lane
 from runlane.postgres import postgres_polling_lane
 from runlane.rabbitmq import rabbitmq_lane
-from runlane.testing.conformance import LaneHarness, LaneRuntimes
+from runlane.testing.conformance import LaneHarness
 
 
 class PollingHarness(LaneHarness):
@@ -56,38 +51,3 @@ class RabbitMQHarness(LaneHarness):
             lease_duration=lease_duration,
             poll_interval=poll_interval,
         )
-
-
-def polling_harness(request: pytest.FixtureRequest) -> LaneHarness:
-    return PollingHarness(
-        request.getfixturevalue("database_url"), request.getfixturevalue("schema")
-    )
-
-
-def rabbitmq_harness(request: pytest.FixtureRequest) -> LaneHarness:
-    return RabbitMQHarness(
-        request.getfixturevalue("database_url"),
-        request.getfixturevalue("schema"),
-        request.getfixturevalue("rabbitmq_url"),
-    )
-
-
-HARNESSES: dict[str, Callable[[pytest.FixtureRequest], LaneHarness]] = {
-    "postgres-polling": polling_harness,
-    "rabbitmq": rabbitmq_harness,
-}
-
-
-@pytest.fixture(params=sorted(HARNESSES))
-def lane_factory(request: pytest.FixtureRequest) -> Iterator[LaneRuntimes]:
-    """Runtimes on each lane in turn (closed after the test)."""
-    harness = HARNESSES[request.param](request)
-    harness.start()
-    runtimes = LaneRuntimes(harness)
-    try:
-        yield runtimes
-    finally:
-        try:
-            runtimes.close()
-        finally:
-            harness.stop()

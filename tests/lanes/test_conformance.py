@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from runlane.testing.conformance import LaneConformance, LaneHarness
-from tests.lanes.conftest import polling_harness, rabbitmq_harness
+from tests.lanes.conftest import PollingHarness, RabbitMQHarness
 
 
 class TestPostgresPollingLane(LaneConformance):
     @pytest.fixture
-    def lane_harness(self, request: pytest.FixtureRequest) -> LaneHarness:
-        return polling_harness(request)
+    def lane_harness(self, database_url: str, schema: str) -> LaneHarness:
+        return PollingHarness(database_url, schema)
 
 
 class TestRabbitMQLane(LaneConformance):
     @pytest.fixture
-    def lane_harness(self, request: pytest.FixtureRequest) -> LaneHarness:
-        return rabbitmq_harness(request)
+    def lane_harness(self, database_url: str, schema: str, rabbitmq_url: str) -> LaneHarness:
+        return RabbitMQHarness(database_url, schema, rabbitmq_url)
