@@ -13,8 +13,9 @@ For each thread count, in one server and one run, each runlane figure right afte
   concurrent calls share statements and commits (group commit, ``postgres/_group.py``).
 
 It also prints how many transactions wrote runlane's runs (distinct ``xmin`` of the rows) per
-run, that is the statements and commits the calls shared. Figures are printed, never
-asserted.
+run, that is the statements and commits the calls shared, and the client's CPU time per run
+(``time.process_time`` over the calls: every thread of the process, the Python cost of a
+call under one GIL). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -101,17 +102,20 @@ def floor_rate(url: str, threads: int, count: int) -> float:
             conn.execute(sql.SQL("drop table {}").format(sql.Identifier(table)))
 
 
-def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float, PerRun]:
+def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float, float, PerRun]:
     """Runs/s of ``threads`` threads calling ``trigger()`` on one runtime, the transactions
-    per run that wrote them, and what a run cost the database."""
+    per run that wrote them, the client's CPU seconds per run, and what a run cost the
+    database."""
     schema = fresh_schema(url)
     with runtime(url, schema) as runlane:
         runlane.trigger(noop, {"order": -1})  # connect first, as a running app would have
         wal, cpu = wal_position(url), server_cpu_seconds(url)
         with counting_statements() as statements:
+            cpu = time.process_time()
             rate = run_threads(
                 threads, count, lambda: lambda i: runlane.trigger(noop, {"order": i})
             )
+            cpu = time.process_time() - cpu
         done = count // threads * threads
         costs = PerRun.between(url, done, statements.per(done), wal, cpu)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -122,7 +126,7 @@ def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float, PerR
         ).fetchone()
         conn.execute(sql.SQL("drop schema {} cascade").format(sql.Identifier(schema)))
     assert row is not None
-    return rate, (row[0] - 1) / max(1, row[1] - 1), costs
+    return rate, (row[0] - 1) / max(1, row[1] - 1), cpu / done, costs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         for threads in counts:
             floor = floor_rate(url, threads, args.triggers)
             log(f"floor: {threads} threads, autocommit INSERT each {floor:>12,.0f} rows/s")
-            rate, commits, costs = runlane_rate(url, threads, args.triggers)
+            rate, commits, cpu, costs = runlane_rate(url, threads, args.triggers)
             log(f"runlane: {threads} threads, trigger() {rate:>12,.0f} runs/s")
             rows.append(
                 ratio_row(
@@ -154,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             rows.append(Row(f"  transactions per run, {threads} threads", commits, ",.3f"))
+            rows.append(Row(f"  client CPU per run, {threads} threads (us)", cpu * 1e6))
             rows += costs.rows(f"{threads} threads")
     notes = [
         f"took {time.perf_counter() - began:.0f} s; load average after {os.getloadavg()[0]:.2f}"
