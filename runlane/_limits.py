@@ -13,6 +13,7 @@ traceback (where the raising frame and the exception line are).
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 from typing import TypeGuard
@@ -38,6 +39,7 @@ __all__ = [
     "MAX_TRACEBACK_CHARS",
     "MAX_WAIT_SECONDS",
     "MIN_LEASE",
+    "NAME_PATTERN",
     "as_int",
     "as_int32",
     "as_int_or_none",
@@ -45,11 +47,27 @@ __all__ = [
     "as_timedelta",
     "as_wait_timeout",
     "check_limit",
+    "check_name",
     "describe_size",
     "output_limit",
     "truncate_message",
     "truncate_traceback",
 ]
+
+# what a queue name, task id, schedule id or environment may be
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-/]{0,199}$")
+
+
+def check_name(kind: str, value: object) -> str:
+    """``value`` when it is a valid name (``NAME_PATTERN``); otherwise a ConfigurationError
+    naming ``kind`` ("queue name", "task id", ...)."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise ConfigurationError(
+            f"{kind} {shown(value)} is not valid: use 1-200 characters from letters, digits and "
+            "'_.:-/', starting with a letter or digit"
+        )
+    return value
+
 
 # the largest number stored in a Postgres integer column or cast (priorities, attempts,
 # queue concurrency limits)

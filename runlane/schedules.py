@@ -13,7 +13,6 @@ once, at the first occurrence, as cron does; one whose hour field varies runs at
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -22,13 +21,12 @@ import attrs
 from croniter import CroniterBadDateError, croniter
 
 from runlane._display import shown
-from runlane._limits import as_int, as_int32
+from runlane._limits import as_int, as_int32, check_name
 from runlane.errors import ConfigurationError
 from runlane.tasks import Task
 
 __all__ = ["Schedule", "due_slots", "next_slot", "schedule"]
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-/]{0,199}$")
 _MAX_CATCH_UP = 1000
 
 
@@ -65,11 +63,7 @@ def schedule(
     in ``timezone``. ``catch_up`` is how many missed slots before the latest one also run
     after downtime (default 0: only the latest). Bad input is a ConfigurationError here.
     """
-    if not isinstance(id, str) or not _ID.fullmatch(id):
-        raise ConfigurationError(
-            f"schedule id {id!r} is not valid: use 1-200 characters from letters, digits and "
-            "'_.:-/', starting with a letter or digit"
-        )
+    check_name("schedule id", id)
     if not isinstance(task, Task):
         raise ConfigurationError(f"schedule {id!r}: task must be a @task, got {task!r}")
     if not isinstance(cron, str) or not _valid_cron(cron):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 import attrs
 
 from runlane._display import shown
-from runlane._limits import INT32_MAX, as_int_or_none
+from runlane._limits import INT32_MAX, as_int_or_none, check_name
 from runlane.errors import ConfigurationError
 from runlane.flow import RateLimit, check_key_concurrency_limit
 from runlane.retry import RetryPolicy
@@ -22,17 +21,6 @@ __all__ = ["Queue", "Task", "queue", "task"]
 
 P = TypeVar("P")
 R = TypeVar("R")
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-/]{0,199}$")
-
-
-def _check_name(kind: str, value: str) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise ConfigurationError(
-            f"{kind} {shown(value)} is not valid: use 1-200 characters from letters, digits and "
-            "'_.:-/', starting with a letter or digit"
-        )
-    return value
 
 
 @attrs.frozen
@@ -79,7 +67,7 @@ def queue(
     ``key_concurrency_limit=N`` lets at most N attempts with the same ``concurrency_key``
     (given to ``trigger``) run at once. Both hold across all workers, hosts and lanes.
     """
-    _check_name("queue name", name)
+    check_name("queue name", name)
     if rate_limit is not None and not isinstance(rate_limit, RateLimit):
         raise ConfigurationError(
             f"queue {name!r}: rate_limit must be a runlane.RateLimit or None, got "
@@ -149,7 +137,7 @@ def task(
     if schema is not None and not attrs.has(schema):
         raise ConfigurationError(f"task schema must be an attrs class, got {schema!r}")
     if queue is not None:
-        _check_name("queue name", queue)
+        check_name("queue name", queue)
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(f"retry must be a RetryPolicy, got {retry!r}")
     if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
@@ -159,7 +147,7 @@ def task(
         if not callable(handler):
             raise ConfigurationError(f"@task decorates a function, got {handler!r}")
         task_id = id if id is not None else f"{handler.__module__}.{handler.__qualname__}"
-        _check_name("task id", task_id)
+        check_name("task id", task_id)
         return Task(
             id=task_id,
             fn=handler,

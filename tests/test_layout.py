@@ -2,8 +2,9 @@
 
 - no import circle between runlane's modules (imports inside functions count; imports under
   ``if TYPE_CHECKING:`` do not, as they never run);
-- no module reads another object's private attributes (``runtime._started``): a part that
-  needs something from another gets a method or property for it;
+- no module reads another object's private attributes (``runtime._started``) nor imports
+  another module's private names (``from runlane.tasks import _check_name``): a part that
+  needs something from another gets a method, property or shared module for it;
 - a private module at the top of ``runlane/`` is shared by several of its parts; one with a
   single user lives in that user's package.
 
@@ -172,6 +173,31 @@ def reach_ins(root: Path) -> list[tuple[str, str, int]]:
     return found
 
 
+def private_imports(root: Path) -> list[tuple[str, str, int]]:
+    """(module, imported name, line) for each private name (not a private module) imported
+    from another module of the package."""
+    modules = _modules(root)
+    found = []
+    for name, path in modules.items():
+        package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or node.module):
+                continue
+            if node.level:
+                base = name.split(".") if package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            if source not in modules:
+                continue  # another package's
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{source}.{alias.name}" not in modules:
+                    found.append((name, f"{source}.{alias.name}", node.lineno))
+    return found
+
+
 def single_users(root: Path) -> dict[str, set[str]]:
     """Each private module at the top of the package -> the parts using it, where there is
     one part (a top-level module, or a subpackage as a whole)."""
@@ -209,6 +235,11 @@ def test_no_module_reads_another_objects_private_attributes() -> None:
     assert found == [], "private attributes read on another object:\n" + "\n".join(found)
 
 
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = [f"{module}:{line}: {name}" for module, name, line in sorted(private_imports(ROOT))]
+    assert found == [], "private names imported from another module:\n" + "\n".join(found)
+
+
 def test_a_private_top_level_module_is_shared() -> None:
     found = {
         name: sorted(parts)
@@ -227,7 +258,7 @@ def pkg(tmp_path: Path) -> Path:
     (root / "sub").mkdir(parents=True)
     files = {
         "__init__.py": "from pkg.a import A\n",
-        "a.py": "from typing import TYPE_CHECKING\nfrom pkg import _shared\nA = 1\n"
+        "a.py": "from typing import TYPE_CHECKING\nfrom pkg import _shared\nA = _hidden = 1\n"
         "if TYPE_CHECKING:\n    from pkg.b import B\n",
         "b.py": "def late():\n    from pkg.c import C\n    return C\n",
         "c.py": "import pkg.sub._only\nC = 1\n",
@@ -236,7 +267,7 @@ def pkg(tmp_path: Path) -> Path:
         "sub/__init__.py": "from pkg import _shared, _lonely\n",
         "sub/_only.py": "from . import _peer\nfrom ..b import late\n\n"
         "def peek(runtime, self):\n    return runtime._closed, self._mine\n",
-        "sub/_peer.py": "",
+        "sub/_peer.py": "from pkg.a import A, _hidden\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
@@ -263,6 +294,11 @@ def test_the_walk_finds_no_circle_once_it_is_broken(pkg: Path) -> None:
 
 def test_the_walk_finds_a_private_attribute_read_on_another_object(pkg: Path) -> None:
     assert reach_ins(pkg) == [("pkg.sub._only", "runtime._closed", 5)]
+
+
+def test_the_walk_finds_a_private_name_imported_from_another_module(pkg: Path) -> None:
+    # _shared and _peer are modules (imported as such); _hidden is a name of pkg.a
+    assert private_imports(pkg) == [("pkg.sub._peer", "pkg.a._hidden", 1)]
 
 
 def test_the_walk_finds_a_private_module_with_one_user(pkg: Path) -> None:

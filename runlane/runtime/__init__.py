@@ -29,6 +29,7 @@ from runlane._limits import (
     as_timedelta,
     as_wait_timeout,
     check_limit,
+    check_name,
 )
 from runlane._middleware import Middleware, check_middleware
 from runlane._trigger_options import DEFAULT_OPTIONS, TriggerOptions
@@ -78,7 +79,7 @@ from runlane.runtime._backend import Backend
 from runlane.runtime._reads import PointReads
 from runlane.schedules import Schedule
 from runlane.storage import NewRuns, Storage
-from runlane.tasks import Queue, Task, _check_name
+from runlane.tasks import Queue, Task
 from runlane.worker import Worker
 from runlane.worker._worker import WorkerOptions, check_worker_arguments
 
@@ -1109,7 +1110,7 @@ def create_runlane(
     taking one argument, a generator function without ``@contextmanager``, annotated to
     return something else) is refused here with a ConfigurationError.
     """
-    _check_name("environment", environment)
+    check_name("environment", environment)
     checked_middleware = check_middleware(middleware)
     check_limit("max_payload_bytes", max_payload_bytes)
     check_limit("max_output_bytes", max_output_bytes)

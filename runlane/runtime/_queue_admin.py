@@ -10,14 +10,15 @@ typo is refused.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from runlane._display import shown
+from runlane._limits import check_name as check_any_name
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError
 from runlane.models import QueueInfo, RunStatus
 from runlane.storage import Storage
-from runlane.tasks import Queue, _check_name
+from runlane.tasks import Queue
 
 __all__ = [
     "MAX_REASON_CHARS",
@@ -35,8 +36,7 @@ _COUNTED = tuple(s.value for s in RunStatus if not s.is_terminal)
 
 
 def check_name(name: object) -> str:
-    # _check_name refuses a non-string as well (its annotation is for its other callers)
-    return _check_name("queue name", cast(str, name))
+    return check_any_name("queue name", name)
 
 
 def check_reason(reason: object) -> str | None:

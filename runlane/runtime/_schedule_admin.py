@@ -20,13 +20,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from runlane import _telemetry
 from runlane._display import shown
 from runlane._ids import new_run_id
+from runlane._limits import NAME_PATTERN
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError
 from runlane.maintenance._pass import ScheduleEntry
 from runlane.maintenance._services import BANDS
 from runlane.maintenance._types import MaintenancePhase
 from runlane.models import RunHandle, ScheduleInfo
-from runlane.schedules import _ID, next_slot
+from runlane.schedules import next_slot
 from runlane.storage import InsertedRun, NewRuns, ScheduleState, Storage
 
 __all__ = [
@@ -61,7 +62,7 @@ def _check_id(environment: str, schedule_id: object) -> str:
             f"a schedule id is a string (the id given to schedule(id=...)), got "
             f"{shown(schedule_id)}; list the schedules with `runlane schedules list`"
         )
-    if not _ID.fullmatch(schedule_id):  # no schedule can have it: nothing to look up
+    if not NAME_PATTERN.fullmatch(schedule_id):  # no schedule can have it: nothing to look up
         raise _unknown(environment, schedule_id)
     return schedule_id
 
