@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import attrs
 import pytest
 
 from runlane import ConfigurationError, RunContext, TaskNotFound, task
@@ -72,6 +73,13 @@ def test_default_options_reuse_the_tasks_plan_and_bad_calls_are_still_refused(
         with pytest.raises(TaskNotFound):
             rl.trigger(["not", "a", "task"], {})  # type: ignore[arg-type]
     assert set(rl._default_plans) == {noop, "path.noop"}
+
+    @attrs.frozen
+    class Named:  # not a Task, but naming a registered task's id
+        id: str
+
+    assert rl.trigger(Named("path.noop"), {}).task_id == "path.noop"  # type: ignore[arg-type]
+    assert set(rl._default_plans) == {noop, "path.noop"}  # not kept: any object may name it
     # a value equal to a default but of another type takes the checks, not the plan
     with pytest.raises(ConfigurationError, match="priority"):
         rl.trigger(noop, {}, priority=False)

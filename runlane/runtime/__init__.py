@@ -367,7 +367,9 @@ class Runlane:
         )
         as_int32("max_attempts", attempts, minimum=1)
         plan = _Plan(resolved, queue_name, attempts, delay_delta)
-        if options is DEFAULT_OPTIONS:  # only registered tasks get here: the map stays small
+        # kept for the registered task itself and its id only: the map stays as small as the
+        # catalog (another object naming a registered id is checked each time)
+        if options is DEFAULT_OPTIONS and (task is resolved or task == resolved.id):
             self._default_plans[task] = plan
         return plan
 
