@@ -369,7 +369,7 @@ class Runlane:
         plan = _Plan(resolved, queue_name, attempts, delay_delta)
         # kept for the registered task itself and its id only: the map stays as small as the
         # catalog (another object naming a registered id is checked each time)
-        if options is DEFAULT_OPTIONS and (task is resolved or task == resolved.id):
+        if options is DEFAULT_OPTIONS and (task is resolved or type(task) is str):
             self._default_plans[task] = plan
         return plan
 
