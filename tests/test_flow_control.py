@@ -32,7 +32,7 @@ from runlane import (
 from runlane.postgres import _flow, grant_postgres_role, postgres_polling_lane
 from runlane.storage import QueueLimits
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb, elapse, ready_process, storage_of, wait_until
+from tests.helpers import Conn, SchemaDb, q, ready_process, storage_of, wait_until
 
 ONCE = RetryPolicy(max_attempts=1)
 LEASE = timedelta(seconds=30)
@@ -452,9 +452,18 @@ def test_a_rate_limit_with_burst_spreads_the_starts(
     assert first.rate_wait is not None
     assert 0.05 < first.rate_wait <= 0.1  # then one every per / count
     assert storage.run_claim_limited("default", "rated", limits, 12, LEASE).runs == []
-    # the wait passes on the database's clock (moved), not the real one: a sleep on a busy
-    # machine overslept into a second start
-    elapse(db, schema, first.rate_wait, "queue_flow.last_start", "queue_flow.rate_tat")
+    # the wait passes on the database's clock: the queue's rate state is moved to where it
+    # would be had the first claim been made rate_wait ago, however long the calls since
+    # took (a sleep of rate_wait overslept on a busy machine into a second start)
+    db.execute(
+        q(
+            "update {s}.queue_flow set "
+            "rate_tat = rate_tat - (last_start + make_interval(secs => %s) - clock_timestamp()), "
+            "last_start = clock_timestamp() - make_interval(secs => %s)",
+            schema,
+        ),
+        (first.rate_wait, first.rate_wait),
+    )
     assert len(storage.run_claim_limited("default", "rated", limits, 12, LEASE).runs) == 1
 
 
