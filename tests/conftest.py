@@ -1,5 +1,6 @@
-"""Fixtures: one PostgreSQL server per test session, one fresh schema per test; RabbitMQ brokers
-on loopback (one per session, one per fault test, a three-node cluster per module)."""
+"""Fixtures: one PostgreSQL server per test session, one migrated schema of its own per test;
+RabbitMQ brokers on loopback (one shared per session, one lent to a fault test at a time, a
+three-node cluster per module)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from psycopg import sql
 from runlane import Queue, Runlane, Task, create_runlane
 from runlane._rabbit_nodes import (
     RabbitNode,
+    create_rabbitmq_node,
     rabbitmq_available,
     rabbitmq_test_verdict,
     start_rabbitmq_cluster,
@@ -154,16 +156,30 @@ def rabbitmq_url() -> Iterator[str]:
         node.cleanup()
 
 
-@pytest.fixture
-def rabbitmq_node() -> Iterator[RabbitNode]:
-    """A private, running RabbitMQ node for this test alone, to stop, kill and start again.
-    Costs a broker start (about 5 s) per test that asks for it; prefer ``rabbitmq_url``."""
+@pytest.fixture(scope="session")
+def spare_rabbitmq_node() -> Iterator[RabbitNode]:
+    """The node ``rabbitmq_node`` lends, one per test process, made (not started) when a
+    test first asks for it."""
     require_rabbitmq(rabbitmq_available())
-    _, node = start_rabbitmq_node()
+    node = create_rabbitmq_node()
     try:
         yield node
     finally:
         node.cleanup()
+
+
+@pytest.fixture
+def rabbitmq_node(spare_rabbitmq_node: RabbitNode) -> RabbitNode:
+    """A private, running RabbitMQ node for this test alone, to stop, kill and start again:
+    not the session's ``rabbitmq_url`` broker, which other tests share. It is lent to one
+    test at a time (the tests of a process run one after another) and started again for
+    the next one if a test left it down, rather than booted afresh for each test (a boot
+    costs about 6 CPU-seconds). Tests on it name their queues after their schema or a
+    fresh id, as on the shared broker."""
+    require_rabbitmq(rabbitmq_available())
+    if not spare_rabbitmq_node.running:
+        spare_rabbitmq_node.start()
+    return spare_rabbitmq_node
 
 
 @pytest.fixture(scope="module")

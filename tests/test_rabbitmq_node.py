@@ -23,6 +23,7 @@ from runlane._rabbit_nodes import (
     RabbitNode,
     rabbitmq_available,
     rabbitmq_test_verdict,
+    start_rabbitmq_node,
 )
 from tests.conftest import require_rabbitmq
 
@@ -107,10 +108,22 @@ def test_quorum_queue_with_delivery_limit_and_dead_letter_exchange(connection: A
         channel.exchange_delete(f"{name}.dlx")
 
 
+@pytest.fixture
+def own_node() -> Iterator[RabbitNode]:
+    """A node of this test's own: it ends by testing ``cleanup()``, so it cannot borrow the
+    node ``rabbitmq_node`` lends to one test after another."""
+    require_rabbitmq(rabbitmq_available())
+    _, node = start_rabbitmq_node()
+    try:
+        yield node
+    finally:
+        node.cleanup()
+
+
 def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
-    rabbitmq_node: RabbitNode,
+    own_node: RabbitNode,
 ) -> None:
-    node = rabbitmq_node
+    node = own_node
     url, port, base = node.amqp_url, node.port, node.base
     params = pika.URLParameters(url)
     assert (params.host, params.port) == ("127.0.0.1", port)
