@@ -43,7 +43,7 @@ from runlane.postgres import postgres_polling_lane
 from runlane.worker import Worker
 from tests._proxy import tcp_proxy
 from tests.conftest import RabbitRuntimes, RunlaneFactory
-from tests.helpers import Conn, q, wait_for_status, wait_until
+from tests.helpers import Conn, elapse, q, wait_for_status, wait_until
 
 # interval between heartbeats: a third of the lease
 LEASE = timedelta(seconds=1.5)
@@ -340,12 +340,9 @@ def test_a_sigkilled_worker_shows_lost_and_its_expired_attempt_names_it(
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
     killed_at = _db_now(db)
-    wait_until(
-        lambda: _state(rl, worker_id) is WorkerState.LOST,
-        timeout=15,
-        what="the killed worker to show lost",
-        state=lambda: _row(rl, worker_id),
-    )
+    # unseen for three heartbeat intervals on the database's clock (moved, not waited for)
+    elapse(db, schema, 4 * INTERVAL, "workers.last_seen_at")
+    assert _state(rl, worker_id) is WorkerState.LOST, _row(rl, worker_id)
     lost = _row(rl, worker_id)
     assert lost is not None
     # lost exactly once unseen for three intervals (database time)
@@ -354,12 +351,10 @@ def test_a_sigkilled_worker_shows_lost_and_its_expired_attempt_names_it(
     assert lost.stopped_at is None
     assert [w.worker_id for w in rl.list_workers()] == [worker_id]  # lost ones are listed
 
-    # its lease lapses; maintenance expires the attempt, which records the worker
-    wait_until(
-        lambda: rl.run_maintenance_once().attempts_expired == 1,
-        timeout=10,
-        what="the killed worker's attempt to expire",
-    )
+    # its lease lapses (the database's clock, moved); maintenance expires the attempt, which
+    # records the worker
+    elapse(db, schema, 2 * LEASE.total_seconds(), "runs.lease_expires_at")
+    assert rl.run_maintenance_once().attempts_expired == 1
     (attempt,) = rl.get_run_history(handle.id).attempts
     assert (attempt.outcome, attempt.worker_id, attempt.host) == (
         "expired",
