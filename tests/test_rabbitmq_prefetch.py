@@ -120,6 +120,41 @@ def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
     _round_trip(consumer)
     assert consumer.stats.claimed == RUNS
     assert consumer.stats.duplicates == consumer.stats.unknown == 0
+    assert consumer.stats.connections == 1  # cancelling its own consumer is no broker cancel
     assert buffered() == 0
     assert not consumer._unsettled
     assert ready_messages(rabbitmq_url, amqp_queue(schema)) == 0
+
+
+def test_a_worker_busy_with_long_handlers_keeps_one_claim_batch(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str
+) -> None:
+    """Slots held by long handlers ask only for free slots: no second consumer, and no
+    more than one claim batch waits in the buffer while another worker could take it."""
+    release = threading.Event()
+    started: list[int] = []
+
+    @task(id="prefetch.long")
+    def long(payload: int, context: RunContext) -> int:
+        started.append(payload)
+        release.wait(30)
+        return payload
+
+    runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[long])
+    worker = runlane.create_delivery_worker(concurrency=CONCURRENCY, claim_batch=CLAIM_BATCH)
+    try:
+        consumer = worker.acquirer
+        assert isinstance(consumer, RabbitAcquirer)
+        wait_until(consumer.consuming.is_set, timeout=15, what="the consumer consuming")
+        runlane.trigger_many(long, list(range(RUNS)))
+        wait_until(lambda: len(started) == CONCURRENCY, timeout=15, what="both slots busy")
+        wait_until(
+            lambda: len(consumer._buffer) == CLAIM_BATCH, timeout=15, what="a batch buffered"
+        )
+        _round_trip(consumer)
+        assert len(consumer._buffer) == CLAIM_BATCH
+        assert not consumer._ahead_tags
+        assert len(started) == CONCURRENCY
+    finally:
+        release.set()
+        worker.close(timeout=10)
