@@ -328,6 +328,9 @@ def test_a_sigkilled_worker_shows_lost_and_its_expired_attempt_names_it(
             assert proc.stdout is not None
             worker_id = uuid.UUID(proc.stdout.readline().strip())
             wait_for_status(rl, handle.id, RunStatus.RUNNING, timeout=20)
+            # the worker's row is its lifecycle writer's first heartbeat, which can land after
+            # a slot's claim on a busy machine (a full run saw the run running, no row yet)
+            wait_until(lambda: _row(rl, worker_id) is not None, timeout=10, what="its registration")
             row = _row(rl, worker_id)
             assert row is not None
             assert row.pid == proc.pid
