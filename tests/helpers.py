@@ -184,6 +184,20 @@ def in_process_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
 # -- SQL on the test's schema ------------------------------------------------------------------
 
 
+def drain_messages(channel: Any, queue: str, count: int) -> list[bytes]:
+    """Consume and ack ``count`` messages (fewer if none comes for 5 s)."""
+    bodies: list[bytes] = []
+    for method, _properties, body in channel.consume(queue, inactivity_timeout=5):
+        if method is None:
+            break
+        bodies.append(body)
+        channel.basic_ack(method.delivery_tag)
+        if len(bodies) >= count:
+            break
+    channel.cancel()
+    return bodies
+
+
 def q(query: LiteralString, schema: str) -> sql.Composed:
     """``query`` with ``{s}`` replaced by the quoted schema name."""
     return sql.SQL(query).format(s=sql.Identifier(schema))

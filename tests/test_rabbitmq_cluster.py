@@ -29,7 +29,7 @@ from runlane import RunContext, Runlane, create_runlane, queue, task
 from runlane._rabbit_nodes import RabbitNode
 from runlane.models import RunStatus
 from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
-from tests.helpers import consumer_ready
+from tests.helpers import consumer_ready, drain_messages
 
 pytestmark = pytest.mark.slow
 
@@ -45,20 +45,6 @@ def _channel(connection: Any) -> Any:
     channel = connection.channel()
     channel.confirm_delivery()  # basic_publish raises unless the broker confirms
     return channel
-
-
-def _drain(channel: Any, queue: str, count: int) -> list[bytes]:
-    """Consume and ack ``count`` messages (fewer if none comes for 5 s)."""
-    bodies: list[bytes] = []
-    for method, _properties, body in channel.consume(queue, inactivity_timeout=5):
-        if method is None:
-            break
-        bodies.append(body)
-        channel.basic_ack(method.delivery_tag)
-        if len(bodies) >= count:
-            break
-    channel.cancel()
-    return bodies
 
 
 def _members(node: RabbitNode, name: str) -> tuple[str | None, list[str]]:
@@ -225,7 +211,7 @@ def test_quorum_queue_survives_sigkill_of_a_cluster_node(
         for i in range(20):  # confirmed by the two remaining members
             channel.basic_publish("", name, f"after {i}".encode(), PERSISTENT, mandatory=True)
         expected = [b"before"] + [f"after {i}".encode() for i in range(20)]
-        assert _drain(channel, name, len(expected)) == expected
+        assert drain_messages(channel, name, len(expected)) == expected
     finally:
         second.start()  # rejoins the cluster from its own data directory
     online = first.ctl("list_queues", "name", "online", "--formatter", "json")

@@ -26,6 +26,7 @@ from runlane._rabbit_nodes import (
     start_rabbitmq_node,
 )
 from tests.conftest import require_rabbitmq
+from tests.helpers import drain_messages
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -44,20 +45,6 @@ def connection(rabbitmq_url: str) -> Iterator[Any]:
     finally:
         if conn.is_open:
             conn.close()
-
-
-def _drain(channel: Any, queue: str, count: int) -> list[bytes]:
-    """Consume and ack ``count`` messages (fewer if none comes for 5 s)."""
-    bodies: list[bytes] = []
-    for method, _properties, body in channel.consume(queue, inactivity_timeout=5):
-        if method is None:
-            break
-        bodies.append(body)
-        channel.basic_ack(method.delivery_tag)
-        if len(bodies) >= count:
-            break
-    channel.cancel()
-    return bodies
 
 
 def _port_open(port: int) -> bool:
@@ -85,7 +72,7 @@ def test_quorum_queue_with_delivery_limit_and_dead_letter_exchange(connection: A
     )
     try:
         channel.basic_publish("", name, b"hello", PERSISTENT, mandatory=True)
-        assert _drain(channel, name, 1) == [b"hello"]
+        assert drain_messages(channel, name, 1) == [b"hello"]
 
         # A poison message: requeued on every delivery until the limit dead-letters it.
         channel.basic_publish("", name, b"poison", PERSISTENT, mandatory=True)
@@ -100,7 +87,7 @@ def test_quorum_queue_with_delivery_limit_and_dead_letter_exchange(connection: A
                 break
         channel.cancel()
         assert deliveries == 3
-        assert _drain(channel, f"{name}.dead", 1) == [b"poison"]
+        assert drain_messages(channel, f"{name}.dead", 1) == [b"poison"]
         assert channel.queue_declare(name, passive=True).method.message_count == 0
     finally:
         channel.queue_delete(name)
@@ -166,7 +153,7 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     assert not node.running
     node.start()
     conn = pika.BlockingConnection(pika.URLParameters(url))
-    assert _drain(_channel(conn), "keep", 1) == [b"survivor"]
+    assert drain_messages(_channel(conn), "keep", 1) == [b"survivor"]
     conn.close()
 
     node.cleanup()
