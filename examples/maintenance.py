@@ -3,6 +3,7 @@
 # owned by one replica at a time through a durable lease. DATABASE_URL as for worker.py.
 import signal
 import sys
+import threading
 
 from quickstart import runlane
 
@@ -13,8 +14,10 @@ def report(error, info):
 
 
 def shut_down(signum, frame):
-    # Runlane.close() stops the services it started and releases their leases
-    runlane.close(timeout=30)
+    # Runlane.close() stops the services it started and releases their leases. It runs in a
+    # fresh thread, as `runlane maintenance` does: the handler runs on the main thread
+    # wherever that thread was, so it must not wait there itself
+    threading.Thread(target=runlane.close, kwargs={"timeout": 30}, name="shut-down").start()
 
 
 # handlers first, so a SIGTERM that arrives while the services start still closes them

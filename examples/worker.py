@@ -6,15 +6,22 @@
 # database your producers use (`export DATABASE_URL="$(runlane dev-db url)"` for the local
 # one): unset, quickstart.py starts a throw-away database (the embedded extra) of its own.
 import signal
+import threading
 
 from quickstart import runlane
 
 worker = runlane.create_delivery_worker(concurrency=4)
 
 
-def shut_down(signum, frame):
+def close():
     worker.close(timeout=30)  # stop claiming, ask handlers to stop, hand unfinished runs back
     runlane.close()
+
+
+def shut_down(signum, frame):
+    # close in a fresh thread, as `runlane worker` does: the handler runs on the main thread
+    # wherever that thread was, so it must not wait there itself
+    threading.Thread(target=close, name="shut-down").start()
 
 
 stop_signals = (signal.SIGTERM, signal.SIGINT)

@@ -48,6 +48,7 @@ from runlane import (
     StaleLease,
     task,
 )
+from runlane.maintenance._services import _BandLoop
 from runlane.postgres import PostgresStorage
 from runlane.postgres._sql import statements
 from runlane.storage import (
@@ -58,7 +59,7 @@ from runlane.storage import (
     ScheduleState,
 )
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb, run_together, storage_of
+from tests.helpers import Conn, SchemaDb, run_together, storage_of, wait_until
 
 T = TypeVar("T")
 
@@ -1025,3 +1026,39 @@ def test_racing_acquirers_of_an_expired_band_get_one_fencing_number(
     finally:
         for storage in storages:
             storage.close()
+
+
+def test_a_close_made_on_the_starting_thread_does_not_hang_start_services(
+    make_runlane: RunlaneFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler runs on the main thread wherever it was: a SIGTERM whose handler
+    closes the runtime while ``start_services`` starts the band threads (CI: the maintenance
+    example hung). Here the close is made inside the first band thread's start."""
+    runlane = make_runlane()
+    real_start = threading.Thread.start
+    closes: list[str] = []
+
+    def start(thread: threading.Thread) -> None:
+        target = getattr(thread, "_target", None)
+        if isinstance(getattr(target, "__self__", None), _BandLoop) and not closes:
+            closes.append(thread.name)
+            runlane.close(timeout=5)  # what the handler does, on the starting thread
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    started: list[Services] = []
+    starter = threading.Thread(
+        target=lambda: started.append(runlane.start_services()), name="test-starter", daemon=True
+    )
+    real_start(starter)
+    starter.join(10)
+    assert not starter.is_alive(), "start_services hung on a close made on its own thread"
+    assert closes
+    assert started
+    services = started[0]
+    assert services.wait_until_closed(timeout=5) is True  # every band accounted for
+    wait_until(
+        lambda: not any(t.name.startswith(f"{services.name}-") for t in threading.enumerate()),
+        timeout=5,
+        what="the band threads to end",
+    )

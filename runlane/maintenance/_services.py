@@ -269,8 +269,17 @@ class Services:
             if self._started or self._board.close_started:
                 return
             self._started = True
-            for loop in self._loops:
-                loop.thread.start()
+        # the threads start outside the lock: Thread.start() waits, and a close() made on
+        # this thread meanwhile (a signal handler runs wherever the main thread was) must not
+        # wait for a lock its own thread holds (it did: a SIGTERM during start_services hung)
+        for index, loop in enumerate(self._loops):
+            if self._board.stop.is_set():
+                # closed (or failed) meanwhile: the loops not started have nothing to stop,
+                # and count as exited, so the board closes when the started ones have
+                for _ in self._loops[index:]:
+                    self._board.loop_exited()
+                return
+            loop.thread.start()
 
     @property
     def closed(self) -> bool:
