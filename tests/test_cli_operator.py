@@ -23,7 +23,7 @@ from runlane import RetryPolicy, RunContext, Runlane, RunStatus, queue, schedule
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
 from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb, process
+from tests.helpers import Conn, SchemaDb, process, wait_until
 
 
 @task(id="op.ok")
@@ -68,6 +68,13 @@ def populated(make_runlane: RunlaneFactory) -> Iterator[Populated]:
     queued = [rl.trigger(ok, {"n": 10 + i}).id for i in range(2)]
     worker = rl.create_delivery_worker(concurrency=1, queues=["idle"])
     try:
+        # a worker's row is written by its lifecycle writer's first heartbeat, just after
+        # the worker starts: status read before it finds no worker (CI saw it once)
+        wait_until(
+            lambda: worker.worker_id in {w.worker_id for w in rl.list_workers()},
+            timeout=10,
+            what="the worker's registration",
+        )
         yield Populated(rl, worker, completed, failed, queued)
     finally:
         worker.close(10)
