@@ -18,7 +18,13 @@ import attrs
 
 from runlane.errors import ConfigurationError
 
-__all__ = ["DEFAULT_OPTIONS", "ChildTriggerOptions", "TriggerOptions", "child_options"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "ChildTriggerOptions",
+    "TriggerOptions",
+    "call_options",
+    "child_options",
+]
 
 
 @attrs.frozen
@@ -39,6 +45,38 @@ class TriggerOptions:
 
 #: the options of a call that gave none
 DEFAULT_OPTIONS = TriggerOptions()
+
+
+def call_options(
+    *,
+    queue: str | None,
+    delay: timedelta | float | None,
+    run_at: datetime | None,
+    priority: int,
+    max_attempts: int | None,
+    concurrency_key: str | None,
+) -> TriggerOptions:
+    """The options of a ``trigger``/``trigger_many`` call: the shared ``DEFAULT_OPTIONS``
+    when every one is at its default (a bool priority is not: the checks refuse it), so the
+    runtime's plan for the task's defaults is found again."""
+    if (
+        queue is None
+        and delay is None
+        and run_at is None
+        and max_attempts is None
+        and concurrency_key is None
+        and type(priority) is int
+        and priority == 0
+    ):
+        return DEFAULT_OPTIONS
+    return TriggerOptions(
+        queue=queue,
+        delay=delay,
+        run_at=run_at,
+        priority=priority,
+        max_attempts=max_attempts,
+        concurrency_key=concurrency_key,
+    )
 
 
 class ChildTriggerOptions(TypedDict, total=False):

@@ -32,7 +32,7 @@ from runlane._limits import (
     check_name,
 )
 from runlane._middleware import Middleware, check_middleware
-from runlane._trigger_options import DEFAULT_OPTIONS, TriggerOptions
+from runlane._trigger_options import DEFAULT_OPTIONS, TriggerOptions, call_options
 from runlane._validation import (
     as_duration,
     as_int32,
@@ -456,25 +456,14 @@ class Runlane:
         queue's ``key_concurrency_limit`` (a queue without one refuses it).
         """
         self._check_open()
-        if (
-            type(priority) is int
-            and priority == 0
-            and queue is None
-            and delay is None
-            and run_at is None
-            and max_attempts is None
-            and concurrency_key is None
-        ):
-            options = DEFAULT_OPTIONS
-        else:
-            options = TriggerOptions(
-                queue=queue,
-                delay=delay,
-                run_at=run_at,
-                priority=priority,
-                max_attempts=max_attempts,
-                concurrency_key=concurrency_key,
-            )
+        options = call_options(
+            queue=queue,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            concurrency_key=concurrency_key,
+        )
         (handle,) = self._trigger(
             task,
             [payload],
@@ -504,7 +493,7 @@ class Runlane:
         given, holds one key (or None) per payload; ``concurrency_key`` is every run's.
         """
         self._check_open()
-        options = TriggerOptions(
+        options = call_options(
             queue=queue,
             delay=delay,
             run_at=run_at,
