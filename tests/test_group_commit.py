@@ -12,6 +12,7 @@ import contextlib
 import functools
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -508,3 +509,135 @@ def test_a_follower_interrupted_in_a_formed_group_still_wakes_the_ones_after_it(
     assert out["leader"] == [InsertedRun(leader_runs.ids[0], "default", True)]
     assert group._in_flight == 0
     assert group._queue == []
+
+
+def test_a_crowd_that_calls_again_at_once_is_gathered_into_every_statement() -> None:
+    """Threads that trigger in a loop call again as soon as their statement commits: the
+    next statement waits for them (within its hold) instead of leaving without them, so
+    every statement carries the whole crowd, not half of it in turns."""
+    threads, rounds = 6, 5
+    gate, started = threading.Event(), threading.Event()
+    sizes: list[int] = []
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        sizes.append(1)
+        if runs.payloads[0] == '"first"':
+            started.set()
+            assert gate.wait(10)
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any, rows: str, committed: Callable[[], None]) -> Any:
+        sizes.append(len(groups))
+        committed()
+        return [[InsertedRun(r.ids[0], r.queue, True)] for r in groups]
+
+    # a hold long enough for any machine: the calls come back long before it ends
+    group = GroupCommit(alone, together, hold_fraction=1e6, max_hold=30.0)
+    errors: list[BaseException] = []
+
+    def loop(first: bool) -> None:
+        try:
+            if first:
+                group.insert(new_runs('"first"'))
+            for _ in range(rounds):
+                group.insert(new_runs())
+        except BaseException as exc:
+            errors.append(exc)
+
+    crowd = [threading.Thread(target=loop, args=(i == 0,)) for i in range(threads)]
+    crowd[0].start()
+    assert started.wait(10)
+    for thread in crowd[1:]:
+        thread.start()
+    wait_until(lambda: len(group._queue) == threads - 1, timeout=10, what="the crowd to queue")
+    gate.set()
+    for thread in crowd:
+        thread.join(30)
+        assert not thread.is_alive()
+    assert errors == []
+    # the first call alone, then the five others with it (once it came back), then all six
+    # in each statement
+    assert sizes == [1] + [threads] * rounds
+    assert group._in_flight == 0
+    assert group._queue == []
+
+
+def test_a_crowd_that_does_not_come_back_holds_the_next_call_only_for_the_hold() -> None:
+    """The calls of a statement end there (a web request's one trigger): the next call waits
+    for them at most the hold, then writes alone."""
+    sizes: list[int] = []
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        sizes.append(1)
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any, rows: str, committed: Callable[[], None]) -> Any:
+        sizes.append(len(groups))
+        committed()
+        return [[InsertedRun(r.ids[0], r.queue, True)] for r in groups]
+
+    group = GroupCommit(alone, together)
+    began = time.monotonic()
+    with group._lock:  # a statement of two calls that never call again has just committed
+        group._returning = {-1, -2}
+        group._hold_until = began + 0.2
+    runs = new_runs()
+    assert group.insert(runs) == [InsertedRun(runs.ids[0], "default", True)]
+    waited = time.monotonic() - began
+    assert 0.19 <= waited < 10, waited
+    assert sizes == [1]
+    assert group._in_flight == 0
+    assert group._queue == []
+    # the hold is over and the caller is back: the next call writes alone at once
+    group.insert(new_runs())
+    assert sizes == [1, 1]
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_a_gathering_call_interrupted_by_a_signal_passes_the_statement_on() -> None:
+    """The call that gathers a crowd coming back is interrupted (Ctrl-C in the main thread)
+    while it waits: it leaves, the call queued behind it leads instead without waiting for
+    anyone, and the group commit is left idle, not held."""
+
+    class Interrupted(Exception):
+        pass
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any, rows: str, committed: Callable[[], None]) -> Any:
+        raise AssertionError("no group expected")
+
+    group = GroupCommit(alone, together)
+    with group._lock:  # a statement whose other call never calls again has just committed
+        group._returning = {-1}
+        group._hold_until = time.monotonic() + 30
+    out: dict[str, list[InsertedRun]] = {}
+    later = new_runs()
+
+    def queue_behind_and_interrupt() -> None:
+        wait_until(lambda: group._gathering, timeout=10, what="the main thread to gather")
+        behind = threading.Thread(target=lambda: out.__setitem__("later", group.insert(later)))
+        behind.start()
+        wait_until(lambda: len(group._queue) == 2, timeout=10, what="a call queued behind")
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        behind.join(10)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    helper = threading.Thread(target=queue_behind_and_interrupt)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        helper.start()
+        with pytest.raises(Interrupted):
+            group.insert(new_runs())  # gathers: waits for the other call, which never comes
+        helper.join(10)
+        assert not helper.is_alive(), "the call queued behind the interrupted one was left"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert out["later"] == [InsertedRun(later.ids[0], "default", True)]
+    assert group._in_flight == 0
+    assert group._queue == []
+    assert not group._gathering

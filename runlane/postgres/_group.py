@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from runlane.storage import InsertedRun, NewRuns
@@ -41,6 +42,11 @@ log = logging.getLogger("runlane.postgres")
 #: bytes a character); a larger payload is written alone, as before.
 GROUP_ROW_CHARS = 16 * 1024
 MAX_GROUP = 256
+#: How long the next statement waits for the calls of the one that just committed to come
+#: back (a thread that triggers in a loop calls again at once): at most this fraction of
+#: the statement's own time, and never more than MAX_HOLD seconds (see _gather).
+HOLD_FRACTION = 0.25
+MAX_HOLD = 0.005
 
 Alone = Callable[[NewRuns], list[InsertedRun]]
 #: ``together(groups, rows, committed)``: the calls' runs, their rows (group_rows's JSON
@@ -51,10 +57,12 @@ Together = Callable[[Sequence[NewRuns], str, Callable[[], None]], list[list[Inse
 class _Waiter:
     """One queued call: woken to lead a group, or when its group is done."""
 
-    __slots__ = ("group", "next", "passed", "result", "row", "runs", "wake")
+    __slots__ = ("caller", "group", "leads", "next", "passed", "result", "row", "runs", "wake")
 
-    def __init__(self, runs: NewRuns) -> None:
+    def __init__(self, runs: NewRuns, caller: int) -> None:
         self.runs = runs
+        self.caller = caller  # the calling thread's ident
+        self.leads = False  # chosen to lead the next statement (set under the lock)
         self.row: str | None = None  # group_row(runs), made by the call while it waits
         self.wake = threading.Lock()
         self.wake.acquire()  # released by whoever wakes this call
@@ -70,7 +78,9 @@ class GroupCommit:
     ``alone(runs)`` writes one call's runs by themselves (the path of a lone caller and of a
     failed group's calls); ``together(groups, rows, committed)`` writes several calls' runs
     in one statement and returns each call's handles, in order. At most ``max_in_flight``
-    statements run at once; a group takes at most ``max_group`` calls.
+    statements run at once; a group takes at most ``max_group`` calls. The next statement
+    waits at most ``hold_fraction`` of the last one's time (and ``max_hold`` seconds) for
+    the last one's calls to come back (_gather).
     """
 
     def __init__(
@@ -80,76 +90,158 @@ class GroupCommit:
         *,
         max_group: int = MAX_GROUP,
         max_in_flight: int = 1,
+        hold_fraction: float | None = None,
+        max_hold: float | None = None,
     ) -> None:
         self._alone = alone
         self._together = together
         self._max_group = max_group
         self._max_in_flight = max_in_flight
+        self._hold_fraction = HOLD_FRACTION if hold_fraction is None else hold_fraction
+        self._max_hold = MAX_HOLD if max_hold is None else max_hold
         self._lock = threading.Lock()
+        self._gathered = threading.Condition(self._lock)
         self._queue: list[_Waiter] = []
         self._in_flight = 0
+        # the threads of the statement that committed last that have not called again, and
+        # until when (time.monotonic) the next statement waits for them
+        self._returning: set[int] = set()
+        self._hold_until = 0.0
+        self._gathering = False  # a leader waits in _gather
 
     def insert(self, runs: NewRuns) -> list[InsertedRun]:
         """Write ``runs``, sharing a statement with concurrent callers when there are any."""
-        with self._lock:
-            if self._in_flight < self._max_in_flight and not self._queue:
-                self._in_flight += 1
-                waiter = None
-            else:
-                waiter = _Waiter(runs)
-                self._queue.append(waiter)
+        me = threading.get_ident()
+        waiter, crowd = self._enter(runs, me)
         if waiter is None:
-            try:
-                return self._alone(runs)
-            finally:
-                self._hand_over()
+            return self._write_alone(runs, me)
         try:
             waiter.row = group_row(runs)  # a leader that takes this call first makes its own
-            # woken to lead a group, or by the leader of the group it is in (never left
-            # waiting: every leader wakes its group in a finally, after a statement bounded
-            # by its timeout)
-            waiter.wake.acquire()
-            self._pass_on(waiter)
+            if not crowd:
+                # woken to lead a group, or by the leader of the group it is in (never left
+                # waiting: every leader wakes its group in a finally, after a statement
+                # bounded by its timeout)
+                waiter.wake.acquire()
+                self._pass_on(waiter)
+            group = self._gather(waiter) if waiter.leads else None
         except BaseException:  # a signal's exception in the main thread (KeyboardInterrupt)
             self._abandon(waiter)
             raise
-        if waiter.group is not None:
-            if len(waiter.group) == 1:  # nobody to share with: the lone caller's statement
-                try:
-                    return self._alone(runs)
-                finally:
-                    self._hand_over()
-            self._lead(waiter.group)
+        if group is not None:
+            if len(group) == 1:  # nobody to share with: the lone caller's statement
+                return self._write_alone(runs, me)
+            self._lead(group)
         if waiter.result is not None:
             return waiter.result
         return self._alone(runs)  # its group failed (or ended without an answer)
 
-    def _hand_over(self) -> None:
-        """A statement ended: the first queued call leads the next group, else one fewer
-        statement is in flight."""
+    def _enter(self, runs: NewRuns, me: int) -> tuple[_Waiter | None, bool]:
+        """A call arrives: None when it writes alone at once, else its place in the queue
+        and whether it leads the calls of the statement that just committed, coming back
+        (then nobody wakes it: it gathers them at once)."""
         with self._lock:
-            if not self._queue:
-                self._in_flight -= 1
-                return
+            returning = self._returning
+            if me in returning:
+                returning.discard(me)
+                if self._gathering and not returning:
+                    self._gathered.notify()
+            if self._in_flight < self._max_in_flight and not self._queue:
+                self._in_flight += 1
+                if not returning or time.monotonic() >= self._hold_until:
+                    return None, False
+                # rather than write alone ahead of them, and split them from the next
+                waiter = _Waiter(runs, me)
+                waiter.leads = True
+                self._queue.append(waiter)
+                return waiter, True
+            waiter = _Waiter(runs, me)
+            self._queue.append(waiter)
+            if self._gathering and len(self._queue) >= self._max_group:
+                self._gathered.notify()
+            return waiter, False
+
+    def _write_alone(self, runs: NewRuns, me: int) -> list[InsertedRun]:
+        """This call's statement, by itself; then the next statement may go."""
+        started = time.monotonic()
+        try:
+            return self._alone(runs)
+        finally:
+            self._hand_over((me,), started)
+
+    def _hand_over(self, callers: Sequence[int], started: float) -> None:
+        """A statement that ``callers`` made, begun at ``started``, has ended: the first
+        queued call leads the next one, else one fewer statement is in flight."""
+        now = time.monotonic()
+        hold = min(self._max_hold, self._hold_fraction * (now - started))
+        with self._lock:
+            self._returning = set(callers)
+            self._hold_until = now + hold
+            leader = self._next_leader()
+        if leader is not None:
+            leader.wake.release()
+
+    def _next_leader(self) -> _Waiter | None:
+        """The queued call that leads the next statement (the lock held), or None when
+        nobody is queued: then one fewer statement is in flight."""
+        if not self._queue:
+            self._in_flight -= 1
+            return None
+        leader = self._queue[0]
+        leader.leads = True
+        return leader
+
+    def _gather(self, leader: _Waiter) -> list[_Waiter]:
+        """The group ``leader`` writes: the calls queued when the calls of the statement
+        that committed last have come back (a thread that triggers in a loop calls again at
+        once), or when the group is full, or at the hold's end, whichever comes first.
+
+        Without the wait the crowd splits in two halves that take turns: the calls of one
+        statement come back while the next is in flight, and every statement carries half
+        of them. The wait is a fraction of a statement's time, so a crowd that does not
+        come back costs at most that."""
+        with self._lock:
+            self._gathering = True
+            try:
+                while self._returning and len(self._queue) < self._max_group:
+                    remaining = self._hold_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._gathered.wait(remaining)
+            finally:
+                self._gathering = False
+            self._returning = set()
+            # in this order, so that an interruption between two steps leaves a state
+            # _abandon handles: still queued (then no follower keeps a pointer), or cut
             group = self._queue[: self._max_group]
-            del self._queue[: self._max_group]
             for follower, after in itertools.pairwise(group[1:]):
                 follower.next = after
-        leader = group[0]
-        leader.group = group
-        leader.wake.release()
+            leader.group = group
+            del self._queue[: self._max_group]
+        return group
 
     def _abandon(self, waiter: _Waiter) -> None:
-        """A queued call stopped waiting (its thread was interrupted): it leaves the queue,
-        or, if it was already chosen to lead a group, passes the statement on and lets that
-        group's calls write alone, so no call is left waiting for it."""
+        """A queued call stopped waiting (its thread was interrupted): it leaves the queue
+        (passing the next statement on if it was chosen to lead it), or, if it had formed
+        its group already, passes the statement on and lets that group's calls write
+        alone, so no call is left waiting for it."""
         with self._lock:
-            if waiter in self._queue:
+            queued = waiter in self._queue
+            leader = None
+            if queued:
                 self._queue.remove(waiter)
-                return
+                waiter.group = None
+                for other in self._queue:  # none is in a group yet (see _gather)
+                    other.next = None
+                if waiter.leads:  # the next queued call leads, and waits for nobody
+                    self._returning = set()
+                    leader = self._next_leader()
+        if leader is not None:
+            leader.wake.release()
+        if queued:
+            return
         group = waiter.group
         if group is not None and group[0] is waiter:
-            self._hand_over()
+            self._hand_over((), time.monotonic())
             if len(group) > 1:  # their results stay None: each writes alone
                 group[1].wake.release()
         else:  # a follower: its lock is released into the void; the chain goes on from here
@@ -171,11 +263,12 @@ class GroupCommit:
     def _lead(self, group: list[_Waiter]) -> None:
         """Write the runs of ``group`` (this call's first), then wake the others."""
         handed: list[bool] = []
+        started = time.monotonic()
 
         def committed() -> None:  # the next group may go: once, however often called
             if not handed:
                 handed.append(True)
-                self._hand_over()
+                self._hand_over([w.caller for w in group], started)
 
         try:
             rows = group_rows([w.row or group_row(w.runs) for w in group])
