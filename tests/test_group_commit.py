@@ -231,6 +231,12 @@ def test_a_group_repeated_after_its_answer_was_lost_finds_its_runs(
     again = storage._insert_together(batches)  # type: ignore[attr-defined]
     assert first == again == [[InsertedRun(b.ids[0], "default", True)] for b in batches]
     assert commits(db, schema) == 1
+    # without any key the statement has no conflict handling: its ids are met, then read
+    fresh = [new_runs(), new_runs(queue="other")]
+    first = storage._insert_together(fresh)  # type: ignore[attr-defined]
+    again = storage._insert_together(fresh)  # type: ignore[attr-defined]
+    assert first == again == [[InsertedRun(b.ids[0], b.queue, True)] for b in fresh]
+    assert commits(db, schema) == 2
 
 
 def test_a_lone_call_and_large_or_batched_calls_do_not_wait_for_a_group() -> None:

@@ -7,6 +7,15 @@ queued call leads the next one: it writes the runs of every queued call (up to
 ``max_group``) in one statement and one commit, while the others wait for it. No thread is
 started: the callers' own threads take turns leading.
 
+Before it cuts its group, the leader waits a short hold (a fraction of the last statement's
+time, at most ``MAX_HOLD``) for the calls of the statement that just committed to come back:
+threads that trigger in a loop call again at once, and without the wait they would queue
+behind the next statement, so that a crowd splits into two halves taking turns, each
+statement carrying half of it. For the same reason the first of them to come back to an
+idle group commit gathers the others rather than writing alone ahead of them. A thread
+alone is never held (it is the only call awaited, and it is back), and calls that do not
+come back cost the next statement at most the hold (_gather).
+
 Every call returns only after the statement that holds its run has committed, with its own
 handles. If a shared statement fails (one payload Postgres refuses, say) nothing of it was
 written, since it is one autocommit statement; each call of that group then writes its run

@@ -404,16 +404,27 @@ class PostgresStorage(
         call's handles, in order. ``rows``: the calls' rows made already (group_rows);
         ``committed`` is called once the statement has committed."""
         params = {"rows": group_rows([group_row(r) for r in groups]) if rows is None else rows}
+        keyed = any(key is not None for runs in groups for key in runs.idempotency_keys)
 
         def insert(conn: Conn) -> list[list[InsertedRun]]:
+            inserted: set[uuid.UUID] | None = None  # None: every run written by this statement
             with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(self._sql["run_insert_group"], params)
-                inserted = {row[0] for row in cur.fetchall()}
+                if keyed:
+                    cur.execute(self._sql["run_insert_group"], params)
+                    inserted = {row[0] for row in cur.fetchall()}
+                else:
+                    # without keys nothing can conflict: no conflict handling, no ids sent back
+                    try:
+                        cur.execute(self._sql["run_insert_group_fresh"], params)
+                    except psycopg.errors.UniqueViolation:
+                        # repeated after its first answer was lost: its runs are there
+                        # (autocommit, so this failure undid nothing); read them back
+                        inserted = set()
                 if committed is not None:
                     committed()
                 return [
                     [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
-                    if inserted.issuperset(runs.ids)
+                    if inserted is None or inserted.issuperset(runs.ids)
                     # an idempotency key met (maybe another call's of this group), or the
                     # group retried after its answer was lost
                     else self._resolve_conflicts(cur, runs, inserted)

@@ -15,6 +15,13 @@ order by i.e collate "C", i.t collate "C", i.k collate "C", i.id
 on conflict do nothing
 returning r.id;
 
+-- name: run_insert_group_fresh
+-- run_insert_group for a group without idempotency keys (the usual case): nothing can
+-- conflict but a statement repeated after its first answer was lost (its client-made ids
+-- are then taken, and the storage reads the runs back), so, as run_insert_many_fresh, no
+-- conflict handling (a speculative insertion a row), no lock order and no ids returned.
+{@group_insert};
+
 -- name: run_insert_group_claimed
 -- run_insert_group for the eager triggers of a transport lane (as run_insert_many_claimed):
 -- the items of runs due now are stored claimed by %(claim)s, one claim for the group, and
