@@ -50,6 +50,21 @@ class TcpProxy:
     def unstall(self) -> None:
         self._stalled.clear()
 
+    def unanswered(self) -> int:
+        """Connections with bytes the stalled proxy holds back (a request, or the answer
+        to one that went through just before the stall): a statement or a connect waiting
+        on a server that does not answer."""
+        with self._lock:
+            pairs = list(self._pairs)
+        held = 0
+        for pair in pairs:
+            try:
+                readable, _, _ = select.select(list(pair), [], [], 0)
+            except (OSError, ValueError):  # closed meanwhile
+                continue
+            held += bool(readable)
+        return held
+
     def down(self) -> None:
         """Refuse new connections and cut every open one."""
         with self._lock:

@@ -16,11 +16,13 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
+import psycopg_pool
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from runlane import RunContext, create_runlane, task
-from runlane.postgres import postgres_polling_lane
+from runlane import RunContext, StorageUnavailable, create_runlane, task
+from runlane.postgres import PostgresStorage, postgres_polling_lane
+from runlane.postgres._connections import PoolSource
 from runlane.rabbitmq import rabbitmq_lane
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.testing import run_until_idle
@@ -185,3 +187,87 @@ def test_a_polling_runtime_closes_in_time_when_the_database_stalls(
             pg.unstall()
             rl.close(timeout=10)
     _no_threads_of("runlane-")
+
+
+def test_interrupt_ends_a_statement_the_stalled_database_never_answers(
+    database_url: str, schema: str
+) -> None:
+    """A worker's close interrupts the statements still in flight at its deadline (the
+    writer's, an aborted claim's). Against a database that stopped answering, the cancel
+    request waited out its own timeout (up to 3 s, connect_timeout) and the statement stayed
+    blocked after it. Now the cancel gets a quarter second, then the socket is shut down
+    under the call, which fails at once and is not repeated on a new connection (a
+    reconnect into the stall would wait out the connect timeout)."""
+    with tcp_proxy(database_url) as pg:
+        pg.up()
+        storage = PostgresStorage(
+            connection_string=pg.url_for(database_url), schema=schema, connect_timeout=3.0
+        )
+        view = storage.dedicated("runlane-test-view")
+        try:
+            view.database_now()  # connected, the schema checked
+            pg.stall()
+            failures: list[BaseException] = []
+            ended = threading.Event()
+
+            def call() -> None:
+                try:
+                    view.database_now()
+                except BaseException as exc:
+                    failures.append(exc)
+                finally:
+                    ended.set()
+
+            blocked = threading.Thread(target=call, name="runlane-test-blocked")
+            blocked.start()
+            wait_until(lambda: pg.unanswered() >= 1, timeout=10, what="the statement to be sent")
+            began = time.monotonic()
+            view.interrupt()
+            took = time.monotonic() - began
+            assert took < 1.0, f"interrupt() took {took:.2f}s"
+            assert ended.wait(1.0), "the interrupted statement is still blocked"
+            assert len(failures) == 1
+            assert isinstance(failures[0], StorageUnavailable), repr(failures[0])
+            assert "interrupted" in str(failures[0])
+            blocked.join(1)
+        finally:
+            pg.unstall()
+            view.close()
+            storage.close(timeout=10)
+
+
+def test_a_pool_closes_in_time_while_another_thread_builds_it_again(database_url: str) -> None:
+    """A maintenance band that rebuilt the runtime's pool (the old one thrown away after the
+    database stopped answering) held the pool's lock through the new pool's first connect
+    (connect_timeout 3 s): the runtime's close waited behind it, 6 s for close(timeout=2)
+    on a loaded machine. Now close does not wait for a build; the builder closes what it
+    built and raises PoolClosed."""
+    with tcp_proxy(database_url) as pg:
+        pg.up()
+        pg.stall()
+        source = PoolSource(
+            pg.url_for(database_url), min_size=1, max_size=2, name="runlane-test-pool", timeout=3.0
+        )
+        failures: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                source.open()
+            except BaseException as exc:
+                failures.append(exc)
+
+        builder = threading.Thread(target=build, name="runlane-test-builder")
+        builder.start()
+        try:
+            wait_until(lambda: pg.unanswered() >= 1, timeout=10, what="the build to connect")
+            began = time.monotonic()
+            source.close(timeout=0.5)
+            took = time.monotonic() - began
+            assert took < 0.5 + ALLOWANCE, f"close(timeout=0.5) took {took:.2f}s"
+        finally:
+            pg.unstall()
+            builder.join(10)
+        assert not builder.is_alive()
+        assert len(failures) == 1
+        assert isinstance(failures[0], psycopg_pool.PoolClosed), repr(failures[0])
+    _no_threads_of("runlane-test-")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -27,12 +28,14 @@ __all__ = [
     "ConnectionSource",
     "DedicatedSource",
     "PoolSource",
+    "StatementInterrupted",
     "check_conninfo",
     "connect_seconds",
     "connect_timeout_option",
     "connection_failed",
     "connection_lost",
     "describe_target",
+    "shut_down",
     "storage_error",
 ]
 
@@ -55,6 +58,12 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 _TCP_USER_TIMEOUT_MS = 20_000
 # what a pool close gives its threads when its caller sets no timeout (psycopg_pool's default)
 _POOL_CLOSE_SECONDS = 5.0
+# the pool's connection-making threads (psycopg_pool's default); with its scheduler, the
+# threads its close joins one after the other, each with the timeout it is given
+_POOL_WORKERS = 3
+# how long interrupt() waits for a cancel request (a connection of its own, which a stalled
+# server never answers) before it shuts the connection's socket down under the blocked call
+_CANCEL_SECONDS = 0.25
 
 
 def check_conninfo(connection_string: object) -> dict[str, Any]:
@@ -119,6 +128,7 @@ def connection_lost(exc: psycopg.OperationalError) -> bool:
     if isinstance(
         exc,
         psycopg.errors.QueryCanceled
+        | StatementInterrupted
         | psycopg.errors.LockNotAvailable
         | psycopg_pool.PoolTimeout
         | psycopg_pool.PoolClosed
@@ -212,6 +222,12 @@ def connect_timeout_option(conninfo: str, timeout: float) -> dict[str, Any]:
     return {"connect_timeout": connect_seconds(timeout)}
 
 
+class StatementInterrupted(psycopg.OperationalError):
+    """A statement that ``interrupt()`` ended by shutting its connection's socket down (the
+    server did not take a cancel request in time): a failure of the connection, but not one
+    to repeat on a new connection, as a cancelled statement is not."""
+
+
 class _OwnPoolRecords(logging.Filter):
     """On the ``psycopg.pool`` logger: the records about runlane's own pools (named
     ``runlane-...``: reconnect attempts, each connection handed out) leave that logger and go
@@ -264,6 +280,7 @@ class PoolSource:
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Conn] | None = None
         self._closed = False
+        self._building = threading.Lock()
         self._sweeping = threading.Lock()
 
     def open(self) -> None:
@@ -272,34 +289,54 @@ class PoolSource:
     def _current(self) -> ConnectionPool[Conn]:
         with self._lock:
             if self._closed:
-                raise psycopg_pool.PoolClosed(f"the pool {self._name!r} was closed")
+                raise self._closed_error()
             if self._pool is not None:
                 return self._pool
-            kwargs: dict[str, Any] = {
-                "autocommit": True,
-                "application_name": self._name[:63],
-                **connect_timeout_option(self._conninfo, self._timeout),
-            }
-            # one connection first, made here: a wrong host, port, password or database fails
-            # within the connect timeout with libpq's own reason (the pool would retry it in
-            # its thread, logging each try, until its timeout, and report only the timeout)
-            psycopg.connect(self._conninfo, **kwargs).close()
-            pool: ConnectionPool[Conn] = ConnectionPool(
-                self._conninfo,
-                min_size=self._min_size,
-                max_size=self._max_size,
-                open=False,
-                name=self._name,
-                kwargs=kwargs,
-                timeout=self._timeout,
-            )
-            try:
-                pool.open(wait=True, timeout=self._timeout)
-            except BaseException:
-                pool.close()
-                raise
-            self._pool = pool
-            return pool
+        # one build at a time, without the state lock: a build waits up to twice the connect
+        # timeout for a server that does not answer, and close() must not wait behind it
+        with self._building:
+            with self._lock:
+                if self._closed:
+                    raise self._closed_error()
+                if self._pool is not None:
+                    return self._pool
+            pool = self._build()
+            with self._lock:
+                if not self._closed:
+                    self._pool = pool
+                    return pool
+            pool.close(timeout=0)  # closed while it was being built
+            raise self._closed_error()
+
+    def _build(self) -> ConnectionPool[Conn]:
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": self._name[:63],
+            **connect_timeout_option(self._conninfo, self._timeout),
+        }
+        # one connection first, made here: a wrong host, port, password or database fails
+        # within the connect timeout with libpq's own reason (the pool would retry it in
+        # its thread, logging each try, until its timeout, and report only the timeout)
+        psycopg.connect(self._conninfo, **kwargs).close()
+        pool: ConnectionPool[Conn] = ConnectionPool(
+            self._conninfo,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            open=False,
+            name=self._name,
+            kwargs=kwargs,
+            timeout=self._timeout,
+            num_workers=_POOL_WORKERS,
+        )
+        try:
+            pool.open(wait=True, timeout=self._timeout)
+        except BaseException:
+            pool.close(timeout=0)  # its threads end with their connect attempts
+            raise
+        return pool
+
+    def _closed_error(self) -> psycopg_pool.PoolClosed:
+        return psycopg_pool.PoolClosed(f"the pool {self._name!r} was closed")
 
     def _discard(self, pool: ConnectionPool[Conn]) -> None:
         with self._lock:
@@ -310,13 +347,20 @@ class PoolSource:
         pool.close(timeout=0)
 
     def close(self, timeout: float | None = None) -> None:
-        """Close the pool; its threads get ``timeout`` seconds to end (None: the pool's
-        own 5 s), after which it is closed anyway."""
+        """Close the pool; its threads get ``timeout`` seconds in all to end (None: the
+        pool's own 5 s each), after which it is closed anyway. A pool being built meanwhile
+        is closed by its builder when the build ends; close does not wait for it."""
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close(timeout=_POOL_CLOSE_SECONDS if timeout is None else timeout)
+        if pool is None:
+            return
+        if timeout is None:
+            pool.close(timeout=_POOL_CLOSE_SECONDS)
+        else:
+            # psycopg_pool joins its threads one after the other, each with the whole
+            # timeout: its scheduler and workers share this close's timeout instead
+            pool.close(timeout=timeout / (_POOL_WORKERS + 1))
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
@@ -391,6 +435,7 @@ class DedicatedSource:
         self._lock = threading.Lock()
         self._conn: Conn | None = None
         self._busy = False
+        self._shut: Conn | None = None  # the connection interrupt() shut down under a call
         self._closed = False
 
     def open(self) -> None:
@@ -405,16 +450,33 @@ class DedicatedSource:
             conn.close()
 
     def interrupt(self) -> None:
-        """Cancel the statement in flight on this connection, if any (from another thread).
-        The statement fails with QueryCanceled; errors of the cancel itself are ignored."""
+        """End the statement in flight on this connection, if any (from another thread),
+        within about a quarter of a second: a cancel request first (the statement fails with
+        QueryCanceled); when the server does not take it in time (it does not answer), the
+        connection's socket is shut down under the blocked call, which then fails as a lost
+        connection. Errors of the cancel itself are ignored. A connection still being made
+        is not interrupted (the connect timeout ends it)."""
         with self._lock:
             conn = self._conn if self._busy else None
-        if conn is None:
+            # a duplicate of its socket, taken while the connection is surely open: the
+            # owner closes it only after clearing _conn under this lock
+            sock = _dup_socket(conn) if conn is not None else None
+        if conn is None or sock is None:
             return
-        try:
-            conn.cancel_safe(timeout=max(1.0, min(self._timeout, 5.0)))
-        except Exception:  # best effort: the statement may have ended meanwhile
-            log.debug("%s: cancelling the statement in flight failed", self._name, exc_info=True)
+        with sock:
+            try:
+                conn.cancel_safe(timeout=min(self._timeout, _CANCEL_SECONDS))
+            except Exception:  # best effort: the statement may have ended meanwhile
+                log.debug("%s: the cancel request failed", self._name, exc_info=True)
+            else:
+                return
+            with self._lock:
+                still = self._busy and self._conn is conn
+                if still:
+                    self._shut = conn
+            if still:
+                log.debug("%s: the cancel was not taken in time; shutting the socket", self._name)
+                _shut_down_socket(sock)
 
     def _closed_error(self) -> RunlaneClosed:
         return RunlaneClosed(
@@ -450,13 +512,52 @@ class DedicatedSource:
             self._busy = True
         try:
             yield conn
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
+            with self._lock:
+                shut = self._shut is conn
+                if conn.broken and self._conn is conn:
+                    self._conn = None
             if conn.broken:
-                with self._lock:
-                    if self._conn is conn:
-                        self._conn = None
                 conn.close()
+            if shut:
+                raise StatementInterrupted(
+                    f"{self._name}: the statement was interrupted (the server did not answer "
+                    "a cancel request in time)"
+                ) from exc
             raise
         finally:
             with self._lock:
                 self._busy = False
+                self._shut = None
+
+
+def shut_down(conn: psycopg.Connection[Any]) -> None:
+    """End a wait on ``conn`` in another thread now (a notifies() wait, a statement that a
+    stalled server never answers): shut its socket down under it. The connection is then
+    broken; its owner closes it. Nothing happens when it is already closed."""
+    sock = _dup_socket(conn)
+    if sock is not None:
+        with sock:
+            _shut_down_socket(sock)
+
+
+def _dup_socket(conn: psycopg.Connection[Any]) -> socket.socket | None:
+    """The connection's socket through a descriptor of its own (None when it is closed):
+    it keeps the socket open even if the owner closes the connection meanwhile, so a
+    shutdown through it never reaches another socket that reused the number."""
+    try:
+        fd = os.dup(conn.fileno())
+    except (OSError, psycopg.Error):
+        return None
+    try:
+        return socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _shut_down_socket(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        log.debug("shutting a connection's socket down failed", exc_info=True)

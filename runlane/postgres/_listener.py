@@ -10,8 +10,6 @@ a half-open one is noticed and replaced.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +18,11 @@ import psycopg
 from psycopg import sql
 
 from runlane._backoff import Backoff
-from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, connect_timeout_option
+from runlane.postgres._connections import (
+    DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout_option,
+    shut_down,
+)
 
 __all__ = ["PostgresListener"]
 
@@ -60,9 +62,9 @@ class PostgresListener:
     def close(self, timeout: float | None = None) -> None:
         self._stop.set()
         with self._lock:
-            conn = self._conn
-        if conn is not None:
-            _interrupt(conn)
+            # under the lock: the thread closes its connection only after clearing _conn
+            if self._conn is not None:
+                shut_down(self._conn)  # ends a notifies() wait now
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -120,16 +122,3 @@ class PostgresListener:
             if time.monotonic() - quiet_since >= _PROBE_EVERY and not self._stop.is_set():
                 conn.execute("select 1")
                 quiet_since = time.monotonic()
-
-
-def _interrupt(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    """End a notifies() wait in another thread now: shut the socket down under it."""
-    try:
-        fd = os.dup(conn.fileno())
-    except (OSError, psycopg.Error):
-        return  # already closed
-    try:
-        with socket.socket(fileno=fd) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        log.debug("shutting the listener socket down failed", exc_info=True)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import attrs
 
 from runlane._backoff import Backoff
+from runlane._closing import Deadline
 from runlane._progress import THROTTLE_SECONDS, AttemptProgress
 from runlane.errors import RunlaneError, StorageUnavailable
 from runlane.models import WorkerState
@@ -54,8 +55,9 @@ log = logging.getLogger("runlane.lifecycle")
 # output characters written in one completion statement (several times that as jsonb)
 _STATEMENT_OUTPUT_CHARS = 16 * 1024 * 1024
 
-# after close's deadline: how long a cancelled statement gets to return
-_CLOSE_GRACE_SECONDS = 0.5
+# the end of close's timeout kept for a statement still blocked then: it is interrupted
+# and gets the rest to return (at most half the timeout)
+_CLOSE_GRACE_SECONDS = 0.25
 
 # a handler still running this long after it began is told to storage (run_mark_started):
 # its run shows as executing rather than only claimed. Handlers that end sooner cost no write.
@@ -237,18 +239,22 @@ class LifecycleWriter:
             return len(self._pending) + self._in_flight
 
     def close(self, timeout: float | None) -> None:
-        """Write everything pending, then stop; give up at ``timeout`` seconds from now
-        (a statement still blocked then is cancelled, and the thread gets a short grace)."""
+        """Write everything pending, then stop; within ``timeout`` seconds from now (None: as
+        long as it takes). The writes get all but a short grace at the end; a statement
+        still blocked then is interrupted (cancelled, or its socket shut down when the
+        server does not answer) and the thread gets the rest of the grace to return."""
+        end = Deadline(timeout)
+        flush = None if timeout is None else timeout - min(_CLOSE_GRACE_SECONDS, timeout / 2)
         with self._cond:
             self._closing = True
-            self._deadline = None if timeout is None else time.monotonic() + timeout
+            self._deadline = None if flush is None else time.monotonic() + flush
             self._cond.notify_all()
         if self._thread is None:
             return
-        self._thread.join(timeout)
+        self._thread.join(flush)
         if self._thread.is_alive():
             self._storage.interrupt()
-            self._thread.join(_CLOSE_GRACE_SECONDS)
+            self._thread.join(end.left())
         if self._thread.is_alive():
             log.warning(
                 "runlane: %s did not finish within the close timeout; giving up on it", self._name

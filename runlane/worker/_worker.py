@@ -67,8 +67,11 @@ __all__ = ["Worker", "WorkerOptions", "check_worker_arguments"]
 log = logging.getLogger("runlane.worker")
 
 _numbers = itertools.count(1)
-# after close's deadline: how long an aborted claim in flight gets to return its runs
-_ABORT_GRACE_SECONDS = 0.5
+# after close's deadline, one grace shared by everything still to do (an aborted claim
+# returning its runs, the writer's last writes, the lane's threads): not a grace each
+_CLOSE_GRACE_SECONDS = 0.75
+# of that grace: how long an aborted claim in flight gets to return its runs
+_ABORT_GRACE_SECONDS = 0.25
 # the close an infrastructure failure starts in its own thread gives handlers this long
 _FAILURE_CLOSE_SECONDS = 30.0
 _CONCURRENCY_HINT = (
@@ -86,8 +89,8 @@ class WorkerOptions:
     drain: bool = False  # one slot in the caller's thread; stop when nothing is due
 
 
-def _remaining(deadline: float | None, floor: float = 0.0) -> float | None:
-    return None if deadline is None else max(floor, deadline - time.monotonic())
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 class Worker:
@@ -315,7 +318,7 @@ class Worker:
 
         Handlers get until ``timeout`` seconds (None: as long as they take) to return after
         they are asked to stop; runs still executing then are handed back with their attempt
-        unspent. Returns within ``timeout`` plus about a second whatever blocks.
+        unspent. Returns within ``timeout`` plus under a second whatever blocks.
         """
         limit = as_wait_timeout("timeout", timeout)
         with self._close_lock:
@@ -359,6 +362,7 @@ class Worker:
         the end): a part that failed must not leave the writer, the lane's threads or the
         connections behind."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        grace_end = None if deadline is None else deadline + _CLOSE_GRACE_SECONDS
         closing = Closing(self.name)
         with closing.part("asking to stop"):
             self.stop_acquiring()
@@ -376,7 +380,10 @@ class Worker:
                 # still returns are handed back by its thread. A handler that ignores the
                 # stop gets no grace: its run is handed back now.
                 self._acquirer.abort()
-                SlotPool.join(claiming, time.monotonic() + _ABORT_GRACE_SECONDS)
+                abort_end = time.monotonic() + _ABORT_GRACE_SECONDS
+                if grace_end is not None:
+                    abort_end = min(abort_end, grace_end)
+                SlotPool.join(claiming, abort_end)
                 alive = [s for s in alive if s.thread.is_alive()]
         with self._cond:
             unfinished = [claimed for claimed, _, _ in self._pool.running.values()]
@@ -390,9 +397,8 @@ class Worker:
                 "was handed back, its result will be discarded)",
                 slot.name,
             )
-        # the writer and the lane's delivery path share what is left, or one short grace
-        # past the deadline (a write to cancel, a listener to stop): not a grace each
-        rest = Deadline(_remaining(deadline, floor=_ABORT_GRACE_SECONDS))
+        # the writer and the lane's delivery path share what is left of the grace
+        rest = Deadline(_remaining(grace_end))
         with closing.part("the lifecycle writer"):
             self._writer.close(rest.left())
         with closing.part("the lane's delivery path"):
