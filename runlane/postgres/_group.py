@@ -175,19 +175,22 @@ class GroupCommit:
         try:
             return self._alone(runs)
         finally:
-            self._hand_over((me,), started)
+            self._hand_over({me}, started)
 
-    def _hand_over(self, callers: Sequence[int], started: float) -> None:
+    def _hand_over(self, callers: set[int], started: float) -> None:
         """A statement that ``callers`` made, begun at ``started``, has ended: the first
         queued call leads the next one, else one fewer statement is in flight."""
         now = time.monotonic()
-        hold = min(self._max_hold, self._hold_fraction * (now - started))
+        hold = self._hold_fraction * (now - started)
         with self._lock:
-            self._returning = set(callers)
-            self._hold_until = now + hold
-            leader = self._next_leader()
-        if leader is not None:
-            leader.wake.release()
+            self._returning = callers
+            self._hold_until = now + (hold if hold < self._max_hold else self._max_hold)
+            if not self._queue:  # _next_leader, inline: a lone caller's every call passes here
+                self._in_flight -= 1
+                return
+            leader = self._queue[0]
+            leader.leads = True
+        leader.wake.release()
 
     def _next_leader(self) -> _Waiter | None:
         """The queued call that leads the next statement (the lock held), or None when
@@ -250,7 +253,7 @@ class GroupCommit:
             return
         group = waiter.group
         if group is not None and group[0] is waiter:
-            self._hand_over((), time.monotonic())
+            self._hand_over(set(), time.monotonic())
             if len(group) > 1:  # their results stay None: each writes alone
                 group[1].wake.release()
         else:  # a follower: its lock is released into the void; the chain goes on from here
@@ -277,7 +280,7 @@ class GroupCommit:
         def committed() -> None:  # the next group may go: once, however often called
             if not handed:
                 handed.append(True)
-                self._hand_over([w.caller for w in group], started)
+                self._hand_over({w.caller for w in group}, started)
 
         try:
             rows = group_rows([w.row or group_row(w.runs) for w in group])
