@@ -231,6 +231,11 @@ class _BandLoop:
         try:
             self.services.scope.storage.maintenance_lease_release(fence)
         except Exception as exc:  # the lease then simply expires
+            if self.board.close_started and isinstance(exc, RunlaneClosed):
+                # close gave up on this band (it named it, and said its lease lapses), then
+                # the runtime closed its connections: not a failure to report once more
+                log.debug("runlane: band %s closing: its lease lapses (%s)", self.band.name, exc)
+                return
             self.board.report(exc, ServiceErrorInfo(self.band.phases[0], self.band.name, "release"))
 
 

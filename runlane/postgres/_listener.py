@@ -92,6 +92,9 @@ class PostgresListener:
             try:
                 conn = self._connect()
             except psycopg.Error as exc:
+                if self._stop.is_set():  # closed while connecting: close gave up on the wait
+                    log.debug("runlane listener: connect failed after close (%s)", exc)
+                    return
                 log.warning("runlane listener: connect failed (%s); retrying", exc)
                 self._stop.wait(backoff.next())
                 continue

@@ -33,7 +33,7 @@ import attrs
 from runlane._backoff import Backoff
 from runlane._closing import Deadline
 from runlane._progress import THROTTLE_SECONDS, AttemptProgress
-from runlane.errors import RunlaneError, StorageUnavailable
+from runlane.errors import RunlaneClosed, RunlaneError, StorageUnavailable
 from runlane.models import WorkerState
 from runlane.storage import (
     Completion,
@@ -280,6 +280,13 @@ class LifecycleWriter:
     def _loop(self) -> None:
         try:
             self._run()
+        except RunlaneClosed as exc:
+            if not self._closing:
+                log.exception("runlane: the lifecycle writer failed")
+                self._on_fatal(exc)
+                return
+            # close gave up on this thread (it said so) and closed its connection under it
+            log.debug("runlane: %s ends after its close: %s", self._name, exc)
         except BaseException as exc:
             log.exception("runlane: the lifecycle writer failed")
             self._on_fatal(exc)
@@ -431,12 +438,7 @@ class LifecycleWriter:
                 self._write(batch, self._storage)
             except StorageUnavailable as exc:
                 if self._past_deadline():
-                    log.error(  # noqa: TRY400 - an expected outage, not a bug: no traceback
-                        "runlane: closing with %d lifecycle writes unwritten (%s); their "
-                        "attempts are recovered by maintenance when their leases expire",
-                        len(batch),
-                        exc,
-                    )
+                    _unwritten(batch, exc)
                     return
                 log.warning("runlane: lifecycle write failed (%s); retrying", exc)
                 with self._cond:
@@ -444,6 +446,12 @@ class LifecycleWriter:
                     if self._deadline is not None:
                         wait = min(wait, max(0.0, self._deadline - time.monotonic()))
                     self._cond.wait(timeout=wait)
+            except RunlaneClosed as exc:
+                if not self._closing:
+                    raise
+                # close gave up on this thread and closed its connection under it
+                _unwritten(batch, exc)
+                return
             else:
                 return
 
@@ -525,3 +533,12 @@ def _within(completions: list[Completion]) -> list[Completion]:
         if size > _STATEMENT_OUTPUT_CHARS and n:
             return completions[:n]
     return completions
+
+
+def _unwritten(batch: _Pending, exc: RunlaneError) -> None:
+    log.error(  # an expected outage, not a bug: no traceback
+        "runlane: closing with %d lifecycle writes unwritten (%s); their attempts are "
+        "recovered by maintenance when their leases expire",
+        len(batch),
+        exc,
+    )
