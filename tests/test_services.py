@@ -3,8 +3,8 @@
 Two replicas split the bands and fail over; a frozen owner's old fence can change nothing;
 failed passes reach ``on_service_error``. A stateful property test then drives acquire,
 refresh, release, expiry and fenced writes by three actors in random interleavings and
-checks the lease table after every step, also with the process clock shifted by an hour;
-real threads race for one expired band.
+checks the lease table after every step, with the process clock an hour ahead or behind and
+jumping between these; real threads race for one expired band.
 """
 
 from __future__ import annotations
@@ -726,6 +726,7 @@ ENV = "props"
 LEASE = timedelta(minutes=1)  # nothing expires by itself during an example
 ACTORS = ("A", "B", "C")
 BAND_NAMES = ("b1", "b2")
+CLOCK_SHIFTS = (0, 3600, -3600)  # the process clock: true, an hour ahead, an hour behind
 
 
 @attrs.define
@@ -743,6 +744,11 @@ class LeaseMachine(RuleBasedStateMachine):
     dbx: ClassVar[Db]
     run_id: ClassVar[uuid.UUID]
     highest: ClassVar[dict[str, int]]  # the largest fencing number ever seen, per band
+    # the process clock's shift from the real clock (seconds), which the test's patched
+    # time.time adds, and every shift an example has run under
+    start_shift: ClassVar[int]  # where each example starts
+    clock_shift: ClassVar[list[int]]
+    shifts_seen: ClassVar[set[int]]
 
     def __init__(self) -> None:
         super().__init__()
@@ -760,6 +766,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def start(self) -> None:
         """Examples share the table (fencing numbers must keep growing across them); every
         lease starts expired."""
+        self.clock_shift[0] = self.start_shift
         self.dbx.run(
             "update {schema}.maintenance_leases "
             "set expires_at = clock_timestamp() - interval '1 millisecond' where environment = %s",
@@ -768,6 +775,13 @@ class LeaseMachine(RuleBasedStateMachine):
         for band, (owner, fencing, live) in self.dbx.leases(ENV).items():
             assert not live
             self.bands[band] = BandModel(fencing, owner, False)
+
+    @rule(shift=st.sampled_from(CLOCK_SHIFTS))
+    def shift_process_clock(self, shift: int) -> None:
+        """The process clock jumps an hour ahead or behind, or back: leases use database
+        time only, so the model does not change."""
+        self.clock_shift[0] = shift
+        self.shifts_seen.add(shift)
 
     @rule(actor=st.sampled_from(ACTORS), band=st.sampled_from(BAND_NAMES))
     def acquire(self, actor: str, band: str) -> None:
@@ -939,12 +953,16 @@ def actor_storages(database_url: str, schema: str) -> Iterator[dict[str, Postgre
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shift", [0, 3600, -3600], ids=["clock", "clock+1h", "clock-1h"])
+@pytest.mark.parametrize("shift", CLOCK_SHIFTS, ids=["clock", "clock+1h", "clock-1h"])
 def test_lease_rules_state_machine(
     actor_storages: dict[str, PostgresStorage], dbx: Db, shift: int
 ) -> None:
-    """The same rules hold with the process clock an hour ahead or behind: leases use
-    database time only."""
+    """The same rules hold with the process clock an hour ahead or behind, and when it
+    jumps between these mid-sequence (``shift_process_clock``): leases use database time
+    only. Each test starts its examples on its own clock; together the three run 75
+    examples (they ran 50 each, on a fixed clock, before the jumps were a rule: the
+    process clock is no input of any lease statement, so the three explored one state
+    space three times)."""
     seed = actor_storages["A"].run_insert_many(
         NewRuns(
             environment=ENV,
@@ -968,17 +986,20 @@ def test_lease_rules_state_machine(
     Machine.dbx = dbx
     Machine.run_id = seed[0].id
     Machine.highest = {}
+    Machine.start_shift = shift
+    Machine.clock_shift = [shift]
+    Machine.shifts_seen = {shift}
     real_time = time.time
 
     def shifted() -> float:
-        return real_time() + shift
+        return real_time() + Machine.clock_shift[0]
 
     with mock.patch("time.time", shifted):
         assert abs(time.time() - real_time() - shift) < 1
         run_state_machine_as_test(
             Machine,
             settings=settings(
-                max_examples=50,
+                max_examples=25,
                 stateful_step_count=30,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
@@ -988,6 +1009,7 @@ def test_lease_rules_state_machine(
             ),
         )
     assert Machine.highest, "no lease was ever acquired"
+    assert Machine.shifts_seen == set(CLOCK_SHIFTS), "the clock never jumped to every shift"
 
 
 # -- races between real threads ---------------------------------------------------------------
