@@ -33,7 +33,7 @@ from tests.helpers import cli_process, elapse, make_due
 
 APP = textwrap.dedent(
     """
-    import os, sys, threading
+    import os, signal, sys, threading
     from datetime import timedelta
     from runlane import RunContext, create_runlane, task
     from runlane.postgres import postgres_polling_lane
@@ -59,14 +59,31 @@ APP = textwrap.dedent(
         ),
         tasks=[echo],
     )
+
+    def signal_from_this_thread(path):
+        # the kernel hands a signal sent to the process to any of its threads: this one
+        while not os.path.exists(path):
+            threading.Event().wait(0.02)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    if os.environ.get("APP_SIGNAL_FILE"):
+        threading.Thread(
+            target=signal_from_this_thread, args=(os.environ["APP_SIGNAL_FILE"],), daemon=True
+        ).start()
     """
 )
 
 
 def _spawn(
-    tmp_path: Path, database_url: str, schema: str, *args: str, lease: float = 30
+    tmp_path: Path,
+    database_url: str,
+    schema: str,
+    *args: str,
+    lease: float = 30,
+    env: dict[str, str] | None = None,
 ) -> AbstractContextManager[subprocess.Popen[str]]:
-    return cli_process(tmp_path, APP, database_url, schema, *args, env={"APP_LEASE": str(lease)})
+    env = {"APP_LEASE": str(lease), **(env or {})}
+    return cli_process(tmp_path, APP, database_url, schema, *args, env=env)
 
 
 def _wait_for_line(proc: subprocess.Popen[str], *needles: str) -> str:
@@ -159,6 +176,25 @@ def test_maintenance_closes_cleanly_on_sigterm(
             ).format(sql.Identifier(schema))
         ).fetchone()
     assert live == (0,)  # the bands' leases were released on the way out
+
+
+@pytest.mark.parametrize("command", ["worker", "maintenance"])
+def test_a_stop_signal_handed_to_another_thread_closes_the_command(
+    tmp_path: Path, database_url: str, schema: str, command: str
+) -> None:
+    """The kernel hands a signal sent to the process to any of its threads, and Python runs
+    the handler on the main thread only once that thread runs Python code: a main thread
+    waiting without a timeout never did (CI: maintenance still running 30 s after SIGTERM,
+    its main thread in Services.wait_until_closed). Here SIGTERM goes to a thread of the
+    app's own, never to the main thread."""
+    go = tmp_path / "signal-now"
+    app_env = {"APP_SIGNAL_FILE": str(go)}
+    with _spawn(tmp_path, database_url, schema, command, "cliapp:runlane", env=app_env) as proc:
+        _wait_for_line(proc, "SIGTERM or Ctrl-C stops it")
+        go.touch()
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        assert "SIGTERM received; closing" in proc.stderr.read()
 
 
 def test_second_signal_stops_a_worker_at_once(

@@ -47,7 +47,7 @@ from runlane.cli._logs import (
 )
 from runlane.cli._operator import add_operator_commands, format_workers, plain
 from runlane.cli._runs import add_run_commands
-from runlane.cli._signals import Stopper
+from runlane.cli._signals import Stopper, wait_in_slices
 from runlane.cli._target import TARGET_HELP, Target, add_target_options, target_runtime
 from runlane.cli._web import add_web_command
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
@@ -236,7 +236,9 @@ def _one_line(exc: BaseException) -> str:
 def _supervise(
     stopper: Stopper, wait_until_closed: Callable[[], object], shutdown_timeout: float
 ) -> int:
-    """Observe a worker or services until they close; 0 after a clean close."""
+    """Observe a worker or services until they close; 0 after a clean close.
+    ``wait_until_closed`` waits in slices (``wait_in_slices``), so that a stop signal the
+    kernel delivered to another thread is handled."""
     try:
         wait_until_closed()
     except (WorkerFailed, ServiceFailed) as exc:
@@ -310,19 +312,17 @@ def _report_service_error(error: BaseException, info: ServiceErrorInfo) -> None:
 
 def _wait_for_both(worker: Any, services: Services | None) -> None:
     """Observe a worker and the services beside it; when either closes (or fails) the
-    other is closed too, and a failure propagates."""
+    other is closed too, and a failure propagates. Every wait is sliced (see _signals)."""
     if services is None:
-        worker.wait_until_closed()
+        wait_in_slices(worker.wait_until_closed)
         return
     try:
-        while not worker.wait_until_closed(0.5):
-            if services.wait_until_closed(0):
-                break
+        wait_in_slices(lambda seconds: worker.wait_until_closed(seconds) or services.closed)
     finally:
         worker.close()
         services.close()
-    worker.wait_until_closed()
-    services.wait_until_closed()
+    wait_in_slices(worker.wait_until_closed)
+    wait_in_slices(services.wait_until_closed)
 
 
 def _cmd_maintenance(args: argparse.Namespace) -> int:
@@ -348,7 +348,11 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
                     services=services.name,
                     environment=runlane.environment,
                 )
-                code = _supervise(stopper, services.wait_until_closed, args.shutdown_timeout)
+                code = _supervise(
+                    stopper,
+                    lambda: wait_in_slices(services.wait_until_closed),
+                    args.shutdown_timeout,
+                )
                 say(f"{services.name} stopped", services=services.name, exit_code=code)
                 return code
             finally:

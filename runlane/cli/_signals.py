@@ -1,5 +1,14 @@
 """SIGTERM/SIGINT for the long-running commands (worker, maintenance): the first signal closes
-gracefully, a second exits at once."""
+gracefully, a second exits at once.
+
+The kernel hands a signal sent to the process to any of its threads. Python runs the handler
+on the main thread, but only once that thread runs Python code again: a main thread blocked
+in a wait without a timeout wakes for a signal delivered to itself, never for one delivered
+to a band, pool or slot thread. It then never closed (CI: `runlane maintenance` was still
+running 30 s after SIGTERM, its main thread in ``Services.wait_until_closed()``). So the main
+thread waits in slices (``wait_in_slices``): a signal is handled within a slice, whichever
+thread the kernel chose.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +16,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -14,10 +24,26 @@ from types import FrameType
 from runlane.cli._codes import EXIT_FORCED
 from runlane.cli._logs import say, stop_logging
 
-__all__ = ["Stopper"]
+__all__ = ["Stopper", "wait_in_slices"]
 
 # how long past --shutdown-timeout the main thread waits for the closer thread
 _CLOSER_ALLOWANCE_SECONDS = 5.0
+# the longest the main thread waits at a time: how late a signal the kernel delivered to
+# another thread may be handled
+_SLICE_SECONDS = 0.25
+
+
+def wait_in_slices(wait: Callable[[float], bool], timeout: float | None = None) -> bool:
+    """Call ``wait(seconds)`` (True once what it waits for happened) a slice at a time until
+    it returns True, or until ``timeout`` seconds passed (None: no limit): then False. Between
+    slices the main thread runs the handler of a signal delivered to any thread."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _SLICE_SECONDS if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if wait(min(_SLICE_SECONDS, left)):
+            return True
 
 
 class Stopper:
@@ -77,9 +103,17 @@ class Stopper:
 
     def wait_for_closer(self, timeout: float) -> None:
         """Join the closer thread: its close keeps to ``timeout`` (--shutdown-timeout);
-        past that and a short allowance the process exits without it."""
-        if self._closer is not None:
-            self._closer.join(timeout + _CLOSER_ALLOWANCE_SECONDS)
+        past that and a short allowance the process exits without it. Joined in slices, so
+        a second signal meanwhile exits at once."""
+        closer = self._closer
+        if closer is None:
+            return
+
+        def joined(seconds: float) -> bool:
+            closer.join(seconds)
+            return not closer.is_alive()
+
+        wait_in_slices(joined, timeout + _CLOSER_ALLOWANCE_SECONDS)
 
     @contextmanager
     def installed(self) -> Iterator[None]:
