@@ -79,12 +79,17 @@ def fresh_schema(database_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def schema_pool(database_url: str) -> SchemaPool | None:
+def schema_pool(database_url: str) -> Iterator[SchemaPool | None]:
     """This process's migrated schemas, handed from one test to the next (tests/_schemas.py);
     None on a RUNLANE_TEST_DATABASE_URL server, whose schemas are each dropped after use."""
     if os.environ.get("RUNLANE_TEST_DATABASE_URL"):
-        return None
-    return SchemaPool(database_url)
+        yield None
+        return
+    pool = SchemaPool(database_url)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture
