@@ -13,6 +13,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runlane import RunContext, RunStatus, create_runlane, queue, task
 from runlane.postgres import postgres_polling_lane
 from tests.helpers import Conn, process, q, wait_for_status, wait_until
@@ -123,3 +125,40 @@ def test_maintenance_example_closes_on_sigterm(database_url: str, schema: str, d
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert live_leases() == 0  # released on the way out
+
+
+# runs the example named by argv[1] with a thread that, once the file argv[2] exists, sends
+# SIGTERM to itself: the kernel hands a signal sent to the process to any of its threads
+_SIGNAL_FROM_A_THREAD = """
+import os, runpy, signal, sys, threading
+
+def signal_from_this_thread(path):
+    while not os.path.exists(path):
+        threading.Event().wait(0.02)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=signal_from_this_thread, args=(sys.argv[2],), daemon=True).start()
+sys.argv = sys.argv[1:2]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("name", ["worker.py", "maintenance.py"])
+def test_an_example_closes_on_a_sigterm_handed_to_another_thread(
+    database_url: str, schema: str, db: Conn, tmp_path: Path, name: str
+) -> None:
+    """Python runs a signal's handler on the main thread once that thread runs Python code:
+    the examples' main thread waited in wait_until_closed() without a timeout, which only a
+    signal delivered to that thread itself interrupts (CI: the maintenance example was still
+    running 30 s after SIGTERM). On the main thread it waits in slices now."""
+    go = tmp_path / "signal-now"
+    live = q("select count(*) from {s}.maintenance_leases where expires_at > now()", schema)
+    with example(database_url, schema, "-c", _SIGNAL_FROM_A_THREAD, name, str(go)) as proc:
+        if name == "worker.py":
+            assert proc.stdout is not None
+            assert "SIGTERM or Ctrl-C stops it" in proc.stdout.readline()
+        else:  # its handlers are installed before the services start
+            wait_until(lambda: db.execute(live).fetchone() != (0,), timeout=30, what="a band owned")
+        go.touch()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err

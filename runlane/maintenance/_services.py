@@ -35,6 +35,7 @@ from datetime import timedelta
 import attrs
 
 from runlane._limits import MAX_LEASE, MIN_LEASE, as_timedelta, as_wait_timeout
+from runlane._waits import wait_event
 from runlane.errors import (
     IncompatibleSchema,
     RunlaneClosed,
@@ -310,7 +311,7 @@ class Services:
         error raised by ``on_service_error`` that is not an ``Exception``. Other storage
         failures are reported to ``on_service_error`` and retried, not fatal."""
         timeout = as_wait_timeout("timeout", timeout)
-        if not self._board.closed.wait(timeout):
+        if not wait_event(self._board.closed, timeout):  # in slices: see runlane._waits
             return False
         failure = self._board.failure
         if failure is not None:

@@ -47,6 +47,7 @@ from runlane._closing import Closing, Deadline
 from runlane._display import shown
 from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout
 from runlane._middleware import Middleware
+from runlane._waits import wait_event
 from runlane._workers import new_beat
 from runlane.context import ContextBackend
 from runlane.errors import ConfigurationError, StopReason, WorkerFailed
@@ -302,7 +303,7 @@ class Worker:
         a clean close never raises.
         """
         deadline = Deadline(as_wait_timeout("timeout", timeout))
-        if not self._closed.wait(deadline.left()):
+        if not wait_event(self._closed, deadline.left()):  # in slices: see runlane._waits
             return False
         self._join_closer(deadline)
         if self._failure is not None:
