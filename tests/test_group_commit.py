@@ -397,6 +397,39 @@ def test_eager_triggers_share_a_statement_and_one_claim_for_their_items(
         storage.close()
 
 
+def test_an_eager_group_without_keys_is_written_fresh_and_survives_a_repeat(
+    database_url: str, db: Conn, schema: str
+) -> None:
+    """Eager calls without idempotency keys share run_insert_group_claimed_fresh (no
+    conflict handling): the due runs' items are claimed and handed over, a delayed one's
+    waits; the statement repeated after its answer was lost meets its ids, reports every
+    run as created and hands nothing over again (the first claim's items stay for the
+    sweeps once it expires)."""
+    storage = PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=3)
+    collector = Collector()
+    storage.attach_eager_publisher(collector)
+    try:
+        storage.outbox_enable("default", timedelta(minutes=5))
+        batches = [new_runs(), new_runs(queue="other"), new_runs(delay=timedelta(hours=1))]
+        first = storage._insert_eager_together(batches)  # type: ignore[attr-defined]
+        assert first == [[InsertedRun(b.ids[0], b.queue, True)] for b in batches]
+        (handed,) = collector.handed
+        assert sorted(i.run_id for i in handed) == sorted(b.ids[0] for b in batches[:2])
+        assert {i.queue for i in handed} == {"default", "other"}
+        again = storage._insert_eager_together(batches)  # type: ignore[attr-defined]
+        assert again == first
+        assert len(collector.handed) == 1  # nothing handed over twice
+        stored = dict(
+            db.execute(q("select run_id, claim_token from {s}.outbox", schema)).fetchall()
+        )
+        assert stored[batches[2].ids[0]] is None
+        (token,) = {i.claim_token for i in handed}
+        assert stored[batches[0].ids[0]] == stored[batches[1].ids[0]] == token
+        assert len(stored) == 3
+    finally:
+        storage.close()
+
+
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
 def test_a_queued_call_interrupted_by_a_signal_leaves_no_one_waiting() -> None:
     """Ctrl-C (a signal's exception in the main thread) while a call waits in the queue:

@@ -135,10 +135,23 @@ class OutboxMethods:
         params = {"rows": rows, "claim": str(claim)}
         claimed_at = time.monotonic()  # before the statement: the claim starts after
 
+        keyed = any(key is not None for runs in groups for key in runs.idempotency_keys)
+
         def insert(conn: Conn) -> tuple[list[list[InsertedRun]], list[uuid.UUID]]:
             with conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(self._sql["run_insert_group_claimed"], params)
-                rows = cur.fetchall()
+                if keyed:
+                    cur.execute(self._sql["run_insert_group_claimed"], params)
+                    rows = cur.fetchall()
+                else:
+                    # without keys nothing can conflict: no conflict handling, no lock order
+                    try:
+                        cur.execute(self._sql["run_insert_group_claimed_fresh"], params)
+                        rows = cur.fetchall()
+                    except psycopg.errors.UniqueViolation:
+                        # repeated after its first answer was lost: its runs and their claimed
+                        # items are there (autocommit: this failure undid nothing); the runs
+                        # are read back, and the items are published once that claim expires
+                        rows = []
                 if committed is not None:
                     committed()
                 inserted = {row[0] for row in rows}

@@ -34,3 +34,15 @@ cross join claim
 order by i.e collate "C", i.t collate "C", i.k collate "C", i.id
 on conflict do nothing
 returning r.id, r.due_at <= now() as due_now;
+
+-- name: run_insert_group_claimed_fresh
+-- run_insert_group_claimed for a group without idempotency keys (the usual case): as
+-- run_insert_group_fresh, no conflict handling and no lock order (a repeated statement meets
+-- its own ids and fails; its runs and claimed items are there). It still returns each run's
+-- id and whether it is due now: the publisher is handed the items of those.
+with claim as materialized (
+    select set_config('runlane.outbox_claim', %(claim)s, true)
+)
+{@group_insert}
+cross join claim
+returning r.id, r.due_at <= now() as due_now;
