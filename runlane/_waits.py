@@ -14,21 +14,29 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
-__all__ = ["wait_event"]
+__all__ = ["wait_event", "wait_in_slices"]
 
 # the longest the main thread waits at a time: how late a signal handler may run
 _SLICE_SECONDS = 0.25
+
+
+def wait_in_slices(wait: Callable[[float], bool], timeout: float | None = None) -> bool:
+    """Call ``wait(seconds)`` (True once what it waits for happened) a slice at a time until
+    it returns True, or until ``timeout`` seconds passed (None: no limit): then False. Between
+    slices the main thread runs the handler of a signal delivered to any thread."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _SLICE_SECONDS if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if wait(min(_SLICE_SECONDS, left)):
+            return True
 
 
 def wait_event(event: threading.Event, timeout: float | None) -> bool:
     """``event.wait(timeout)`` (None: no limit); on the main thread, a slice at a time."""
     if threading.current_thread() is not threading.main_thread():
         return event.wait(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = _SLICE_SECONDS if deadline is None else deadline - time.monotonic()
-        if event.wait(max(0.0, min(_SLICE_SECONDS, left))):
-            return True
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
+    return event.is_set() or wait_in_slices(event.wait, timeout)

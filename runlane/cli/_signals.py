@@ -16,34 +16,18 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+from runlane._waits import wait_in_slices
 from runlane.cli._codes import EXIT_FORCED
 from runlane.cli._logs import say, stop_logging
 
-__all__ = ["Stopper", "wait_in_slices"]
+__all__ = ["Stopper"]
 
 # how long past --shutdown-timeout the main thread waits for the closer thread
 _CLOSER_ALLOWANCE_SECONDS = 5.0
-# the longest the main thread waits at a time: how late a signal the kernel delivered to
-# another thread may be handled
-_SLICE_SECONDS = 0.25
-
-
-def wait_in_slices(wait: Callable[[float], bool], timeout: float | None = None) -> bool:
-    """Call ``wait(seconds)`` (True once what it waits for happened) a slice at a time until
-    it returns True, or until ``timeout`` seconds passed (None: no limit): then False. Between
-    slices the main thread runs the handler of a signal delivered to any thread."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = _SLICE_SECONDS if deadline is None else deadline - time.monotonic()
-        if left <= 0:
-            return False
-        if wait(min(_SLICE_SECONDS, left)):
-            return True
 
 
 class Stopper:
