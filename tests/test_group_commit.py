@@ -411,12 +411,12 @@ def test_an_eager_group_without_keys_is_written_fresh_and_survives_a_repeat(
     try:
         storage.outbox_enable("default", timedelta(minutes=5))
         batches = [new_runs(), new_runs(queue="other"), new_runs(delay=timedelta(hours=1))]
-        first = storage._insert_eager_together(batches)  # type: ignore[attr-defined]
+        first = storage._insert_eager_together(batches)
         assert first == [[InsertedRun(b.ids[0], b.queue, True)] for b in batches]
         (handed,) = collector.handed
         assert sorted(i.run_id for i in handed) == sorted(b.ids[0] for b in batches[:2])
         assert {i.queue for i in handed} == {"default", "other"}
-        again = storage._insert_eager_together(batches)  # type: ignore[attr-defined]
+        again = storage._insert_eager_together(batches)
         assert again == first
         assert len(collector.handed) == 1  # nothing handed over twice
         stored = dict(
