@@ -280,14 +280,11 @@ class LifecycleWriter:
     def _loop(self) -> None:
         try:
             self._run()
-        except RunlaneClosed as exc:
-            if not self._closing:
-                log.exception("runlane: the lifecycle writer failed")
-                self._on_fatal(exc)
-                return
-            # close gave up on this thread (it said so) and closed its connection under it
-            log.debug("runlane: %s ends after its close: %s", self._name, exc)
         except BaseException as exc:
+            if isinstance(exc, RunlaneClosed) and self._closing:
+                # close gave up on this thread (it said so) and closed its connection under it
+                log.debug("runlane: %s ends after its close: %s", self._name, exc)
+                return
             log.exception("runlane: the lifecycle writer failed")
             self._on_fatal(exc)
 
