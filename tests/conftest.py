@@ -23,6 +23,7 @@ from runlane._rabbit_nodes import (
 )
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
+from tests._bytecode import compile_checkout
 from tests._schemas import SchemaPool, new_schema_name
 from tests._suite import (
     auto_workers,
@@ -35,6 +36,10 @@ from tests._suite import (
 
 RunlaneFactory = Callable[..., Runlane]
 RabbitRuntimes = Callable[..., Runlane]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    compile_checkout(config)  # once, before the xdist workers start (tests/_bytecode.py)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
