@@ -9,12 +9,12 @@ their own skewed clock; nothing here reads it.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +29,7 @@ from psycopg import sql
 from runlane.testing import restart_embedded_postgres
 from tests._proxy import TcpProxy
 from tests.soak.app import Settings
+from tests.soak.forkserver import Forked, ForkServer
 
 log = logging.getLogger("soak")
 
@@ -50,7 +51,7 @@ class Child:
     faketime: str | None = None
     url: str | None = None
     incarnation: int = -1
-    popen: subprocess.Popen[bytes] | None = None
+    popen: Forked | None = None
 
     @property
     def proc(self) -> str:
@@ -75,9 +76,15 @@ class Soak:
         self.unexpected: list[str] = []
         self.busy: set[str] = set()  # children a major fault is working on
         self.children: dict[str, Child] = {}
+        self.fork_servers: dict[str | None, ForkServer] = {}
+        self._starting = threading.Lock()
         self.stop = threading.Event()
         self.majors_done = threading.Event()
         self.random = random.Random(7)
+        # one connection per thread that queries (the schedule's threads, the monitor),
+        # kept open: a new one for each of the polls cost a backend start each time
+        self._conns = threading.local()
+        self._opened: list[psycopg.Connection[Any]] = []
         self.offset = self._clock_offset()
 
     # -- clocks and the database ---------------------------------------------------------
@@ -91,24 +98,43 @@ class Soak:
 
     def query(self, text: LiteralString, *params: Any, patience: float = 120.0) -> Any:
         """One row of ``text`` (``{schema}`` and ``{side}`` are filled in), retried while the
-        server restarts."""
+        server restarts, on this thread's connection."""
         deadline = time.monotonic() + patience
         query = sql.SQL(text).format(
             schema=sql.Identifier(self.settings.schema), side=sql.Identifier(self.settings.side)
         )
         while True:
+            conn = getattr(self._conns, "conn", None)
             try:
-                with psycopg.connect(
-                    self.settings.url,
-                    autocommit=True,
-                    connect_timeout=3,
-                    application_name="soak-orchestrator",
-                ) as conn:
-                    return conn.execute(query, params).fetchone()
+                if conn is None:
+                    conn = self._conns.conn = psycopg.connect(
+                        self.settings.url,
+                        autocommit=True,
+                        connect_timeout=3,
+                        application_name="soak-orchestrator",
+                    )
+                    with self.lock:
+                        self._opened.append(conn)
+                return conn.execute(query, params).fetchone()
             except psycopg.OperationalError:
+                # a restart dropped it (the storms spare 'soak-*' backends): a new one
+                if conn is not None:
+                    conn.close()
+                self._conns.conn = None
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+    def close(self) -> None:
+        """After ``terminate_all``: stop the fork servers, close the threads' connections
+        (each thread that queried kept one, see ``query``)."""
+        with self.lock:
+            servers, self.fork_servers = list(self.fork_servers.values()), {}
+            conns, self._opened = self._opened, []
+        for server in servers:
+            server.close()
+        for conn in conns:
+            conn.close()
 
     def record(self, event: Event) -> None:
         with self.lock:
@@ -123,33 +149,47 @@ class Soak:
         self.spawn(child)
 
     def spawn(self, child: Child) -> None:
+        """Start ``child`` (a new incarnation), forked from the fork server of its clock."""
         child.incarnation += 1
-        command = [
-            sys.executable,
-            "-m",
-            "tests.soak.child",
-            child.role,
-            str(self.settings_path),
-            child.proc,
-        ]
-        if child.url is not None:
-            command += ["--url", child.url]
+        server = self._fork_server(child.faketime)
+        log = self.directory / "logs" / f"{child.proc}.log"
+        child.popen = server.spawn(child.role, child.proc, log, child.url)
+
+    def _fork_server(self, faketime: str | None) -> ForkServer:
+        """The fork server for a clock (one per ``faketime`` setting, started when first
+        needed): a process that imported the soak once, so a restart costs a fork, not the
+        0.6 CPU-s of a new Python process's imports (see tests/soak/forkserver.py)."""
+        with self._starting:  # one start per clock, whichever thread asks first
+            server = self.fork_servers.get(faketime)
+            if server is None:
+                server = self._start_fork_server(faketime)
+                with self.lock:
+                    self.fork_servers[faketime] = server
+            return server
+
+    def _start_fork_server(self, faketime: str | None) -> ForkServer:
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        if child.faketime is not None:
-            command = ["faketime", "-f", child.faketime, *command]
+        wrapper: list[str] = []
+        if faketime is not None:
+            library = libfaketime()
+            if library is None:  # not where Debian puts it: the wrapper finds its own
+                wrapper = ["faketime", "-f", faketime]
+            else:
+                # preloaded directly: the wrapper keeps a semaphore and a shared memory
+                # segment named after its pid, left behind in /dev/shm when it is killed;
+                # a later wrapper given that pid again refuses to start (sem_open: EEXIST)
+                env["LD_PRELOAD"] = library
+                env["FAKETIME"] = faketime
             # the wall clock is skewed; the monotonic clock stays true, as on a real machine
             env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+            # libfaketime 0.9.10 otherwise takes the deadline of a timed wait on a
+            # CLOCK_MONOTONIC condition variable (the GIL's) for a wall-clock one, an hour
+            # off: the wait times out at once and every thread waiting for the GIL spins
+            # (w3 burned 0.06 CPU-s a second idle, 5x a plain worker, more under load)
+            env["FAKETIME_FORCE_MONOTONIC_FIX"] = "0"
             env["RUNLANE_SOAK_FAKETIME"] = "1"  # see tests/soak/__init__.py
-        with (self.directory / "logs" / f"{child.proc}.log").open("ab") as out:
-            child.popen = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO,
-                env=env,
-                start_new_session=True,  # its own group: signals reach faketime's child too
-            )
+        name = "forkserver" if faketime is None else f"forkserver{faketime}"
+        return ForkServer(self.settings_path, self.directory / "logs" / f"{name}.log", env, wrapper)
 
     def signal(self, child: Child, signum: int) -> None:
         assert child.popen is not None
@@ -444,6 +484,16 @@ class Soak:
         return None if row is None else row[0]
 
 
+def libfaketime() -> str | None:
+    """The preload library of the ``faketime`` package (Debian: under the multiarch
+    directory, ``/usr/lib/<arch>/faketime``), or None."""
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/*lib*/faketime/libfaketime.so.1"):
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
 def wait_side_registered(soak: Soak, children: list[Child], timeout: float = 60.0) -> None:
     """Block until every child recorded itself (it is up). A child that exits before it
     does is restarted under a new generation's name, and that one is waited for."""
@@ -460,4 +510,4 @@ def wait_side_registered(soak: Soak, children: list[Child], timeout: float = 60.
     raise RuntimeError(f"children did not start within {timeout:.0f}s: see {soak.directory}/logs")
 
 
-__all__ = ["Child", "Event", "Soak", "wait_side_registered"]
+__all__ = ["Child", "Event", "Soak", "libfaketime", "wait_side_registered"]

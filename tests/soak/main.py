@@ -220,6 +220,7 @@ def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespa
     finally:
         soak.stop.set()
         soak.terminate_all()
+        soak.close()
     ended = soak.now()
     with psycopg.connect(settings.url, autocommit=True) as conn:
         report = check(
