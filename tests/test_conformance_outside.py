@@ -6,6 +6,7 @@ variant of the lane (its idle worker deaf to announcements) fails the suite."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -206,22 +207,50 @@ def test_the_suite_fails_a_lane_whose_idle_worker_misses_announcements(
     assert "after its trigger (poll is 30 s)" in out or "did not start in 5" in out, out
 
 
-@pytest.mark.parametrize("module", ["runlane", "runlane.testing", "runlane.lanes"])
-def test_runlane_imports_without_pytest(module: str) -> None:
+IMPORTED = ("runlane", "runlane.testing", "runlane.lanes", "runlane.testing.conformance")
+
+
+@pytest.fixture(scope="module")
+def imports_without_pytest() -> dict[str, str]:
+    """Each of ``IMPORTED``, in order, imported by one interpreter in which ``import pytest``
+    fails: the module's name to "ok" or the error its import raised. (One process for all:
+    pytest is missing for each import alike, and an interpreter costs about 0.5 CPU-s.)"""
+    code = (
+        "import json, sys, traceback\n"
+        "sys.modules['pytest'] = None\n"
+        "found = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        __import__(name)\n"
+        "    except BaseException:\n"
+        "        found[name] = traceback.format_exc()\n"
+        "    else:\n"
+        "        found[name] = 'ok'\n"
+        "print(json.dumps(found))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *IMPORTED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    found: dict[str, str] = json.loads(done.stdout)
+    assert list(found) == list(IMPORTED), done.stdout
+    return found
+
+
+@pytest.mark.parametrize("module", IMPORTED[:3])
+def test_runlane_imports_without_pytest(
+    module: str, imports_without_pytest: dict[str, str]
+) -> None:
     # pytest stays an optional dependency (the testing extra): only the conformance suite
     # and the plugin need it
-    done = _import_without_pytest(module)
-    assert done.returncode == 0, done.stderr
+    assert imports_without_pytest[module] == "ok", imports_without_pytest[module]
 
 
-def test_the_conformance_suite_says_it_needs_pytest() -> None:
-    done = _import_without_pytest("runlane.testing.conformance")
-    assert done.returncode != 0
-    assert "pytest" in done.stderr
-
-
-def _import_without_pytest(module: str) -> subprocess.CompletedProcess[str]:
-    code = f"import sys; sys.modules['pytest'] = None; import {module}"
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+def test_the_conformance_suite_says_it_needs_pytest(imports_without_pytest: dict[str, str]) -> None:
+    error = imports_without_pytest["runlane.testing.conformance"]
+    assert error != "ok"
+    assert "pytest" in error.strip().splitlines()[-1], error  # the exception's own line

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from runlane.cli import main
 from tests.test_packaging import _checkout_copy
 
 # end-to-end: installs, servers and subprocesses; past the suite's 120 s default on a busy
@@ -208,12 +209,7 @@ def shell(workspace: Path) -> Iterator[Shell]:
     finally:
         started.stop_background()
         data = home / ".local" / "share" / "runlane" / "dev-db"
-        subprocess.run(
-            [sys.executable, "-m", "runlane.cli", "dev-db", "stop", "--dir", str(data)],
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
+        main(["dev-db", "stop", "--dir", str(data)])  # in this process: no interpreter to start
 
 
 @pytest.mark.slow  # about a minute: a venv, an install, a new PostgreSQL data directory
