@@ -115,7 +115,6 @@ class DeafAcquirer:
 '''
 
 LANE_TESTS = """
-import os
 from datetime import timedelta
 
 import pytest
@@ -128,9 +127,10 @@ from wrapped_lane import WrappedLane
 class WrappedHarness(LaneHarness):
     name = "wrapped-polling"
 
-    def __init__(self, database_url: str, schema: str) -> None:
+    def __init__(self, database_url: str, schema: str, *, deaf: bool = False) -> None:
         self.database_url = database_url
         self.schema = schema
+        self.deaf = deaf
         self.started = False
 
     def start(self) -> None:
@@ -147,13 +147,21 @@ class WrappedHarness(LaneHarness):
             lease_duration=lease_duration,
             poll_interval=poll_interval,
         )
-        return WrappedLane(inner, deaf=os.environ.get("LANE_IS_DEAF") == "1")
+        return WrappedLane(inner, deaf=self.deaf)
 
 
 class TestWrappedLane(LaneConformance):
+    deaf = False
+
     @pytest.fixture
     def lane_harness(self, runlane_database_url: str, runlane_schema: str) -> WrappedHarness:
-        return WrappedHarness(runlane_database_url, runlane_schema)
+        return WrappedHarness(runlane_database_url, runlane_schema, deaf=self.deaf)
+
+
+class TestDeafLane(TestWrappedLane):
+    \"\"\"The broken variant: its idle worker deaf to announcements.\"\"\"
+
+    deaf = True
 """
 
 # a handful of the suite: delivery, the idle wake-up, the hand-back, drain and shutdown
@@ -161,6 +169,9 @@ PICKED = (
     "exactly_once or promptly or hands_an_interrupted_run_back or drain_executes "
     "or drain_on_a_lane_without or close_ends_every_thread"
 )
+# and, for the deaf variant, the test that must catch it: both in one pytest process, the
+# deaf class last (file order), after every test of the sound one
+SELECTED = f"(TestWrappedLane and ({PICKED})) or (TestDeafLane and idle_worker_starts)"
 
 
 _PLUGINS_OFF = ("-p", "no:randomly", "-p", "no:xdist")
@@ -174,12 +185,15 @@ def _project(tmp_path: Path) -> Path:
     return project
 
 
-def _pytest(project: Path, database_url: str, *args: str, deaf: bool = False) -> str:
+@pytest.fixture(scope="module")
+def lane_suite(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> str:
+    """The output of one pytest run of the project: ``SELECTED``, every outcome reported."""
+    project = _project(tmp_path_factory.mktemp("outside"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUNLANE_"))}
     env["RUNLANE_TEST_DATABASE_URL"] = database_url
-    env["LANE_IS_DEAF"] = "1" if deaf else "0"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_PLUGINS_OFF]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_PLUGINS_OFF, *args],
+        [*argv, "-k", SELECTED, "-rA"],
         cwd=project,
         env=env,
         capture_output=True,
@@ -187,24 +201,31 @@ def _pytest(project: Path, database_url: str, *args: str, deaf: bool = False) ->
         timeout=300,
         check=False,
     )
-    return done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert "1 failed, 6 passed, 1 skipped, 18 deselected" in out, out
+    return out
 
 
-def test_a_lane_outside_runlane_runs_the_conformance_suite(
-    tmp_path: Path, database_url: str
-) -> None:
-    out = _pytest(_project(tmp_path), database_url, "-k", PICKED, "-rs")
+def _outcomes(out: str, cls: str) -> list[str]:
+    """The ``-rA`` lines of ``cls``'s tests: "PASSED test_...", "FAILED test_... - why"."""
+    mark = f"test_wrapped_lane.py::{cls}::"
+    return [line for line in out.splitlines() if mark in line and not line.startswith(" ")]
+
+
+def test_a_lane_outside_runlane_runs_the_conformance_suite(lane_suite: str) -> None:
+    outcomes = _outcomes(lane_suite, "TestWrappedLane")
+    assert sum(line.startswith("PASSED ") for line in outcomes) == 6, lane_suite
+    assert not any(line.startswith(("FAILED ", "ERROR ")) for line in outcomes), lane_suite
     # one is the other half of drain support (this lane drains): skipped
-    assert "6 passed, 1 skipped, 6 deselected" in out, out
-    assert "supports drain() (the other half's test)" in out, out
+    (skipped,) = [line for line in lane_suite.splitlines() if line.startswith("SKIPPED ")]
+    assert "supports drain() (the other half's test)" in skipped, lane_suite
 
 
-def test_the_suite_fails_a_lane_whose_idle_worker_misses_announcements(
-    tmp_path: Path, database_url: str
-) -> None:
-    out = _pytest(_project(tmp_path), database_url, "-k", "idle_worker_starts", deaf=True)
-    assert "1 failed" in out, out
-    assert "after its trigger (poll is 30 s)" in out or "did not start in 5" in out, out
+def test_the_suite_fails_a_lane_whose_idle_worker_misses_announcements(lane_suite: str) -> None:
+    (failed,) = _outcomes(lane_suite, "TestDeafLane")
+    assert failed.startswith("FAILED test_wrapped_lane.py::TestDeafLane::test_"), lane_suite
+    assert "idle_worker_starts" in failed, lane_suite
+    assert "after its trigger (poll is 30 s)" in lane_suite or "did not start in 5" in lane_suite
 
 
 IMPORTED = ("runlane", "runlane.testing", "runlane.lanes", "runlane.testing.conformance")
