@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +33,14 @@ def _demo(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def _check_output(out: str, runs: int, schema: str) -> None:
     lines = out.splitlines()
     assert f"schema {schema} at version" in out
@@ -46,13 +56,29 @@ def _check_output(out: str, runs: int, schema: str) -> None:
 
 
 def test_demo_starts_a_private_broker_and_runs_through_it(
-    database_url: str, fresh_schema: str
+    database_url: str, fresh_schema: str, tmp_path: Path
 ) -> None:
     require_rabbitmq(rabbitmq_available())
-    done = _demo("--database-url", database_url, "--schema", fresh_schema, "--runs", "4")
+    temp = tmp_path / "tmp"  # where the demo's node makes its directory
+    temp.mkdir()
+    done = _demo(
+        "--database-url",
+        database_url,
+        "--schema",
+        fresh_schema,
+        "--runs",
+        "4",
+        env={"TMPDIR": str(temp)},
+    )
     assert done.returncode == 0, done.stderr
     assert "starting a private RabbitMQ node (rabbitmq-server) ..." in done.stdout
     _check_output(done.stdout, 4, fresh_schema)
+    # the node's cleanup(): the running node is gone (its port closed) and its directory
+    # deleted (the node tests check cleanup() of a node never started)
+    port = re.search(r"broker reachable at 127\.0\.0\.1:(\d+)", done.stdout)
+    assert port is not None
+    assert not _port_open(int(port.group(1)))
+    assert list(temp.iterdir()) == []
 
 
 def test_demo_uses_the_broker_given_by_amqp_url(

@@ -21,9 +21,9 @@ import runlane._rabbit_nodes
 from runlane._rabbit_nodes import (
     RABBITMQ_INSTALL_COMMAND,
     RabbitNode,
+    create_rabbitmq_node,
     rabbitmq_available,
     rabbitmq_test_verdict,
-    start_rabbitmq_node,
 )
 from tests.conftest import require_rabbitmq
 from tests.helpers import drain_messages
@@ -95,22 +95,15 @@ def test_quorum_queue_with_delivery_limit_and_dead_letter_exchange(connection: A
         channel.exchange_delete(f"{name}.dlx")
 
 
-@pytest.fixture
-def own_node() -> Iterator[RabbitNode]:
-    """A node of this test's own: it ends by testing ``cleanup()``, so it cannot borrow the
-    node ``rabbitmq_node`` lends to one test after another."""
-    require_rabbitmq(rabbitmq_available())
-    _, node = start_rabbitmq_node()
-    try:
-        yield node
-    finally:
-        node.cleanup()
-
-
 def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
-    own_node: RabbitNode,
+    rabbitmq_node: RabbitNode,
 ) -> None:
-    node = own_node
+    """On the lent node (it is left running for the next test): SIGKILL and a graceful stop,
+    each followed by a start on the same directory, port and URL, keep a persistent message
+    of a durable quorum queue. ``cleanup()`` of a running node is checked by the demo's test
+    (tests/test_demo_rabbitmq.py), whose node is booted for it anyway; here, of a node never
+    started."""
+    node = rabbitmq_node
     url, port, base = node.amqp_url, node.port, node.base
     params = pika.URLParameters(url)
     assert (params.host, params.port) == ("127.0.0.1", port)
@@ -119,12 +112,13 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     assert credentials.username == node.user
     assert credentials.password
     assert credentials.password not in repr(node)
-    assert node.nodename in node.ctl("status")
-    assert node.user in node.ctl("list_users")
+    assert node.evaluate("node()") == node.nodename  # erl_call reaches this node
+    assert node.user in node.ctl("list_users")  # and so does rabbitmqctl
+    keep = f"keep.{uuid.uuid4().hex[:12]}"
     conn = pika.BlockingConnection(node.connection_parameters())
     channel = _channel(conn)
-    channel.queue_declare("keep", durable=True, arguments={"x-queue-type": "quorum"})
-    channel.basic_publish("", "keep", b"survivor", PERSISTENT, mandatory=True)
+    channel.queue_declare(keep, durable=True, arguments={"x-queue-type": "quorum"})
+    channel.basic_publish("", keep, b"survivor", PERSISTENT, mandatory=True)
     beam = node.pid
     assert beam is not None
     # RabbitMQ 3.10 saves its registry of quorum queue members (ra's names.dets) every 0.5 s:
@@ -143,7 +137,7 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     node.start()  # same directory, same port, same URL
     assert (node.amqp_url, node.port, node.base) == (url, port, base)
     conn = pika.BlockingConnection(pika.URLParameters(url))
-    method, _properties, body = _channel(conn).basic_get("keep")  # not acked: requeued
+    method, _properties, body = _channel(conn).basic_get(keep)  # not acked: requeued
     assert method is not None
     assert body == b"survivor"
     conn.close()
@@ -151,14 +145,25 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     node.terminate()  # SIGTERM: a graceful shutdown
     node.stop()  # waits for it
     assert not node.running
+    assert not _port_open(port)
     node.start()
     conn = pika.BlockingConnection(pika.URLParameters(url))
-    assert drain_messages(_channel(conn), "keep", 1) == [b"survivor"]
+    channel = _channel(conn)
+    assert drain_messages(channel, keep, 1) == [b"survivor"]
+    channel.queue_delete(keep)
     conn.close()
 
+
+def test_cleanup_of_a_node_never_started_deletes_its_directory() -> None:
+    require_rabbitmq(rabbitmq_available())
+    node = create_rabbitmq_node()
+    base = node.base
+    assert (base / ".erlang.cookie").exists()
     node.cleanup()
     assert not base.exists()
-    assert not _port_open(port)
+    node.cleanup()  # again: nothing to do
+    with pytest.raises(RuntimeError, match="cleaned up"):
+        node.start()
 
 
 def test_node_ports_are_picked_outside_the_ephemeral_range() -> None:
