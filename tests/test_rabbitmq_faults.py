@@ -52,6 +52,7 @@ from tests.helpers import (
     Executions,
     amqp_queue,
     attempt_rows,
+    closed_port,
     consumer_ready,
     consumer_stats,
     elapse,
@@ -761,6 +762,45 @@ def test_triggers_commit_while_the_broker_is_down_and_are_delivered_when_it_retu
     worker.close(timeout=10)
     _assert_once_each(executions, run_ids)
     assert rl.status().outbox_pending == 0
+
+
+def test_triggers_during_an_outage_wait_out_the_back_off_without_trying_the_broker_each(
+    rabbit_runtime: RabbitRuntimes, db: Conn, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once a publish found the broker gone, the eager items of later triggers wait with
+    it until the back-off has passed (released at once, due at the next try) rather than
+    each trying a connection (it was two a trigger): an outage under a steady trigger rate
+    cost the publisher a connection attempt and a write per trigger, and maintenance's
+    publish request, queued behind them, timed out under load."""
+    caplog.set_level(logging.WARNING, logger="runlane.rabbitmq.publisher")
+    executions = Executions()
+    work = _counting_task(executions)
+    rl = rabbit_runtime(
+        amqp_url=f"amqp://guest:guest@127.0.0.1:{closed_port()}/%2F",
+        tasks=[work],
+        publish_timeout=timedelta(seconds=1),
+    )
+    run_ids = [rl.trigger(work, n).id for n in range(40)]
+
+    def released() -> int:
+        row = db.execute(
+            q(
+                "select count(*) from {s}.outbox where claim_token is null and failures >= 1 "
+                "and last_error like '%%unreachable%%'",
+                schema,
+            )
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    wait_until(lambda: released() == 40, timeout=30, what="every item released", state=released)
+    tries = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    # a try (and its one fresh retry) a back-off of 0.5 s doubling: a few, not 80
+    assert 1 <= len(tries) <= 20, len(tries)
+    report = rl.status()
+    assert report.outbox_pending == 40
+    assert rl.run_maintenance_once().outbox_published == 0  # answers: nothing to publish
+    assert {r for r in run_ids if rl.get_run(r).status is RunStatus.QUEUED} == set(run_ids)
+    assert not executions.runs
 
 
 # -- 9. a purged queue --------------------------------------------------------------------------

@@ -8,7 +8,9 @@ publish it; maintenance asks for one page synchronously (``publish_pending``). E
 message is published with publisher confirms and ``mandatory`` (an unroutable message is a
 failure), then its result is recorded fenced by the item's claim token: success deletes
 the item, failure releases it with a back-off. A result written under a lost claim changes
-nothing and is counted as stale.
+nothing and is counted as stale. While the broker is gone (no connection could be made),
+eager items are not tried one by one until the back-off has passed: they wait with the
+failed ones, due at the next try.
 
 Items are published and recorded in chunks of at most a page, and none is published once
 its claim is about to expire (less than ``publish_timeout`` plus a recording allowance
@@ -156,6 +158,9 @@ class OutboxPublisher:
         self._declared: set[str] = set()
         # the broker queue whose publish the last _publish cut off (no confirm in time)
         self._cut_queue: str | None = None
+        # the broker is gone (a publish found no connection and none could be made): the
+        # monotonic time of the next try and the error; until then eager items wait untried
+        self._down: tuple[float, str] | None = None
         self._listeners: list[PostgresListener] = []
         self.connected = threading.Event()
         # bounds each publish and its confirm, which pika does not (a broker that accepts
@@ -261,11 +266,7 @@ class OutboxPublisher:
     def _loop(self) -> None:
         while True:
             eager, requests, sweep, closing = self._next_work()
-            for claimed in eager:
-                if closing:
-                    self._flush_on_close(claimed)
-                else:
-                    self._publish_and_record(claimed)
+            self._publish_eager(eager, closing)
             self._serve(requests)
             if sweep and not closing:
                 self._sweep_pages()
@@ -290,6 +291,26 @@ class OutboxPublisher:
             requests, self._requests = self._requests, []
             sweep, self._sweep = self._sweep, False
             return eager, requests, sweep, self._closing
+
+    def _publish_eager(self, eager: list[_Claimed], closing: bool) -> None:
+        """Publish what eager triggers handed over. While the broker is gone (see
+        ``_down``), their items wait with those that failed, released in one write with the
+        same error and due at the next try, when a sweep is scheduled: a trigger made
+        during an outage costs no connection attempt, and maintenance's request, served
+        after these, is not held up by one attempt per trigger."""
+        waiting: list[OutboxItem] = []
+        held: tuple[float, str] | None = None  # the outage they wait out
+        for claimed in eager:
+            if closing:
+                self._flush_on_close(claimed)
+            elif self._down is not None and time.monotonic() < self._down[0]:
+                held = self._down
+                waiting += claimed.items
+            else:
+                self._publish_and_record(claimed)
+        if waiting and held is not None:
+            retry_at, error = held
+            self._record_failure(waiting, error, max(0.0, retry_at - time.monotonic()))
 
     def _serve(self, requests: list[_Request]) -> None:
         for request in requests:
@@ -366,12 +387,13 @@ class OutboxPublisher:
         with self._cond:
             self._next_sweep = time.monotonic() + wait
 
-    def _back_off(self, failed: list[OutboxItem], error: str) -> None:
-        """Items that failed to publish: due again after the next back-off, and a sweep
-        then."""
+    def _back_off(self, failed: list[OutboxItem], error: str) -> float:
+        """Items that failed to publish: due again after the next back-off (returned), and
+        a sweep then."""
         delay = self._backoff.next()
         self._record_failure(failed, error, delay)
         self._schedule_sweep(delay)
+        return delay
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -388,6 +410,7 @@ class OutboxPublisher:
         channel.confirm_delivery()
         self._conn, self._channel = conn, channel
         self._declared.clear()
+        self._down = None
         self.connected.set()
         log.info("runlane: %s connected to %s", self.name, describe(params))
         return channel
@@ -430,8 +453,9 @@ class OutboxPublisher:
             if failed:
                 if self._conn is None:  # the broker is gone: the rest waits with these
                     failed += rest
-                self._back_off(failed, error)
+                delay = self._back_off(failed, error)
                 if self._conn is None:
+                    self._down = (time.monotonic() + delay, error)
                     return recorded
             else:
                 self._backoff.reset()
