@@ -329,10 +329,12 @@ class FencingMachine(RuleBasedStateMachine):
 
     @initialize()
     def clean(self) -> None:
+        # delete, not truncate: a truncate of these few rows cost the server 13 ms, and it
+        # made every connection plan its statements on the schema again
         self.db.execute(
             self.q(
-                "truncate {schema}.steps, {schema}.attempts, {schema}.runs, "
-                "{schema}.wait_tokens cascade"
+                "delete from {schema}.steps; delete from {schema}.attempts; "
+                "delete from {schema}.runs; delete from {schema}.wait_tokens"
             )
         )
 
@@ -610,16 +612,32 @@ class FencingMachine(RuleBasedStateMachine):
 
     # -- invariants ----------------------------------------------------------------------
 
+    # every table the invariants read, in one round trip (four statements, one execute):
+    # one read a step instead of five
+    TABLES = (
+        "select id, status, attempt, lease_token, lease_expires_at, finished_at, r::text, "
+        "wait_kind, wait_token_id, wait_run_id, releases, max_attempts from {schema}.runs r; "
+        "select run_id, attempt, lease_token, outcome from {schema}.attempts; "
+        "select id, status from {schema}.wait_tokens; "
+        "select run_id, name, output, attempt from {schema}.steps"
+    )
+
     @invariant()
     def database_matches_model(self) -> None:
-        rows = self.db.execute(
-            self.q(
-                "select id, status, attempt, lease_token, lease_expires_at, finished_at, "
-                "r::text from {schema}.runs r"
-            )
-        ).fetchall()
+        with self.db.cursor() as cur:
+            cur.execute(self.q(self.TABLES))
+            tables = [cur.fetchall()]
+            while cur.nextset():
+                tables.append(cur.fetchall())
+        runs, attempts, tokens, steps = tables
+        self.runs_match_model(runs)
+        self.one_attempt_row_per_finished_attempt(attempts)
+        self.waits_match_model(runs, tokens)
+        self.steps_written_by_current_attempts(steps)
+
+    def runs_match_model(self, rows: list[tuple[Any, ...]]) -> None:
         assert {row[0] for row in rows} == set(self.runs)
-        for run_id, status, attempt, token, expires, finished_at, text in rows:
+        for run_id, status, attempt, token, expires, finished_at, text, *_ in rows:
             run = self.runs[run_id]
             assert (status, attempt) == (run.status, run.attempt), run
             # a running run holds exactly one lease: the current attempt's
@@ -639,11 +657,7 @@ class FencingMachine(RuleBasedStateMachine):
             if status in TERMINAL:
                 assert self.terminal_rows.setdefault(run_id, text) == text
 
-    @invariant()
-    def one_attempt_row_per_finished_attempt(self) -> None:
-        rows = self.db.execute(
-            self.q("select run_id, attempt, lease_token, outcome from {schema}.attempts")
-        ).fetchall()
+    def one_attempt_row_per_finished_attempt(self, rows: list[tuple[Any, ...]]) -> None:
         recorded: dict[uuid.UUID, dict[int, tuple[uuid.UUID, str]]] = {}
         for run_id, attempt, token, outcome in rows:
             assert attempt not in recorded.setdefault(run_id, {})
@@ -651,15 +665,10 @@ class FencingMachine(RuleBasedStateMachine):
         expected = {run.id: run.finished for run in self.runs.values() if run.finished}
         assert recorded == expected
 
-    @invariant()
-    def waits_match_model(self) -> None:
-        rows = self.db.execute(
-            self.q(
-                "select id, wait_kind, wait_token_id, wait_run_id, releases, attempt, "
-                "max_attempts, status from {schema}.runs"
-            )
-        ).fetchall()
-        for run_id, kind, token_id, target, releases, attempt, max_attempts, status in rows:
+    def waits_match_model(self, runs: list[tuple[Any, ...]], tokens: list[tuple[Any, ...]]) -> None:
+        for row in runs:
+            run_id, status, attempt = row[:3]
+            kind, token_id, target, releases, max_attempts = row[7:]
             run = self.runs[run_id]
             assert (kind, token_id, target) == (run.wait_kind, run.wait_token, run.wait_run), run
             assert releases == run.releases, run
@@ -667,16 +676,11 @@ class FencingMachine(RuleBasedStateMachine):
             # is not terminal never has consumed more attempts than max_attempts allows
             if status not in TERMINAL:
                 assert attempt - releases <= max_attempts, run
-        tokens = self.db.execute(self.q("select id, status from {schema}.wait_tokens")).fetchall()
         assert dict(tokens) == self.wait_tokens
 
-    @invariant()
-    def steps_written_by_current_attempts(self) -> None:
+    def steps_written_by_current_attempts(self, rows: list[tuple[Any, ...]]) -> None:
         """A step row exists only if an attempt wrote it while holding the run's lease: it
         names that attempt, whose lease token is the writer's."""
-        rows = self.db.execute(
-            self.q("select run_id, name, output, attempt from {schema}.steps")
-        ).fetchall()
         assert {(r, n): (o, a) for r, n, o, a in rows} == {
             key: (output, attempt) for key, (output, attempt, _) in self.steps.items()
         }
@@ -987,8 +991,11 @@ class FlowFencingMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.db.execute(
-            self.q("truncate {s}.runs, {s}.attempts, {s}.queue_flow, {s}.queue_starts cascade")
+        self.db.execute(  # delete, not truncate: see FencingMachine.clean
+            self.q(
+                "delete from {s}.attempts; delete from {s}.runs; "
+                "delete from {s}.queue_flow; delete from {s}.queue_starts"
+            )
         )
         # leases held, by claimer
         self.held: tuple[list[ClaimedRun], list[ClaimedRun]] = ([], [])
