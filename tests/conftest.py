@@ -184,7 +184,7 @@ def rabbitmq_node(spare_rabbitmq_node: RabbitNode) -> RabbitNode:
     not the session's ``rabbitmq_url`` broker, which other tests share. It is lent to one
     test at a time (the tests of a process run one after another) and started again for
     the next one if a test left it down, rather than booted afresh for each test (a boot
-    costs about 6 CPU-seconds). Tests on it name their queues after their schema or a
+    costs about 5 CPU-seconds). Tests on it name their queues after their schema or a
     fresh id, as on the shared broker."""
     require_rabbitmq(rabbitmq_available())
     if not spare_rabbitmq_node.running:
