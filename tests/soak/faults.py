@@ -80,6 +80,7 @@ class Soak:
         self._starting = threading.Lock()
         self.stop = threading.Event()
         self.majors_done = threading.Event()
+        self.open_at_major: list[tuple[str, int]] = []  # runs not terminal as each began
         self.random = random.Random(7)
         # one connection per thread that queries (the schedule's threads, the monitor),
         # kept open: a new one for each of the polls cost a backend start each time
@@ -263,9 +264,11 @@ class Soak:
             if candidates:
                 try:
                     proc = victim.proc
+                    running = self.handlers_running(proc)
                     died = self.kill(victim)
                     self.spawn(victim)
-                    self.record(Event("sigkill-worker", died, detail={"proc": proc}))
+                    detail = {"proc": proc, "handlers running": running}
+                    self.record(Event("sigkill-worker", died, detail=detail))
                 finally:
                     with self.lock:
                         self.busy.discard(victim.name)
@@ -293,10 +296,27 @@ class Soak:
             for offset, name, fault in timed:
                 if not self.at(begin, offset):
                     return
-                log.info("fault %s: starting", name)
+                open_runs = int(
+                    self.query(
+                        "select count(*) from {schema}.runs "
+                        "where status not in ('completed', 'failed', 'cancelled')"
+                    )[0]
+                )
+                with self.lock:
+                    self.open_at_major.append((name, open_runs))
+                log.info("fault %s: starting (%d runs open)", name, open_runs)
                 fault()
         finally:
             self.majors_done.set()
+
+    def handlers_running(self, proc: str) -> int:
+        """Handlers of ``proc`` started and not ended (by their records)."""
+        return int(
+            self.query(
+                "select count(*) from {side}.executions where proc = %s and ended_at is null",
+                proc,
+            )[0]
+        )
 
     # -- the faults ----------------------------------------------------------------------
 

@@ -239,6 +239,9 @@ def run(settings: Settings, server: Any, proxy: TcpProxy, args: argparse.Namespa
     f["schedule (s)"] = settings.duration
     f["throughput (runs/s)"] = round(settings.runs / max(elapsed, 0.001), 1)
     f["leases (attempt, maintenance band) (s)"] = (settings.lease, settings.maintenance_lease)
+    f["runs open when each major fault began"] = soak.open_at_major
+    kills = [e.detail.get("handlers running", 0) for e in soak.events if e.kind == "sigkill-worker"]
+    f["worker kills (all, meeting running handlers)"] = (len(kills), sum(1 for n in kills if n))
     f["processes that exited on their own"] = soak.unexpected
     f["started at"] = began_wall.isoformat(timespec="seconds")
     if not finished:
