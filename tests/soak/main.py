@@ -110,19 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "soak: %d runs on the %s lane over %.0f s in %s", args.runs, args.lane, duration, directory
     )
-    url, server = start_embedded_postgres(directory)
+    # the broker boots beside the Postgres setup (a boot is mostly waiting)
+    boot = _BrokerBoot(directory) if args.lane == "rabbitmq" else None
     node: Any = None
     proxy: TcpProxy | None = None
+    server: Any = None
     try:
+        url, server = start_embedded_postgres(directory)
         with psycopg.connect(url, autocommit=True) as conn:
             # 4 workers x (pool + slots + listener + writer), 2 replicas, recorders
             conn.execute("alter system set max_connections = 400")
         restart_embedded_postgres(server)
         amqp_url = None
-        if args.lane == "rabbitmq":
-            from runlane._rabbit_nodes import start_rabbitmq_node  # noqa: PLC0415
-
-            amqp_url, node = start_rabbitmq_node(directory)
+        if boot is not None:
+            amqp_url, node = boot.wait()
         schema = f"soak_{uuid.uuid4().hex[:8]}"
         settings = Settings(
             lane=args.lane,
@@ -152,12 +153,48 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proxy is not None:
             proxy.close()
+        if node is None and boot is not None:
+            node = boot.node()  # the setup failed: a node that booted is stopped all the same
         if node is not None:
             node.cleanup()
-        _stop_postgres(server, keep=args.keep)
+        if server is not None:
+            _stop_postgres(server, keep=args.keep)
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
     return code
+
+
+class _BrokerBoot:
+    """``start_rabbitmq_node`` in a thread of its own (bounded by its own start timeout)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._result: tuple[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._boot, args=(directory,), name="soak-broker-boot", daemon=True
+        )
+        self._thread.start()
+
+    def _boot(self, directory: Path) -> None:
+        from runlane._rabbit_nodes import start_rabbitmq_node  # noqa: PLC0415
+
+        try:
+            self._result = start_rabbitmq_node(directory)
+        except BaseException as exc:  # handed to wait()
+            self._error = exc
+
+    def wait(self) -> tuple[str, Any]:
+        """The node's AMQP URL and handle, once booted; raises what the boot raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def node(self) -> Any:
+        """The node handle once the boot ended, None when it failed."""
+        self._thread.join()
+        return None if self._result is None else self._result[1]
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
