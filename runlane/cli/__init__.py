@@ -20,7 +20,6 @@ import logging
 import os
 import sys
 import sysconfig
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -48,7 +47,7 @@ from runlane.cli._logs import (
 )
 from runlane.cli._operator import add_operator_commands, format_workers, plain
 from runlane.cli._runs import add_run_commands
-from runlane.cli._signals import Stopper
+from runlane.cli._signals import Stopper, pause, stop_requested
 from runlane.cli._target import TARGET_HELP, Target, add_target_options, target_runtime
 from runlane.cli._web import add_web_command
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
@@ -375,16 +374,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
         finally:
             runlane.close()
     try:
-        while True:
-            if sys.stdout.isatty() and not args.json:
-                sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen between reports
-            _show_status(runlane, args.json)
-            print(flush=True)
-            time.sleep(args.watch)
-    except KeyboardInterrupt:
-        return 0
+        with stop_requested() as stop:
+            while not stop.is_set():
+                if sys.stdout.isatty() and not args.json:
+                    sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen between reports
+                _show_status(runlane, args.json)
+                print(flush=True)
+                pause(stop, args.watch)
+    except KeyboardInterrupt:  # on a thread other than the main one, Ctrl-C still stops it
+        pass
     finally:
         runlane.close()
+    return 0
 
 
 def _show_status(runlane: Runlane, as_json: bool) -> int:
