@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import runlane.cli._demo
 from runlane._rabbit_nodes import rabbitmq_available
 from runlane.cli import EXIT_CONFIGURATION, main
 from tests.conftest import require_rabbitmq
+from tests.helpers import port_open
 
 RUN_LINE = re.compile(r"^  [0-9a-f-]{36}  (completed|failed)\s+(.*)$")
 
@@ -31,14 +31,6 @@ def _demo(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
         env=environ,
         check=False,
     )
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _check_output(out: str, runs: int, schema: str) -> None:
@@ -77,7 +69,7 @@ def test_demo_starts_a_private_broker_and_runs_through_it(
     # deleted (the node tests check cleanup() of a node never started)
     port = re.search(r"broker reachable at 127\.0\.0\.1:(\d+)", done.stdout)
     assert port is not None
-    assert not _port_open(int(port.group(1)))
+    assert not port_open(int(port.group(1)))
     assert list(temp.iterdir()) == []
 
 

@@ -26,7 +26,7 @@ from runlane._rabbit_nodes import (
     rabbitmq_test_verdict,
 )
 from tests.conftest import require_rabbitmq
-from tests.helpers import drain_messages
+from tests.helpers import drain_messages, port_open
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -45,14 +45,6 @@ def connection(rabbitmq_url: str) -> Iterator[Any]:
     finally:
         if conn.is_open:
             conn.close()
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def test_quorum_queue_with_delivery_limit_and_dead_letter_exchange(connection: Any) -> None:
@@ -129,7 +121,7 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     assert not node.running
     assert node.pid is None
     assert _proc_state(beam) in {"gone", "Z"}
-    assert not _port_open(port)
+    assert not port_open(port)
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         conn.process_data_events(time_limit=1)
     assert conn.is_closed
@@ -145,7 +137,7 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     node.terminate()  # SIGTERM: a graceful shutdown
     node.stop()  # waits for it
     assert not node.running
-    assert not _port_open(port)
+    assert not port_open(port)
     node.start()
     conn = pika.BlockingConnection(pika.URLParameters(url))
     channel = _channel(conn)
