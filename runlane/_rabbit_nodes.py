@@ -30,6 +30,7 @@ from runlane._closing import Deadline
 __all__ = [
     "RabbitNode",
     "create_rabbitmq_node",
+    "port_open",
     "rabbitmq_available",
     "rabbitmq_test_verdict",
     "start_rabbitmq_cluster",
@@ -182,7 +183,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
+    """Whether something accepts TCP connections on this loopback port."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return True
@@ -208,7 +210,7 @@ def _shared_epmd_port() -> int:
         _epmd_port = port
         atexit.register(_stop_epmd, _epmd)  # registered before any node: runs after them
     deadline = time.monotonic() + 10
-    while not _port_open(port):
+    while not port_open(port):
         if _epmd.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"epmd did not start on 127.0.0.1:{port}")
         time.sleep(0.02)
@@ -402,7 +404,7 @@ class RabbitNode:
                     f"RabbitMQ node {self.nodename} exited (status {code}) before accepting "
                     f"connections\n{self.log_tail()}"
                 )
-            if _port_open(self.port):
+            if port_open(self.port):
                 try:
                     connection = pika.BlockingConnection(self.connection_parameters())
                 except Exception as exc:

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 import runlane.cli._demo
-from runlane._rabbit_nodes import rabbitmq_available
+from runlane._rabbit_nodes import port_open, rabbitmq_available
 from runlane.cli import EXIT_CONFIGURATION, main
 from tests.conftest import require_rabbitmq
-from tests.helpers import port_open
 
 RUN_LINE = re.compile(r"^  [0-9a-f-]{36}  (completed|failed)\s+(.*)$")
 

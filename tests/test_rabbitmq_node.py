@@ -22,11 +22,12 @@ from runlane._rabbit_nodes import (
     RABBITMQ_INSTALL_COMMAND,
     RabbitNode,
     create_rabbitmq_node,
+    port_open,
     rabbitmq_available,
     rabbitmq_test_verdict,
 )
 from tests.conftest import require_rabbitmq
-from tests.helpers import drain_messages, port_open
+from tests.helpers import drain_messages
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 

@@ -32,7 +32,7 @@ from runlane._codec import exception_text
 from runlane._display import clipped, shown
 from runlane._limits import as_int, as_wait_timeout
 from runlane._status import format_report, report_document, unhealthy
-from runlane._waits import wait_in_slices
+from runlane._waits import wait_event, wait_in_slices
 from runlane.cli._codes import EXIT_CONFIGURATION, EXIT_FAILURE, EXIT_FORCED, EXIT_PIPE
 from runlane.cli._demo import DEMO_LANES, run_demo
 from runlane.cli._devdb import add_devdb_command
@@ -47,7 +47,7 @@ from runlane.cli._logs import (
 )
 from runlane.cli._operator import add_operator_commands, format_workers, plain
 from runlane.cli._runs import add_run_commands
-from runlane.cli._signals import Stopper, pause, stop_requested
+from runlane.cli._signals import Stopper, stop_requested
 from runlane.cli._target import TARGET_HELP, Target, add_target_options, target_runtime
 from runlane.cli._web import add_web_command
 from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
@@ -380,7 +380,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                     sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen between reports
                 _show_status(runlane, args.json)
                 print(flush=True)
-                pause(stop, args.watch)
+                wait_event(stop, args.watch)
     except KeyboardInterrupt:  # on a thread other than the main one, Ctrl-C still stops it
         pass
     finally:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from runlane._waits import wait_event, wait_in_slices
+from runlane._waits import wait_in_slices
 from runlane.cli._codes import EXIT_FORCED
 from runlane.cli._logs import say, stop_logging
 
@@ -101,38 +101,34 @@ class Stopper:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        for sig in previous:
-            signal.signal(sig, self.handle)
-        try:
+        with _handling(self.handle):
             yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+
+
+@contextmanager
+def _handling(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """``handler`` for SIGTERM and SIGINT while the block runs; the previous ones after it."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, former in previous.items():
+            signal.signal(sig, former)
 
 
 @contextmanager
 def stop_requested() -> Iterator[threading.Event]:
     """For a command that repeats until stopped (``status --watch``): SIGTERM and SIGINT set
     the event it yields, so the command stops between two rounds (never with a
-    ``KeyboardInterrupt`` raised inside a query or a pool's lock), and its pauses are
-    ``pause(event, seconds)``: sliced, so a signal handed to any thread is seen. On a thread
-    other than the main one (no handler can be installed there) the event is never set by a
-    signal."""
+    ``KeyboardInterrupt`` raised inside a query or a pool's lock); it pauses with
+    ``runlane._waits.wait_event(event, seconds)``, sliced, so a signal handed to any thread
+    is seen. On a thread other than the main one (no handler can be installed there) the
+    event is never set by a signal."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    for sig in previous:
-        signal.signal(sig, lambda signum, frame: stop.set())
-    try:
+    with _handling(lambda signum, frame: stop.set()):
         yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def pause(stop: threading.Event, seconds: float) -> bool:
-    """Wait ``seconds`` or until ``stop`` is set (True then), a slice at a time."""
-    return wait_event(stop, seconds)
