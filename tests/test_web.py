@@ -11,8 +11,10 @@ writes a screenshot of each page to docs/images/console-*.png.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -647,7 +649,8 @@ def test_parse_bind() -> None:
 
 
 SERVE = """
-import argparse, sys
+import argparse, faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if it hangs
 from runlane.cli import load_app
 from runlane.cli._web import add_web_command
 parser = argparse.ArgumentParser()
@@ -695,14 +698,19 @@ def test_runlane_web_serves_from_a_database_url(database_url: str, schema: str) 
         wait_until(answered, timeout=15, what="runlane web to answer")
         assert statuses[-1] == 200
     finally:
-        process.send_signal(2)  # SIGINT: waitress stops, the runtime is closed
+        process.send_signal(signal.SIGINT)  # waitress stops, the runtime is closed
         try:
             code = process.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            # not left running (and its Popen for a later test's garbage collector to find)
+            # where it hangs: every thread's stack (faulthandler, to the merged output), then
+            # not left running (nor its Popen for a later test's garbage collector to find)
+            process.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=2)
             process.kill()
             process.wait()
-            raise
+            assert process.stdout is not None
+            pytest.fail(f"runlane web still running 15 s after SIGINT:\n{process.stdout.read()}")
         finally:
             assert process.stdout is not None
             process.stdout.close()
