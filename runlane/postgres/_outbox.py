@@ -327,6 +327,12 @@ class OutboxMethods:
 
         return self._with_conn(claim)
 
+    def wal_flush(self) -> None:
+        """Return once the WAL is flushed past every commit that returned before this call,
+        asynchronous ones (a dedicated view's with ``synchronous_commit=False``) included.
+        Needs a connection that commits synchronously (the pool's)."""
+        self._with_conn(lambda conn: conn.execute(self._sql["wal_flush"]))
+
     def run_delivery_state(
         self, environment: str, run_ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, DeliveryState]:

@@ -132,6 +132,13 @@ class Outbox(Protocol):
         """Publish the still-queued runs again after ``delay`` (or their due time, if later):
         a delivery that could not be claimed yet (not due, its queue at capacity)."""
 
+    def wal_flush(self) -> None:
+        """Return once the WAL is flushed past every commit that returned before this call,
+        on any connection (a dedicated view's asynchronous claims included): one short
+        transaction that commits synchronously. A consumer whose claims commit
+        asynchronously acknowledges their deliveries only after it, so a server crash that
+        loses a claim leaves its message unacknowledged and delivered again."""
+
     # -- maintenance and status ------------------------------------------------------------
 
     def outbox_recover(self, environment: str, threshold: timedelta, limit: int) -> int:

@@ -4,19 +4,20 @@
 to one thread). It consumes the worker's queues with a prefetch of the worker's claim batch
 (``create_delivery_worker(claim_batch=...)``, at most four times its concurrency), raised to
 two claim batches while the worker claims ahead of its slots, and buffers deliveries; it
-never touches the database. The pool's acquiring slot takes
-deliveries from the buffer, claims the runs they name by id with the same fenced claim as the
-polling lane (bounded queues, rate limits and per-key limits still enforced in storage,
-under the queue's lock), and only then
-acknowledges them, through ``add_callback_threadsafe`` (the one cross-thread call pika
-allows). A delivery whose run is no longer queued (a duplicate, a cancelled or finished run)
-is acknowledged and counted, never executed twice; a run of a paused queue is acknowledged
-and waits in Postgres (``resume_queue`` writes its outbox item again); a run not due yet, or
-held back by its queue's limits (capacity, rate, its key's limit), is deferred through the
-outbox (a new item publishes it again later) and its delivery acknowledged; a malformed
-message or an unknown run is acknowledged, logged and counted; a database error requeues
-the deliveries. A broken broker connection is re-made with backoff (its unacknowledged
-deliveries come back from the broker).
+never touches the database. The pool's acquiring slot takes deliveries from the buffer and
+claims the runs they name by id with the same fenced claim as the polling lane (bounded
+queues, rate limits and per-key limits still enforced in storage, under the queue's lock).
+Claims commit asynchronously, as the polling lane's do, so handlers start without waiting
+for the WAL flush; the deliveries are acknowledged only once the WAL is flushed past their
+claims (``runlane-worker-N-acks``, see ``_acks``), through ``add_callback_threadsafe`` (the
+one cross-thread call pika allows). A delivery whose run is no longer queued (a duplicate, a
+cancelled or finished run) is acknowledged and counted, never executed twice; a run of a
+paused queue is acknowledged and waits in Postgres (``resume_queue`` writes its outbox item
+again); a run not due yet, or held back by its queue's limits (capacity, rate, its key's
+limit), is deferred through the outbox (a new item publishes it again later) and its
+delivery acknowledged; a malformed message or an unknown run is acknowledged, logged and
+counted; a database error requeues the deliveries. A broken broker connection is re-made
+with backoff (its unacknowledged deliveries come back from the broker).
 
 Cancellation and wake-ups for runs are Postgres's: a listener on the schema's channel passes
 ``cancel|<run id>`` to the pool.
@@ -43,6 +44,7 @@ from runlane.errors import StorageUnavailable
 from runlane.lanes import AcquirerOptions
 from runlane.models import RunStatus
 from runlane.postgres import Outbox, PostgresListener
+from runlane.rabbitmq._acks import AckAfterFlush
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
     Watchdog,
@@ -131,8 +133,12 @@ class RabbitAcquirer:
         self._defer_delay = defer_delay
         self._on_cancel = on_cancel
         self._name = options.name
-        # claims commit synchronously: a delivery is acked once its claim is durable
-        self._claims = storage.dedicated(f"{options.name}-claims")
+        # claims commit asynchronously (their handlers start at once); their deliveries are
+        # acknowledged once a synchronous flush on the pool has made them durable (_acks)
+        self._claims = storage.dedicated(f"{options.name}-claims", synchronous_commit=False)
+        self._acks: AckAfterFlush[_Delivery] = AckAfterFlush(
+            options.name, storage.wal_flush, self._settle_flushed
+        )
         self._lock = threading.Lock()
         self._buffer: deque[_Delivery] = deque()
         self._arrived = threading.Event()
@@ -190,7 +196,8 @@ class RabbitAcquirer:
             self.stats.requeued += sum(len(d) for d in by_run.values())
             self._settle([d for ds in by_run.values() for d in ds], ack=False)
             raise
-        self._settle([d for ds in by_run.values() for d in ds], ack=True)
+        # acknowledged once the WAL is flushed past the claims and deferrals just committed
+        self._acks.add([d for ds in by_run.values() for d in ds])
         return claimed
 
     def _claim(self, by_run: dict[uuid.UUID, list[_Delivery]]) -> list[ClaimedRun]:
@@ -280,9 +287,12 @@ class RabbitAcquirer:
         """Every part runs even when one raises; the first error is raised at the end. The
         waits share ``timeout``: the whole close keeps to it."""
         deadline = Deadline(timeout)
-        self._stop.set()
         self._arrived.set()
         closing = Closing(self._thread.name)
+        with closing.part("the acknowledgements"):
+            # while the consumer still runs: what waits is flushed and acknowledged
+            self._acks.close(deadline.left())
+        self._stop.set()
         with closing.part("the listener"):
             self._listener.close(deadline.left())
         with closing.part("the consumer thread"):
@@ -372,6 +382,13 @@ class RabbitAcquirer:
             kept.extend(self._buffer)
             self._buffer = kept
         return taken
+
+    def _settle_flushed(self, deliveries: list[_Delivery], ack: bool) -> None:
+        """The acknowledgements' thread: the WAL flush made the claims durable (ack), or
+        failed (nack with requeue: a surviving claim makes the redelivery a duplicate)."""
+        if not ack:
+            self.stats.requeued += len(deliveries)
+        self._settle(deliveries, ack=ack)
 
     def _settle(self, deliveries: list[_Delivery], *, ack: bool) -> None:
         """Ack (or nack with requeue) on the consumer thread; deliveries of an older
@@ -464,6 +481,8 @@ class RabbitAcquirer:
             conn.process_data_events(time_limit=0.2)
             if self._ahead_tags and time.monotonic() >= self._ahead_until:
                 self._consume_ahead(channel)
+        if self._stop.is_set():  # the acknowledgements settled before closing
+            conn.process_data_events(time_limit=0)
         if cancelled.is_set():
             log.warning(
                 "runlane: %s: the broker cancelled consuming (a queue was deleted?); "

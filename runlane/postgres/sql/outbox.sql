@@ -205,3 +205,12 @@ select r.id, r.status, r.queue, r.due_at <= now() as due_now,
            as paused
 from {schema}.runs as r
 where r.id = any(%(ids)s::uuid[]) and r.environment = %(environment)s;
+
+-- name: wal_flush
+-- Returns once the WAL is flushed past every commit made before this statement was sent,
+-- on any connection: a transaction writing a WAL record (a logical decoding message with
+-- the prefix 'runlane', which physical replication and recovery ignore) commits, and a
+-- synchronous commit flushes the WAL up to its own commit record, after all earlier ones.
+-- A transaction that only takes an xid writes nothing before its commit and would commit
+-- asynchronously. Callable by any role, with any wal_level.
+select pg_logical_emit_message(true, 'runlane', 'flush');
