@@ -397,7 +397,9 @@ def test_deliveries_taken_around_ones_still_buffered_are_each_acknowledged_once(
 
 def _channel_round_trip(acquirer: RabbitAcquirer) -> list[BaseException]:
     """A synchronous call on the consumer's channel, on its thread, after every settlement
-    already scheduled: it fails if the broker closed the channel over one of them."""
+    already scheduled (the acknowledgements wait for their WAL flush first): it fails if the
+    broker closed the channel over one of them."""
+    wait_until(acquirer._acks.idle, timeout=10, what="the acknowledgements' WAL flush")
     conn, channel = acquirer._conn, acquirer._channel
     assert conn is not None
     assert channel is not None
