@@ -601,6 +601,76 @@ def test_a_crowd_that_calls_again_at_once_is_gathered_into_every_statement() -> 
     assert group._queue == []
 
 
+def test_a_crowd_slower_to_come_back_than_the_hold_is_waited_for_once_its_pace_is_known() -> None:
+    """Callers that do some work between their calls come back later than a quarter of the
+    statement's time: the first hold misses them, but their pace is learned as they come
+    back, and the next holds wait for them, so the statements carry the whole crowd again
+    instead of one call alone, then the rest (alternating 1 and 3)."""
+    threads, rounds, statement, work = 4, 8, 0.04, 0.015
+    sizes: list[int] = []
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        sizes.append(1)
+        time.sleep(statement)  # the statement's own time, of which the old hold was a quarter
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any, rows: str, committed: Callable[[], None]) -> Any:
+        sizes.append(len(groups))
+        time.sleep(statement)
+        committed()
+        return [[InsertedRun(r.ids[0], r.queue, True)] for r in groups]
+
+    group = GroupCommit(alone, together, max_hold=1.0)
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads)
+
+    def loop() -> None:
+        try:
+            start.wait(10)
+            for _ in range(rounds):
+                group.insert(new_runs())
+                time.sleep(work)  # the caller's own work before its next call
+        except BaseException as exc:
+            errors.append(exc)
+
+    crowd = [threading.Thread(target=loop) for _ in range(threads)]
+    for thread in crowd:
+        thread.start()
+    for thread in crowd:
+        thread.join(60)
+        assert not thread.is_alive()
+    assert errors == []
+    assert sum(sizes) == threads * rounds
+    # with the hold a quarter of the statement (10 ms < 15 ms of work) no statement after
+    # the first ones carried all four; once the pace is known, most do
+    later = sizes[3:]
+    assert later.count(threads) >= len(later) // 2, sizes
+    assert group._pace > 0
+    assert group._in_flight == 0
+    assert group._queue == []
+
+
+def test_the_pace_halves_when_no_call_comes_back_within_the_longest_hold() -> None:
+    """A statement's calls that do not come back (each web request triggers once) teach no
+    pace; each statement after which none came back halves it, so the hold falls back to a
+    quarter of the statement."""
+    group = GroupCommit(lambda runs: [], lambda groups, rows, committed: [])
+    group._pace = 0.004
+    for expected in (0.004, 0.002, 0.001):
+        with group._lock:
+            group._in_flight = 1
+        began = time.monotonic()
+        group._hand_over({-1, -2, -3}, began - 0.001)  # nobody of these ever calls again
+        assert group._pace == expected
+        # the hold: twice the pace a call for three calls, at most twice the statement
+        assert group._hold_until - began <= 0.002 + 0.1
+    with group._lock:
+        group._in_flight = 1
+    group._hand_over(set(), time.monotonic())
+    assert group._pace == 0.0005
+    assert group._in_flight == 0
+
+
 def test_a_crowd_that_does_not_come_back_holds_the_next_call_only_for_the_hold() -> None:
     """The calls of a statement end there (a web request's one trigger): the next call waits
     for them at most the hold, then writes alone."""

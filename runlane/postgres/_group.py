@@ -7,14 +7,17 @@ queued call leads the next one: it writes the runs of every queued call (up to
 ``max_group``) in one statement and one commit, while the others wait for it. No thread is
 started: the callers' own threads take turns leading.
 
-Before it cuts its group, the leader waits a short hold (a fraction of the last statement's
-time, at most ``MAX_HOLD``) for the calls of the statement that just committed to come back:
-threads that trigger in a loop call again at once, and without the wait they would queue
-behind the next statement, so that a crowd splits into two halves taking turns, each
-statement carrying half of it. For the same reason the first of them to come back to an
-idle group commit gathers the others rather than writing alone ahead of them. A thread
+Before it cuts its group, the leader waits a short hold for the calls of the statement that
+just committed to come back: threads that trigger in a loop call again at once, and
+without the wait they would queue behind the next statement, so that a crowd splits into
+two halves taking turns, each statement carrying half of it. For the same reason the first
+of them to come back to an idle group commit gathers the others rather than writing alone
+ahead of them. The hold is what the crowd was seen to need: twice the pace at which the
+last crowds came back (a call at a time, under one GIL) times the calls awaited, at least
+a quarter of the last statement's time, at most twice that time and ``MAX_HOLD``. A thread
 alone is never held (it is the only call awaited, and it is back), and calls that do not
-come back cost the next statement at most the hold (_gather).
+come back cost the next statement at most the hold; a hold none of them met halves the
+pace, so a crowd that does not call again soon stops being waited for (_gather).
 
 Every call returns only after the statement that holds its run has committed, with its own
 handles. If a shared statement fails (one payload Postgres refuses, say) nothing of it was
@@ -52,10 +55,14 @@ log = logging.getLogger("runlane.postgres")
 GROUP_ROW_CHARS = 16 * 1024
 MAX_GROUP = 256
 #: How long the next statement waits for the calls of the one that just committed to come
-#: back (a thread that triggers in a loop calls again at once): at most this fraction of
-#: the statement's own time, and never more than MAX_HOLD seconds (see _gather).
+#: back (a thread that triggers in a loop calls again at once): COME_BACK_MARGIN times the
+#: calls awaited times the pace at which calls came back before (seconds a call, a moving
+#: average over gathers) but at most HOLD_STATEMENTS times the statement's own time, at
+#: least HOLD_FRACTION of it, and never more than MAX_HOLD seconds (see _gather).
 HOLD_FRACTION = 0.25
+HOLD_STATEMENTS = 2.0
 MAX_HOLD = 0.005
+COME_BACK_MARGIN = 2.0
 
 Alone = Callable[[NewRuns], list[InsertedRun]]
 #: ``together(groups, rows, committed)``: the calls' runs, their rows (group_rows's JSON
@@ -116,6 +123,15 @@ class GroupCommit:
         # until when (time.monotonic) the next statement waits for them
         self._returning: set[int] = set()
         self._hold_until = 0.0
+        # the calls of the statement that committed last, for the pace: those not back yet,
+        # when it committed, until when a call coming back counts, how many did and when
+        # the last of them came; the pace (seconds a call) calls came back at before
+        self._awaited: set[int] = set()
+        self._handed_at = 0.0
+        self._counts_until = 0.0
+        self._back = 0
+        self._back_at = 0.0
+        self._pace = 0.0
         self._gathering = False  # a leader waits in _gather
 
     def insert(self, runs: NewRuns) -> list[InsertedRun]:
@@ -149,6 +165,12 @@ class GroupCommit:
         and whether it leads the calls of the statement that just committed, coming back
         (then nobody wakes it: it gathers them at once)."""
         with self._lock:
+            if me in self._awaited:
+                self._awaited.discard(me)
+                now = time.monotonic()
+                if now <= self._counts_until:
+                    self._back += 1
+                    self._back_at = now
             returning = self._returning
             if me in returning:
                 returning.discard(me)
@@ -181,10 +203,16 @@ class GroupCommit:
         """A statement that ``callers`` made, begun at ``started``, has ended: the first
         queued call leads the next one, else one fewer statement is in flight."""
         now = time.monotonic()
-        hold = self._hold_fraction * (now - started)
+        took = now - started
+        hold = self._hold_fraction * took
+        longest = min(HOLD_STATEMENTS * took, self._max_hold)
         with self._lock:
+            self._learn_pace()
+            hold = max(hold, min(COME_BACK_MARGIN * self._pace * len(callers), longest))
             self._returning = callers
             self._hold_until = now + (hold if hold < self._max_hold else self._max_hold)
+            self._awaited = set(callers)
+            self._handed_at, self._counts_until, self._back = now, now + longest, 0
             if not self._queue:  # _next_leader, inline: a lone caller's every call passes here
                 self._in_flight -= 1
                 return
@@ -230,6 +258,17 @@ class GroupCommit:
             leader.group = group
             del self._queue[: self._max_group]
         return group
+
+    def _learn_pace(self) -> None:
+        """The next statement has ended (the lock held): the pace at which the calls of the
+        one before came back (those back within the longest hold, whether or not the hold
+        waited for them) goes into the moving average; when none came back within it, the
+        pace halves, so that calls that do not come back soon stop being waited for."""
+        if self._back:
+            pace = (self._back_at - self._handed_at) / self._back
+            self._pace = pace if not self._pace else 0.75 * self._pace + 0.25 * pace
+        elif self._handed_at:
+            self._pace *= 0.5
 
     def _abandon(self, waiter: _Waiter) -> None:
         """A queued call stopped waiting (its thread was interrupted): it leaves the queue
