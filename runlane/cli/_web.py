@@ -16,6 +16,7 @@ from typing import Any
 
 from runlane._display import shown
 from runlane._limits import as_int
+from runlane.cli._signals import stop_requested
 from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane.errors import ConfigurationError
 
@@ -26,6 +27,7 @@ DEFAULT_BIND = "127.0.0.1:8080"
 log = logging.getLogger("runlane.web")
 
 _MAX_THREADS = 256  # the console's request threads
+_TURN_SECONDS = 0.5  # the longest a turn of the server's loop waits for a socket
 
 
 def parse_bind(value: str) -> tuple[str, int]:
@@ -46,7 +48,7 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     host, port = parse_bind(args.bind)
     as_int("--threads", args.threads, 1, _MAX_THREADS)
     try:
-        import waitress  # noqa: PLC0415 - the web extra is optional
+        from waitress.server import create_server  # noqa: PLC0415 - the web extra is optional
     except ImportError:
         raise ConfigurationError(
             "the web console needs its extra: pip install 'runlane[web]'"
@@ -57,11 +59,34 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     try:
         app = create_app(runlane)
         shown_host = f"[{host}]" if ":" in host else host
-        print(f"runlane web console on http://{shown_host}:{port}/ (read-only; Ctrl-C stops)")
-        waitress.serve(app, host=host, port=port, threads=args.threads, ident="runlane")
+        sockets: dict[int, Any] = {}
+        server = create_server(
+            app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
+        )
+        print(
+            f"runlane web console on http://{shown_host}:{port}/ "
+            "(read-only; SIGTERM or Ctrl-C stops it)"
+        )
+        _serve_until_stopped(server, sockets)
     finally:
         runlane.close()
     return 0
+
+
+def _serve_until_stopped(server: Any, sockets: dict[int, Any]) -> None:
+    """Serve until SIGINT or SIGTERM, then stop waitress's request threads (each finishes
+    the request it serves) and close its sockets. ``waitress.serve`` stops on a
+    KeyboardInterrupt, but loses one that lands while its loop runs a request thread's
+    hand-over (its trigger catches every exception there): a Ctrl-C right after a request
+    went unheard. Here the signals only set an event, looked at between short turns of
+    the loop (seen within one turn: half a second)."""
+    from waitress import wasyncore  # noqa: PLC0415 - the web extra is optional
+
+    with stop_requested() as stop:
+        while not stop.is_set():
+            wasyncore.loop(timeout=_TURN_SECONDS, map=sockets, count=1)
+    server.task_dispatcher.shutdown()
+    wasyncore.close_all(sockets)
 
 
 def add_web_command(commands: Any, load_app: LoadApp) -> None:
