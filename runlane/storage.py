@@ -358,11 +358,14 @@ class RunListQuery:
 @attrs.frozen
 class RetryOutcome:
     """What ``run_retry`` found: the run's status before (None: no such run), whether it was
-    a pruned tombstone, and whether it was queued again."""
+    a pruned tombstone, and whether it was queued again; ``run``, when it was, is the run as
+    the retry left it (read in the retry's transaction: a worker may claim it the moment it
+    commits)."""
 
     previous: RunStatus | None
     pruned: bool
     retried: bool
+    run: RunSnapshot | None = None
 
 
 @attrs.frozen
@@ -669,7 +672,8 @@ class Storage(Protocol):
 
     def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
         """Queue a ``failed`` or ``cancelled`` run again, due now, with a fresh attempt budget
-        (the attempts spent so far count as handed back); any other run is left alone."""
+        (the attempts spent so far count as handed back), and read it as queued before the
+        change commits; any other run is left alone."""
 
     # -- bulk actions and progress ---------------------------------------------------------
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -36,7 +37,7 @@ from runlane._inspect import encode_cursor
 from runlane.postgres import PostgresStorage
 from runlane.storage import Completion, Failure, LeaseRef, NewRuns, RunListQuery
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, Greet, SchemaDb, count_runs, wait_for_status
+from tests.helpers import Conn, Greet, SchemaDb, count_runs, wait_for_status, wait_until
 
 NO_DELAY = RetryPolicy(
     max_attempts=2, initial_delay=timedelta(0), max_delay=timedelta(0), jitter=0.0
@@ -409,6 +410,75 @@ def test_retry_gives_a_failed_run_a_fresh_budget_and_keeps_its_history(
         (4, "failed"),
         (5, "completed"),
     ]
+
+
+def test_retry_returns_the_run_as_queued_even_when_a_claim_follows_at_once(
+    make_runlane: RunlaneFactory, db: Conn, database_url: str, schema: str
+) -> None:
+    """retry_run's answer is the run as the retry left it, read in its transaction: a claim
+    that waited for the row and takes it the moment the retry commits does not show through
+    (it did: the run was read again afterwards, and came back running)."""
+    fail = threading.Event()
+    fail.set()
+    fails = _failing_task(fail)
+    rl = _runtime(make_runlane, tasks=[fails])
+    handle = rl.trigger(fails, None)
+    _run_out(rl, handle.id)
+    runs = sql.SQL("{}.runs").format(sql.Identifier(schema))
+    answers: list[Any] = []
+    with (
+        psycopg.connect(database_url) as holder,
+        psycopg.connect(database_url, autocommit=True) as claimer,
+    ):
+        # hold the row, so the retry and then a rival's claim queue up behind it, in order
+        holder.execute(
+            sql.SQL("select 1 from {} where id = %s for update").format(runs), [handle.id]
+        )
+        retry = threading.Thread(target=lambda: answers.append(rl.retry_run(handle.id)))
+        retry.start()
+        wait_for_lock_waiters(db, 1)
+        claim = threading.Thread(
+            target=claimer.execute,
+            args=(
+                sql.SQL(
+                    # matches the row whatever its status, so it waits for the lock; the
+                    # status is read again once the row is free (the retry committed)
+                    "update {} set"
+                    " status = case when status = 'queued' then 'running' else status end,"
+                    " lease_token = case when status = 'queued' then gen_random_uuid()"
+                    "  else lease_token end,"
+                    " lease_expires_at = case when status = 'queued'"
+                    "  then now() + interval '1 minute' else lease_expires_at end"
+                    " where id = %s"
+                ).format(runs),
+                [handle.id],
+            ),
+        )
+        claim.start()
+        wait_for_lock_waiters(db, 2)
+        holder.rollback()  # the retry goes first; the claim takes the run as it commits
+        retry.join(timeout=10)
+        claim.join(timeout=10)
+    assert not retry.is_alive()
+    assert not claim.is_alive()
+    assert rl.get_run(handle.id).status is RunStatus.RUNNING  # the claim did follow at once
+    assert answers[0].status is RunStatus.QUEUED
+    assert (answers[0].error, answers[0].finished_at) == (None, None)
+
+
+def wait_for_lock_waiters(db: Conn, count: int) -> None:
+    """Until ``count`` backends wait for a lock (a moment: each is already on its way)."""
+    wait_until(
+        lambda: (
+            db.execute(
+                "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
+                " and datname = current_database()"
+            ).fetchone()
+            == (count,)
+        ),
+        timeout=10,
+        what=f"{count} backends waiting for a lock",
+    )
 
 
 def test_a_retried_run_is_announced_and_a_worker_picks_it_up(

@@ -99,15 +99,23 @@ class InspectMethods:
 
     def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
         # run_retry is keyed by ids: retry_runs passes it a batch (see _bulk.py)
-        params = {"environment": environment, "ids": [run_id]}
+        params: dict[str, Any] = {"environment": environment, "ids": [run_id]}
 
         def retry(conn: Conn) -> RetryOutcome:
-            row = conn.execute(self._sql["run_retry"], params).fetchone()
-            if row is None:
-                return RetryOutcome(previous=None, pruned=False, retried=False)
-            _, status, pruned, retried = row
+            # one transaction: the run read as the retry left it, before a worker can claim it
+            with conn.transaction():
+                row = conn.execute(self._sql["run_retry"], params).fetchone()
+                if row is None:
+                    return RetryOutcome(previous=None, pruned=False, retried=False)
+                _, status, pruned, retried = row
+                run = None
+                if retried:
+                    with conn.cursor(row_factory=dict_row) as cur:
+                        cur.execute(self._sql["run_get"], {"id": run_id, **params})
+                        found = cur.fetchone()
+                    run = None if found is None else self._snapshot_row(found)
             return RetryOutcome(
-                previous=RunStatus(status), pruned=bool(pruned), retried=bool(retried)
+                previous=RunStatus(status), pruned=bool(pruned), retried=bool(retried), run=run
             )
 
         return self._with_conn(retry)

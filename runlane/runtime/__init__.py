@@ -674,6 +674,9 @@ class Runlane:
             raise RunNotFound(f"no run {key} in environment {self.environment!r}")
         if not outcome.retried:
             raise retry_conflict(key, self.environment, outcome.previous, outcome.pruned)
+        if outcome.run is not None:  # read in the retry's transaction
+            return outcome.run
+        # a storage that does not read it back: the run as it is now
         snapshot = self._storage.run_get(self.environment, key)
         if snapshot is None:  # pruned in between: it was queued, so cleanup cannot take it
             raise RunNotFound(f"run {key} disappeared from environment {self.environment!r}")
