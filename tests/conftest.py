@@ -5,6 +5,7 @@ three-node cluster per module)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from runlane.postgres import apply_postgres_storage_migrations, postgres_polling
 from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
 from tests._bytecode import compile_checkout
 from tests._schemas import SchemaPool, new_schema_name
+from tests._shared_broker import WORKERINPUT_KEY, SharedBroker, wait_for_shared_broker
 from tests._suite import (
     auto_workers,
     cluster_timeouts,
@@ -36,6 +38,8 @@ from tests._suite import (
 
 RunlaneFactory = Callable[..., Runlane]
 RabbitRuntimes = Callable[..., Runlane]
+
+_SHARED_BROKER = SharedBroker()  # the xdist controller's (pytest_configure_node)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -150,15 +154,40 @@ def require_rabbitmq(reason: str | None, environ: Mapping[str, str] | None = Non
         pytest.fail(message, pytrace=False)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller, as it sets up each worker: one RabbitMQ node for them all
+    (tests/_shared_broker.py), booting while the workers start. When it cannot be made, each
+    worker boots its own, as a run without workers does."""
+    if os.environ.get("RUNLANE_TEST_AMQP_URL") or rabbitmq_available() is not None:
+        return
+    try:
+        node.workerinput[WORKERINPUT_KEY] = _SHARED_BROKER.for_workers()
+    except (OSError, RuntimeError) as exc:
+        print(f"no shared RabbitMQ node ({exc}): each worker boots its own", file=sys.stderr)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _SHARED_BROKER.close()  # the controller's; nothing in a worker
+
+
 @pytest.fixture(scope="session")
-def rabbitmq_url() -> Iterator[str]:
-    """RUNLANE_TEST_AMQP_URL when set, else a private RabbitMQ node on loopback for the session
-    (about 5 s to start). Tests sharing it use queue names of their own."""
+def rabbitmq_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """RUNLANE_TEST_AMQP_URL when set, else a private RabbitMQ node on loopback: the one the
+    xdist controller booted for every worker (tests/_shared_broker.py), or one of this
+    session's own (about 5 s to start). Tests sharing it use queue names of their own."""
     configured = os.environ.get("RUNLANE_TEST_AMQP_URL")
     if configured:
         yield configured
         return
     require_rabbitmq(rabbitmq_available())
+    try:
+        shared = wait_for_shared_broker(getattr(request.config, "workerinput", {}))
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if shared is not None:
+        yield shared
+        return
     url, node = start_rabbitmq_node()
     try:
         yield url
