@@ -23,6 +23,7 @@ from runlane import (
     PayloadValidationError,
     RetryPolicy,
     RunContext,
+    RunHandle,
     RunHistory,
     RunNotFound,
     RunPage,
@@ -373,6 +374,18 @@ def _run_out(rl: Any, run_id: uuid.UUID) -> RunSnapshot:
     pytest.fail(f"run {run_id} did not end")
 
 
+def _failed_run(make_runlane: RunlaneFactory) -> tuple[Any, RunHandle, threading.Event]:
+    """A runtime with a run of ``inspect.fails`` that failed for good, and the event that
+    makes the task fail (set; clear it for the next attempts to succeed)."""
+    fail = threading.Event()
+    fail.set()
+    fails = _failing_task(fail)
+    rl = _runtime(make_runlane, tasks=[fails])
+    handle = rl.trigger(fails, None)
+    _run_out(rl, handle.id)
+    return rl, handle, fail
+
+
 def test_retry_gives_a_failed_run_a_fresh_budget_and_keeps_its_history(
     make_runlane: RunlaneFactory, db: Conn, schema: str
 ) -> None:
@@ -418,12 +431,7 @@ def test_retry_returns_the_run_as_queued_even_when_a_claim_follows_at_once(
     """retry_run's answer is the run as the retry left it, read in its transaction: a claim
     that waited for the row and takes it the moment the retry commits does not show through
     (it did: the run was read again afterwards, and came back running)."""
-    fail = threading.Event()
-    fail.set()
-    fails = _failing_task(fail)
-    rl = _runtime(make_runlane, tasks=[fails])
-    handle = rl.trigger(fails, None)
-    _run_out(rl, handle.id)
+    rl, handle, _ = _failed_run(make_runlane)
     runs = sql.SQL("{}.runs").format(sql.Identifier(schema))
     answers: list[Any] = []
     with (
@@ -484,13 +492,8 @@ def wait_for_lock_waiters(db: Conn, count: int) -> None:
 def test_a_retried_run_is_announced_and_a_worker_picks_it_up(
     make_runlane: RunlaneFactory,
 ) -> None:
-    fail = threading.Event()
-    fail.set()
-    fails = _failing_task(fail)
-    rl = _runtime(make_runlane, tasks=[fails])
-    handle = rl.trigger(fails, None)
-    _run_out(rl, handle.id)
-    cancelled = rl.trigger(fails, None, delay=3600)
+    rl, handle, fail = _failed_run(make_runlane)
+    cancelled = rl.trigger("inspect.fails", None, delay=3600)
     assert rl.cancel(cancelled.id).status is RunStatus.CANCELLED
     fail.clear()
     # a long poll interval: the worker hears of retried runs through the announcement
