@@ -162,9 +162,13 @@ def test_status_watch_refreshes_until_interrupted(
                 if reports == 3:
                     break
         proc.send_signal(stop)
-        # read on, as a terminal would: a report blocked on a full pipe cannot stop
-        out, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0
+        # read on, as a terminal would: a report blocked on a full pipe cannot stop. Through
+        # the same file object, to the end: communicate() reads the pipe itself and would
+        # miss what the loop above had already buffered (the rest of the third report)
+        out = proc.stdout.read()
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        assert proc.wait(timeout=30) == 0
         assert "Traceback" not in err
         assert not out or out.endswith("\n\n")  # it stopped between two reports
 
