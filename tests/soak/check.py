@@ -228,7 +228,13 @@ def check(
     # -- the bounded queue -------------------------------------------------------------------
     strict, through = _overlap(
         db.all(
-            "select proc, started_at, ended_at, entered from {side}.executions where queue = %s",
+            # with the moment its lease lapsed, when maintenance found the attempt expired
+            # (its error names it): from then on the slot is free for the next claim
+            "select e.proc, e.started_at, e.ended_at, e.entered,"
+            " substring(a.error->>'message' from 'expired at ([^)]+)\\)')::timestamptz"
+            " from {side}.executions as e left join {schema}.attempts as a"
+            " on a.run_id = e.run_id and a.attempt = e.attempt and a.outcome = 'expired'"
+            " where e.queue = %s",
             BOUNDED_QUEUE,
         ),
         deaths,
@@ -299,10 +305,12 @@ def _overlap(
 ) -> tuple[int, int]:
     """The most handlers executing at once: strictly (a handler frozen with its process stops
     counting at the freeze, one blocked through an outage longer than a lease at the lease's
-    end: see _lease_ending_outages) and counting handlers that resumed after a freeze."""
+    end: see _lease_ending_outages; one whose attempt maintenance found expired, when its
+    lease lapsed, a row's optional fifth field) and counting handlers that resumed after a
+    freeze."""
     strict: list[tuple[datetime, int]] = []
     through: list[tuple[datetime, int]] = []
-    for proc, start, end, entered in rows:
+    for proc, start, end, entered, *lapse in rows:
         stop = end if end is not None else deaths.get(proc, ended)
         through += [(start, 1), (stop, -1)]
         if _entered_before_freeze(proc, entered, frozen_mono) and any(
@@ -313,6 +321,7 @@ def _overlap(
         # outage, after it started
         ends = [frozen for frozen, _resumed in freezes.get(proc, [])]
         ends += [lapsed for lapsed, only in outages if only in (None, proc)]
+        ends += [lapsed for lapsed in lapse if lapsed is not None]
         cut = min((t for t in ends if start <= t < stop), default=stop)
         strict += [(start, 1), (cut, -1)]
     return _peak(strict), _peak(through)
