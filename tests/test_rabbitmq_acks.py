@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-from runlane import RunContext, queue, task
 from runlane.errors import StorageUnavailable
-from runlane.lanes import AcquirerOptions
 from runlane.postgres import outbox_of
 from runlane.rabbitmq._consumer import RabbitAcquirer
+from tests._acquirers import driven_acquirer
 from tests.conftest import RabbitRuntimes
 from tests.helpers import amqp_queue, ready_messages, wait_until
 
@@ -30,34 +28,11 @@ RUNS = 4
 def acquirer(
     rabbit_runtime: RabbitRuntimes, rabbitmq_url: str
 ) -> Iterator[tuple[RabbitAcquirer, Any]]:
-    @task(id="acks.noop")
-    def noop(payload: Any, context: RunContext) -> Any:
-        return payload
-
-    runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
-    runlane.start()
-    made = runlane.lane.create_acquirer(
-        runlane._storage,
-        AcquirerOptions(
-            environment=runlane.environment,
-            queues=[queue("default")],
-            name="acks-acquirer",
-            lease=timedelta(seconds=60),
-            drain=False,
-            concurrency=RUNS,
-            claim_batch=RUNS,
-        ),
-        lambda run_id: None,
-    )
-    assert isinstance(made, RabbitAcquirer)
-    made.start()
-    try:
-        wait_until(made.consuming.is_set, timeout=15, what="the consumer consuming")
-        runlane.trigger_many(noop, list(range(RUNS)))
+    with driven_acquirer(
+        rabbit_runtime, rabbitmq_url, "acks", concurrency=RUNS, claim_batch=RUNS, runs=RUNS
+    ) as (made, runlane):
         wait_until(lambda: len(made._buffer) == RUNS, timeout=15, what="the deliveries")
         yield made, runlane
-    finally:
-        made.close(10)
 
 
 class _Gate:

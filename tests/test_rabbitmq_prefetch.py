@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from runlane import RunContext, queue, task
-from runlane.lanes import AcquirerOptions
+from runlane import RunContext, task
 from runlane.rabbitmq import _consumer
 from runlane.rabbitmq._consumer import RabbitAcquirer
+from tests._acquirers import driven_acquirer
 from tests.conftest import RabbitRuntimes
 from tests.helpers import amqp_queue, ready_messages, wait_until
 
@@ -29,34 +28,15 @@ def acquirer(
     rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[RabbitAcquirer, Any]]:
     monkeypatch.setattr(_consumer, "_AHEAD_SECONDS", 0.3)
-
-    @task(id="prefetch.noop")
-    def noop(payload: Any, context: RunContext) -> Any:
-        return payload
-
-    runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
-    runlane.start()
-    made = runlane.lane.create_acquirer(
-        runlane._storage,
-        AcquirerOptions(
-            environment=runlane.environment,
-            queues=[queue("default")],
-            name="prefetch-acquirer",
-            lease=timedelta(seconds=60),
-            drain=False,
-            concurrency=CONCURRENCY,
-            claim_batch=CLAIM_BATCH,
-        ),
-        lambda run_id: None,
-    )
-    assert isinstance(made, RabbitAcquirer)
-    made.start()
-    try:
-        wait_until(made.consuming.is_set, timeout=15, what="the consumer consuming")
-        runlane.trigger_many(noop, list(range(RUNS)))
-        yield made, runlane
-    finally:
-        made.close(10)
+    with driven_acquirer(
+        rabbit_runtime,
+        rabbitmq_url,
+        "prefetch",
+        concurrency=CONCURRENCY,
+        claim_batch=CLAIM_BATCH,
+        runs=RUNS,
+    ) as driven:
+        yield driven
 
 
 def _round_trip(acquirer: RabbitAcquirer) -> None:

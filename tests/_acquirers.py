@@ -1,0 +1,59 @@
+"""A RabbitMQ lane's acquirer driven directly, as a worker's acquiring slot drives it, on a
+runtime of the test's schema: tests of what the acquirer does with its deliveries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from runlane import RunContext, Runlane, queue, task
+from runlane.lanes import AcquirerOptions
+from runlane.rabbitmq._consumer import RabbitAcquirer
+from tests.conftest import RabbitRuntimes
+from tests.helpers import wait_until
+
+__all__ = ["driven_acquirer"]
+
+
+@contextmanager
+def driven_acquirer(
+    rabbit_runtime: RabbitRuntimes,
+    rabbitmq_url: str,
+    name: str,
+    *,
+    concurrency: int,
+    claim_batch: int,
+    runs: int,
+) -> Iterator[tuple[RabbitAcquirer, Runlane]]:
+    """A started acquirer named ``{name}-acquirer`` of the default queue, consuming, with
+    ``runs`` runs of ``{name}.noop`` triggered to it; closed afterwards."""
+
+    @task(id=f"{name}.noop")
+    def noop(payload: Any, context: RunContext) -> Any:
+        return payload
+
+    runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
+    runlane.start()
+    made = runlane.lane.create_acquirer(
+        runlane._storage,
+        AcquirerOptions(
+            environment=runlane.environment,
+            queues=[queue("default")],
+            name=f"{name}-acquirer",
+            lease=timedelta(seconds=60),
+            drain=False,
+            concurrency=concurrency,
+            claim_batch=claim_batch,
+        ),
+        lambda run_id: None,
+    )
+    assert isinstance(made, RabbitAcquirer)
+    made.start()
+    try:
+        wait_until(made.consuming.is_set, timeout=15, what="the consumer consuming")
+        runlane.trigger_many(noop, list(range(runs)))
+        yield made, runlane
+    finally:
+        made.close(10)
