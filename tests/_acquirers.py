@@ -3,6 +3,7 @@ runtime of the test's schema: tests of what the acquirer does with its deliverie
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -14,7 +15,7 @@ from runlane.rabbitmq._consumer import RabbitAcquirer
 from tests.conftest import RabbitRuntimes
 from tests.helpers import wait_until
 
-__all__ = ["driven_acquirer"]
+__all__ = ["driven_acquirer", "round_trip"]
 
 
 @contextmanager
@@ -57,3 +58,22 @@ def driven_acquirer(
         yield made, runlane
     finally:
         made.close(10)
+
+
+def round_trip(acquirer: RabbitAcquirer) -> None:
+    """A synchronous call on the consumer's channel, on its thread: acknowledgements queued
+    before it have been sent, and deliveries the broker sent before answering it have
+    reached the buffer."""
+    conn, channel = acquirer._conn, acquirer._channel
+    assert conn is not None
+    assert channel is not None
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            channel.basic_qos(prefetch_count=acquirer._prefetch)
+        finally:
+            done.set()
+
+    conn.add_callback_threadsafe(call)
+    assert done.wait(10), "the consumer thread did not run the call"

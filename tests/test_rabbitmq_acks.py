@@ -17,7 +17,7 @@ import pytest
 from runlane.errors import StorageUnavailable
 from runlane.postgres import outbox_of
 from runlane.rabbitmq._consumer import RabbitAcquirer
-from tests._acquirers import driven_acquirer
+from tests._acquirers import driven_acquirer, round_trip
 from tests.conftest import RabbitRuntimes
 from tests.helpers import amqp_queue, ready_messages, wait_until
 
@@ -52,24 +52,6 @@ class _Gate:
         if self._fail:
             raise StorageUnavailable("the server crashed (the test's)")
         self._real()
-
-
-def _round_trip(consumer: RabbitAcquirer) -> None:
-    """A synchronous call on the consumer's channel, on its thread: acknowledgements queued
-    before it have been sent, and deliveries sent before the answer are buffered."""
-    conn, channel = consumer._conn, consumer._channel
-    assert conn is not None
-    assert channel is not None
-    done = threading.Event()
-
-    def call() -> None:
-        try:
-            channel.basic_qos(prefetch_count=consumer._prefetch)
-        finally:
-            done.set()
-
-    conn.add_callback_threadsafe(call)
-    assert done.wait(10), "the consumer thread did not run the call"
 
 
 def _statuses(db: psycopg.Connection[Any], schema: str) -> list[str]:
@@ -122,13 +104,13 @@ def test_a_claim_is_visible_at_once_and_acknowledged_only_after_the_wal_flush(
     # may start, and their deliveries wait for the flush, unacknowledged
     assert _statuses(db, schema) == ["running"] * RUNS
     assert gate.entered.wait(10), "no WAL flush was asked for"
-    _round_trip(consumer)
+    round_trip(consumer)
     assert len(consumer._unsettled) == RUNS
     assert not consumer._acks.idle()
 
     gate.opened.set()
     wait_until(consumer._acks.idle, timeout=10, what="the flush and the acknowledgements")
-    _round_trip(consumer)
+    round_trip(consumer)
     assert not consumer._unsettled
     assert consumer._acks.flushes >= 1
     assert consumer.stats.requeued == 0
@@ -154,7 +136,7 @@ def test_a_failed_flush_returns_the_deliveries_and_the_redelivery_is_a_duplicate
     assert consumer.acquire(RUNS, 0) == []
     assert consumer.stats.duplicates == RUNS
     wait_until(consumer._acks.idle, timeout=10, what="the acknowledgements")
-    _round_trip(consumer)
+    round_trip(consumer)
     assert not consumer._unsettled
     assert ready_messages(rabbitmq_url, amqp_queue(schema)) == 0
     assert _statuses(db, schema) == ["running"] * RUNS

@@ -14,7 +14,7 @@ import pytest
 from runlane import RunContext, task
 from runlane.rabbitmq import _consumer
 from runlane.rabbitmq._consumer import RabbitAcquirer
-from tests._acquirers import driven_acquirer
+from tests._acquirers import driven_acquirer, round_trip
 from tests.conftest import RabbitRuntimes
 from tests.helpers import amqp_queue, ready_messages, wait_until
 
@@ -39,24 +39,6 @@ def acquirer(
         yield driven
 
 
-def _round_trip(acquirer: RabbitAcquirer) -> None:
-    """A synchronous call on the consumer's channel, on its thread: deliveries the broker
-    sent before answering it have reached the buffer."""
-    conn, channel = acquirer._conn, acquirer._channel
-    assert conn is not None
-    assert channel is not None
-    done = threading.Event()
-
-    def call() -> None:
-        try:
-            channel.basic_qos(prefetch_count=acquirer._prefetch)
-        finally:
-            done.set()
-
-    conn.add_callback_threadsafe(call)
-    assert done.wait(10), "the consumer thread did not run the call"
-
-
 def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
     acquirer: tuple[RabbitAcquirer, Any], rabbitmq_url: str, schema: str
 ) -> None:
@@ -66,12 +48,12 @@ def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
         return len(consumer._buffer)
 
     wait_until(lambda: buffered() == CLAIM_BATCH, timeout=15, what="one claim batch buffered")
-    _round_trip(consumer)
+    round_trip(consumer)
     assert buffered() == CLAIM_BATCH  # claims for free slots only: one batch, no more
 
     claimed = {run.id for run in consumer.acquire(CONCURRENCY, 0)}  # free slots only
     wait_until(lambda: buffered() == CLAIM_BATCH, timeout=15, what="the batch refilled")
-    _round_trip(consumer)
+    round_trip(consumer)
     assert buffered() == CLAIM_BATCH
     assert not consumer._ahead_tags
 
@@ -79,7 +61,7 @@ def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
     claimed |= {run.id for run in consumer.acquire(CONCURRENCY + 2, 0)}
     assert len(claimed) == 2 * CONCURRENCY + 2
     wait_until(lambda: buffered() == 2 * CLAIM_BATCH, timeout=15, what="two claim batches buffered")
-    _round_trip(consumer)
+    round_trip(consumer)
     assert buffered() == 2 * CLAIM_BATCH
 
     # it stops asking for more than its slots: the second consumer goes, what it delivered
@@ -92,12 +74,12 @@ def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
         claimed |= taken
         if not taken:
             wait_until(lambda: buffered() > 0, timeout=15, what="a delivery")
-        _round_trip(consumer)  # the broker has sent what the acknowledgements allow
+        round_trip(consumer)  # the broker has sent what the acknowledgements allow
         if buffered() <= CLAIM_BATCH:
             back_to_one = True
         assert not back_to_one or buffered() <= CLAIM_BATCH, "more than one batch again"
     assert back_to_one
-    _round_trip(consumer)
+    round_trip(consumer)
     assert consumer.stats.claimed == RUNS
     assert consumer.stats.duplicates == consumer.stats.unknown == 0
     assert consumer.stats.connections == 1  # cancelling its own consumer is no broker cancel
@@ -131,7 +113,7 @@ def test_a_worker_busy_with_long_handlers_keeps_one_claim_batch(
         wait_until(
             lambda: len(consumer._buffer) == CLAIM_BATCH, timeout=15, what="a batch buffered"
         )
-        _round_trip(consumer)
+        round_trip(consumer)
         assert len(consumer._buffer) == CLAIM_BATCH
         assert not consumer._ahead_tags
         assert len(started) == CONCURRENCY
