@@ -29,7 +29,7 @@ from runlane.postgres._group import GROUP_ROW_CHARS, GroupCommit, groupable
 from runlane.postgres._outbox import eager_item_id
 from runlane.storage import InsertedRun, NewRuns, OutboxItem
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, Greet, q, run_row, storage_of, wait_until
+from tests.helpers import Conn, Greet, q, run_row, run_together, storage_of, wait_until
 
 
 @task(id="greet", schema=Greet)
@@ -621,25 +621,13 @@ def test_a_crowd_slower_to_come_back_than_the_hold_is_waited_for_once_its_pace_i
         return [[InsertedRun(r.ids[0], r.queue, True)] for r in groups]
 
     group = GroupCommit(alone, together, max_hold=1.0)
-    errors: list[BaseException] = []
-    start = threading.Barrier(threads)
 
     def loop() -> None:
-        try:
-            start.wait(10)
-            for _ in range(rounds):
-                group.insert(new_runs())
-                time.sleep(work)  # the caller's own work before its next call
-        except BaseException as exc:
-            errors.append(exc)
+        for _ in range(rounds):
+            group.insert(new_runs())
+            time.sleep(work)  # the caller's own work before its next call
 
-    crowd = [threading.Thread(target=loop) for _ in range(threads)]
-    for thread in crowd:
-        thread.start()
-    for thread in crowd:
-        thread.join(60)
-        assert not thread.is_alive()
-    assert errors == []
+    run_together([loop] * threads, timeout=10, join_timeout=60)
     assert sum(sizes) == threads * rounds
     # with the hold a quarter of the statement (10 ms < 15 ms of work) no statement after
     # the first ones carried all four; once the pace is known, most do
