@@ -265,6 +265,37 @@ def test_a_lone_call_and_large_or_batched_calls_do_not_wait_for_a_group() -> Non
     assert not groupable(two)
 
 
+def test_a_lone_call_holds_no_one_and_teaches_no_pace() -> None:
+    """A call that wrote alone with nobody queued behind it leaves no hold for the next
+    statement (a call from another thread right after writes alone at once, gathering no
+    one) and leaves the crowd's learned pace as it was: one thread coming back is no crowd."""
+    seen: list[str] = []
+
+    def alone(runs: NewRuns) -> list[InsertedRun]:
+        seen.append(threading.current_thread().name)
+        return [InsertedRun(runs.ids[0], runs.queue, True)]
+
+    def together(groups: Any, *_: Any) -> list[list[InsertedRun]]:
+        raise AssertionError("no group expected")
+
+    group = GroupCommit(alone, together, hold_fraction=1e6, max_hold=30.0)
+    group._pace = 0.004
+    for _ in range(3):
+        runs = new_runs()
+        assert group.insert(runs) == [InsertedRun(runs.ids[0], "default", True)]
+        assert group._returning == set()
+        assert group._pace == 0.004
+    other = threading.Thread(target=lambda: group.insert(new_runs()), name="other-caller")
+    other.start()
+    other.join(10)
+    assert not other.is_alive()
+    assert seen[-1] == "other-caller"
+    assert not group._gathering
+    assert group._pace == 0.004
+    assert group._in_flight == 0
+    assert group._queue == []
+
+
 def test_a_failed_leader_still_wakes_its_group() -> None:
     """A shared statement that raises (here: the leader's thread is told to stop) leaves
     no call waiting: each writes its run alone."""

@@ -14,8 +14,9 @@ two halves taking turns, each statement carrying half of it. For the same reason
 of them to come back to an idle group commit gathers the others rather than writing alone
 ahead of them. The hold is what the crowd was seen to need: twice the pace at which the
 last crowds came back (a call at a time, under one GIL) times the calls awaited, at least
-a quarter of the last statement's time, at most twice that time and ``MAX_HOLD``. A thread
-alone is never held (it is the only call awaited, and it is back), and calls that do not
+a quarter of the last statement's time, at most twice that time and ``MAX_HOLD``. A
+statement written alone that nobody queued behind (a thread alone, a request now and then)
+holds no one and teaches no pace: there was no crowd (_write_alone). Calls that do not
 come back cost the next statement at most the hold; a hold none of them met halves the
 pace, so a crowd that does not call again soon stops being waited for (_gather).
 
@@ -195,9 +196,21 @@ class GroupCommit:
         """This call's statement, by itself; then the next statement may go."""
         started = time.monotonic()
         try:
-            return self._alone(runs)
-        finally:
+            inserted = self._alone(runs)
+        except BaseException:
             self._hand_over({me}, started)
+            raise
+        with self._lock:
+            if not self._queue:
+                # nobody came while it was in flight: a lone caller (a thread alone, a
+                # request now and then) has no crowd to hold the next statement for nor a
+                # pace to teach, so it ends with no more bookkeeping than this
+                self._in_flight -= 1
+                if self._returning:  # a hold that ran out before this call came
+                    self._returning = set()
+                return inserted
+        self._hand_over({me}, started)
+        return inserted
 
     def _hand_over(self, callers: set[int], started: float) -> None:
         """A statement that ``callers`` made, begun at ``started``, has ended: the first
@@ -213,7 +226,7 @@ class GroupCommit:
             self._hold_until = now + (hold if hold < self._max_hold else self._max_hold)
             self._awaited = set(callers)
             self._handed_at, self._counts_until, self._back = now, now + longest, 0
-            if not self._queue:  # _next_leader, inline: a lone caller's every call passes here
+            if not self._queue:  # _next_leader, inline
                 self._in_flight -= 1
                 return
             leader = self._queue[0]
