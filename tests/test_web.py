@@ -39,6 +39,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
+from waitress import wasyncore
 from waitress.server import create_server
 
 from runlane import RetryPolicy, RunContext, Runlane, RunStatus, create_runlane, queue, task
@@ -152,21 +153,27 @@ def served(app: Any) -> Iterator[str]:
     pages reload themselves every 10 minutes, not 10 seconds: a reload between two steps of
     a test would pull the page from under it."""
     app.config["RUNLANE_REFRESH_SECONDS"] = 600
-    server: Any = create_server(app, host="127.0.0.1", port=0, threads=4)
+    sockets: dict[int, Any] = {}
+    server: Any = create_server(app, map=sockets, host="127.0.0.1", port=0, threads=4)
     port = server.effective_port
-    thread = threading.Thread(target=server.run, name="web-test-server", daemon=True)
+    stop = threading.Event()
+
+    def serve() -> None:
+        # short turns of waitress's loop until told to stop, as `runlane web` serves. Not
+        # stopped through its trigger: a thunk that closes the trigger can run on the loop
+        # before pull_trigger's own write to that pipe, which then fails with EBADF
+        while not stop.is_set():
+            wasyncore.loop(timeout=0.05, map=sockets, count=1)
+
+    thread = threading.Thread(target=serve, name="web-test-server", daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        # closed from the server's own loop (its trigger runs the thunk there): the loop ends
-        # once its map is empty
-        channels = server._map
-        server.trigger.pull_trigger(
-            lambda: [channel.close() for channel in list(channels.values())]
-        )
+        stop.set()
         thread.join(10)
         server.task_dispatcher.shutdown()
+        wasyncore.close_all(sockets)
         assert not thread.is_alive()
 
 
