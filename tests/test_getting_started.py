@@ -3,11 +3,13 @@ copy of the repository, each in a shell that keeps the previous commands' enviro
 directory, with the files it says to create; a worker and a Flask app started where it says
 so, in the background, and stopped with Ctrl-C (SIGINT). Nothing may print a traceback.
 
-Three deviations, all for running offline and side by side with other tests: ``pip install``
-gets ``--no-index --no-build-isolation`` and the new virtual environment sees this one's
-packages through a ``.pth`` line (runlane itself is built and installed from the copy; the
-venv's bundled setuptools, too old to build it, is removed); Flask's port 5000 becomes a free
-port; ``RUN_ID`` becomes the id the app answered. ``HOME`` is a temporary directory, so
+Four deviations, for running offline, side by side with other tests, and cheaply: ``pip
+install`` gets ``--no-index --no-build-isolation`` and the new virtual environment sees this
+one's packages through a ``.pth`` line (runlane itself is built and installed from the copy);
+the venv is made ``--without-pip`` and its ``pip`` is this environment's pip, seen through the
+same line (``ensurepip`` cost 6 CPU-s to install a pip and a setuptools too old to build
+runlane, which the test then removed); Flask's port 5000 becomes a free port; ``RUN_ID``
+becomes the id the app answered. ``HOME`` is a temporary directory, so
 ``runlane dev-db`` keeps its data there."""
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "getting-started.md"
 FILE_HEADER = re.compile(r"# ([\w/]+\.py): ")
 BACKGROUND = ("runlane worker ", "flask ")
-# not seen by the guide's venv: what it installs itself (runlane, pip) and the editable hook
+# not seen by the guide's venv: what it installs itself (runlane) and the editable hook
 OFFLINE = "--no-index --no-build-isolation"
-SKIPPED = ("runlane", "__editable__", "pip", "_distutils_hack", "__pycache__")
+SKIPPED = ("runlane", "__editable__", "__pycache__")
 
 
 def steps() -> list[tuple[str, str]]:
@@ -226,6 +228,8 @@ def test_a_newcomer_follows_the_guide_word_for_word(shell: Shell) -> None:  # no
         command = body.replace("5000", str(port))
         if run_id is not None:
             command = command.replace("RUN_ID", run_id)
+        if command == "python3 -m venv .venv":
+            command = "python3 -m venv --without-pip .venv"
         if command.startswith("pip install "):
             command = command.replace(
                 "pip install ", "pip install --no-index --no-build-isolation "
@@ -249,7 +253,7 @@ def test_a_newcomer_follows_the_guide_word_for_word(shell: Shell) -> None:  # no
         if command == "runlane dev-db stop":
             shell.stop_background()  # "stop the worker and the app with Ctrl-C", first
         out = shell.run(command)
-        if command == "python3 -m venv .venv":
+        if command == "python3 -m venv --without-pip .venv":
             _offline_venv(shell)
         elif command.startswith("curl ") and "POST" in command:
             run_id = json.loads(out)["run_id"]
@@ -268,9 +272,9 @@ def test_a_newcomer_follows_the_guide_word_for_word(shell: Shell) -> None:  # no
 
 def _offline_venv(shell: Shell) -> None:
     """The deviation for running offline: the new venv sees this environment's installed
-    packages (not runlane, not pip: a view of symlinks, after its own packages) through a
-    .pth line, its bundled setuptools (older than the build needs) is removed, and the
-    ``flask`` command, which pip would install with Flask, is written."""
+    packages (not runlane: a view of symlinks, after its own packages) through a .pth line,
+    and the ``pip`` and ``flask`` commands, which ``ensurepip`` and pip would install, are
+    written (each runs its package as the venv's python: pip then installs into the venv)."""
     venv = shell.cwd / ".venv"
     python = venv / "bin" / "python"
     purelib = subprocess.run(
@@ -279,17 +283,13 @@ def _offline_venv(shell: Shell) -> None:
         text=True,
         check=True,
     ).stdout.strip()
-    for bundled in Path(purelib).glob("setuptools*"):
-        if bundled.is_dir():
-            shutil.rmtree(bundled)
-        else:
-            bundled.unlink()
     view = shell.cwd.parent / "dependencies"
     view.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
         if not entry.name.startswith(SKIPPED) and entry.suffix != ".pth":
             (view / entry.name).symlink_to(entry)
     Path(purelib, "zz_dependencies.pth").write_text(f"{view}\n")
-    flask = venv / "bin" / "flask"
-    flask.write_text(f"#!{python}\nimport sys\nfrom flask.cli import main\nsys.exit(main())\n")
-    flask.chmod(0o755)
+    for command, main_of in (("pip", "pip._internal.cli.main"), ("flask", "flask.cli")):
+        script = venv / "bin" / command
+        script.write_text(f"#!{python}\nimport sys\nfrom {main_of} import main\nsys.exit(main())\n")
+        script.chmod(0o755)
