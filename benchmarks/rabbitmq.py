@@ -73,12 +73,22 @@ class RabbitBroker:
 
 
 def _runtime(
-    url: str, schema: str, amqp_url: str, tasks: list[Any], poll: timedelta = timedelta(seconds=1)
+    url: str,
+    schema: str,
+    amqp_url: str,
+    tasks: list[Any],
+    *,
+    poll: timedelta = timedelta(seconds=1),
+    queue_type: str = "quorum",
 ) -> Runlane:
     from runlane.rabbitmq import rabbitmq_lane  # noqa: PLC0415 - needs pika (rabbitmq extra)
 
     lane = rabbitmq_lane(
-        connection_string=url, schema=schema, amqp_url=amqp_url, poll_interval=poll
+        connection_string=url,
+        schema=schema,
+        amqp_url=amqp_url,
+        poll_interval=poll,
+        queue_type=queue_type,
     )
     return create_runlane(lane=lane, tasks=tasks)
 
@@ -93,13 +103,15 @@ def _wait_published(url: str, schema: str, timeout: float = 600) -> None:
     )
 
 
-def bench_rabbit_one_process(bench: RabbitBench) -> tuple[float, PerRun]:
+def bench_rabbit_one_process(
+    bench: RabbitBench, queue_type: str = "quorum"
+) -> tuple[float, PerRun]:
     """``runs`` no-op runs triggered and published first (the broker holds them all), then
     one worker at ``concurrency`` consumes them: runs/s from its start to the last one, and
     the statements its threads sent per run."""
     url, noop, runs = bench.url, bench.noop, bench.runs
     schema = bench.fresh_schema(url)
-    with _runtime(url, schema, bench.amqp_url, [noop]) as runlane:
+    with _runtime(url, schema, bench.amqp_url, [noop], queue_type=queue_type) as runlane:
         for start in range(0, runs, 1000):
             runlane.trigger_many(noop, [None] * min(1000, runs - start))
         _wait_published(url, schema)
@@ -141,7 +153,7 @@ def bench_rabbit_enqueue(bench: RabbitBench) -> dict[str, float]:
     }
 
 
-def bench_rabbit_wakeup(bench: RabbitBench) -> list[float]:
+def bench_rabbit_wakeup(bench: RabbitBench, queue_type: str = "quorum") -> list[float]:
     """``trigger`` to handler start (ms) with an idle worker whose poll interval is 30 s, so
     only the eager publish and the broker's delivery explain it."""
     url = bench.url
@@ -156,7 +168,7 @@ def bench_rabbit_wakeup(bench: RabbitBench) -> list[float]:
 
     latencies: list[float] = []
     poll = timedelta(seconds=30)
-    with _runtime(url, schema, bench.amqp_url, [ping], poll=poll) as runlane:
+    with _runtime(url, schema, bench.amqp_url, [ping], poll=poll, queue_type=queue_type) as runlane:
         worker = runlane.create_delivery_worker(concurrency=bench.concurrency)
         try:
             runlane.wait_for_run(runlane.trigger(ping, None).id, timeout=30)  # warm up
@@ -208,4 +220,29 @@ def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[R
     rows.append(
         Row("rabbitmq: trigger-to-start mean, idle worker (ms)", statistics.mean(latencies), ",.2f")
     )
+    return rows + _classic_rows(bench, polling_one_process)
+
+
+def _classic_rows(bench: RabbitBench, polling_one_process: float | None) -> list[Row]:
+    """The same processing and latency with ``queue_type="classic"``: one node's queue,
+    delivered before its disk write (the quorum queue's replicated write is off the path)."""
+    rows: list[Row] = []
+    rabbit, _ = bench_rabbit_one_process(bench, "classic")
+    log(f"rabbitmq, classic queues: one process {rabbit:,.0f} runs/s")
+    label = "rabbitmq, classic queues: processing, one process (runs/s)"
+    if polling_one_process:
+        rows.append(
+            ratio_row(label, rabbit, "polling lane, one process", polling_one_process, None)
+        )
+    else:
+        rows.append(Row(label, rabbit))
+    latencies = bench_rabbit_wakeup(bench, "classic")
+    for q in (0.50, 0.95):
+        rows.append(
+            Row(
+                f"rabbitmq, classic queues: trigger-to-start p{int(q * 100)} (ms)",
+                pct(latencies, q),
+                ",.2f",
+            )
+        )
     return rows

@@ -1,7 +1,8 @@
 """The RabbitMQ consumer's prefetch: one claim batch while its worker claims for free slots,
-two while it claims ahead of them (quick handlers and a backlog), and back to one once it
-stops, without losing, repeating or stranding a delivery. The acquirer is driven directly,
-as a worker's acquiring slot drives it, so that what it is asked for is exact."""
+``_AHEAD_BATCHES`` (six) while it claims ahead of them (quick handlers and a backlog), and
+back to one once it stops, without losing, repeating or stranding a delivery. The acquirer
+is driven directly, as a worker's acquiring slot drives it, so that what it is asked for
+is exact."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from tests._acquirers import driven_acquirer, round_trip
 from tests.conftest import RabbitRuntimes
 from tests.helpers import amqp_queue, ready_messages, wait_until
 
-RUNS = 40
+RUNS = 80
 CONCURRENCY = 2
-CLAIM_BATCH = 8  # one claim batch: the prefetch of its slots; ahead: 16 in all
+CLAIM_BATCH = 8  # one claim batch: the prefetch of its slots
+AHEAD = _consumer._AHEAD_BATCHES * CLAIM_BATCH  # the prefetch while it claims ahead: 48
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ def acquirer(
         yield driven
 
 
-def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
+def test_the_prefetch_grows_only_while_the_worker_claims_ahead(
     acquirer: tuple[RabbitAcquirer, Any], rabbitmq_url: str, schema: str
 ) -> None:
     consumer, _ = acquirer
@@ -60,9 +62,9 @@ def test_the_prefetch_doubles_only_while_the_worker_claims_ahead(
     # asking for more than its slots: the worker claims ahead, and the consumer with it
     claimed |= {run.id for run in consumer.acquire(CONCURRENCY + 2, 0)}
     assert len(claimed) == 2 * CONCURRENCY + 2
-    wait_until(lambda: buffered() == 2 * CLAIM_BATCH, timeout=15, what="two claim batches buffered")
+    wait_until(lambda: buffered() == AHEAD, timeout=15, what="six claim batches buffered")
     round_trip(consumer)
-    assert buffered() == 2 * CLAIM_BATCH
+    assert buffered() == AHEAD
 
     # it stops asking for more than its slots: the second consumer goes, what it delivered
     # stays buffered and is claimed as any other delivery

@@ -1,11 +1,13 @@
 """AMQP plumbing shared by the publisher and the consumers: URL checks, names, topology.
 
-Each logical queue of an environment is one durable quorum queue named
+Each logical queue of an environment is one durable queue named
 ``runlane.<schema>.<environment>.<queue>`` (see :func:`queue_name` for the escaping that
-keeps distinct pairs apart), with a delivery limit and a dead-letter exchange
-(``runlane.<schema>.dead``, bound to the queue ``runlane.<schema>.dead``) for messages that
-were redelivered too often (poison messages). Messages go through the default exchange, are
-persistent and carry only the run's id (``message_id`` is the outbox item's id).
+keeps distinct pairs apart), of the lane's ``queue_type``: a quorum queue (the default:
+replicated, with a delivery limit) or a classic one (one node, delivered before its disk
+write), with a dead-letter exchange (``runlane.<schema>.dead``, bound to the queue
+``runlane.<schema>.dead``) for messages that were redelivered too often (poison messages).
+Messages go through the default exchange, are persistent
+and carry only the run's id (``message_id`` is the outbox item's id).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from runlane.errors import ConfigurationError
 __all__ = [
     "AMQP_ERRORS",
     "MAX_QUEUE_NAME_BYTES",
+    "QUEUE_TYPES",
     "Watchdog",
     "check_amqp_url",
     "check_queue_names",
@@ -42,6 +45,7 @@ __all__ = [
     "name_too_long",
     "parse_body",
     "queue_name",
+    "queue_type_mismatch",
 ]
 
 log = logging.getLogger("runlane.rabbitmq")
@@ -155,21 +159,46 @@ def dead_letter_names(schema: str) -> str:
     return f"runlane.{schema}.dead"
 
 
-def declare_queue(channel: BlockingChannel, schema: str, name: str, delivery_limit: int) -> None:
-    """Declare the dead-letter exchange and queue, and the durable quorum queue ``name``
-    (idempotent: every publisher and consumer declares what it uses)."""
+# the broker queue types the lane can declare (``rabbitmq_lane(queue_type=...)``)
+QUEUE_TYPES = ("quorum", "classic")
+
+
+def declare_queue(
+    channel: BlockingChannel,
+    schema: str,
+    name: str,
+    delivery_limit: int,
+    queue_type: str = "quorum",
+) -> None:
+    """Declare the dead-letter exchange and queue, and the durable queue ``name`` of
+    ``queue_type`` (idempotent: every publisher and consumer declares what it uses). A
+    quorum queue gets ``x-delivery-limit``; a classic queue has none (RabbitMQ counts
+    deliveries of quorum queues only). The type is always named, so a queue that exists
+    with the other type is refused by the broker (see :func:`queue_type_mismatch`), never
+    used as it is."""
     dead = dead_letter_names(schema)
     channel.exchange_declare(exchange=dead, exchange_type="fanout", durable=True)
     channel.queue_declare(queue=dead, durable=True, arguments={"x-queue-type": "quorum"})
     channel.queue_bind(queue=dead, exchange=dead)
-    channel.queue_declare(
-        queue=name,
-        durable=True,
-        arguments={
-            "x-queue-type": "quorum",
-            "x-delivery-limit": delivery_limit,
-            "x-dead-letter-exchange": dead,
-        },
+    arguments: dict[str, Any] = {"x-queue-type": queue_type, "x-dead-letter-exchange": dead}
+    if queue_type == "quorum":
+        arguments["x-delivery-limit"] = delivery_limit
+    channel.queue_declare(queue=name, durable=True, arguments=arguments)
+
+
+def queue_type_mismatch(exc: BaseException, name: str, queue_type: str) -> str | None:
+    """What to do when declaring ``name`` failed because the broker holds it with another
+    type or other arguments (406 PRECONDITION_FAILED, "inequivalent arg"), else None."""
+    if not isinstance(exc, pika.exceptions.ChannelClosedByBroker):
+        return None
+    if exc.reply_code != 406 or "inequivalent arg" not in str(exc.reply_text):
+        return None
+    return (
+        f"the broker already holds queue {name} with other arguments than this lane declares "
+        f"(queue_type={queue_type!r}; broker: {exc.reply_text}). A queue's type cannot change: "
+        "give every runtime of the schema the same queue_type, or move the queue over by "
+        "draining it, deleting it (`rabbitmqctl delete_queue NAME`) and letting the lane "
+        "declare it again (docs/deploying.md, 'Quorum or classic queues')"
     )
 
 

@@ -3,7 +3,7 @@
 ``runlane-worker-N-consumer`` owns the worker's one AMQP connection (pika connections belong
 to one thread). It consumes the worker's queues with a prefetch of the worker's claim batch
 (``create_delivery_worker(claim_batch=...)``, at most four times its concurrency), raised to
-two claim batches while the worker claims ahead of its slots, and buffers deliveries; it
+six claim batches while the worker claims ahead of its slots, and buffers deliveries; it
 never touches the database. The pool's acquiring slot takes deliveries from the buffer and
 claims the runs they name by id with the same fenced claim as the polling lane (bounded
 queues, rate limits and per-key limits still enforced in storage, under the queue's lock).
@@ -25,6 +25,7 @@ Cancellation and wake-ups for runs are Postgres's: a listener on the schema's ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -52,6 +53,7 @@ from runlane.rabbitmq._amqp import (
     describe,
     parse_body,
     queue_name,
+    queue_type_mismatch,
 )
 from runlane.storage import ClaimedRun, QueueLimits
 
@@ -61,6 +63,12 @@ log = logging.getLogger("runlane.rabbitmq.consumer")
 
 _SETUP_SECONDS = 15.0  # declaring and consuming the worker's queues may take this long
 _MAX_PREFETCH = 1000  # the most unacknowledged deliveries of a queue a worker asks for
+# claim batches a worker claiming ahead may hold unacknowledged. The broker sends more only as
+# acknowledgements return, and those wait for the claims' WAL flush and then (a quorum queue)
+# the settlement's own log write: with two batches the buffer ran dry every cycle (one worker
+# at concurrency 8 on a backlog: 4,100-4,200 runs/s; 4,600-4,900 at four, 4,950-5,000 at six,
+# 4,900-5,000 at ten; benchmarks/README.md, issue 23, 2026-12-02 session 3)
+_AHEAD_BATCHES = 6
 # a worker that asked for more runs than its slots counts as claiming ahead this long after
 # (a claim for free slots in between, after a short claim, does not stop it)
 _AHEAD_SECONDS = 1.0
@@ -100,6 +108,7 @@ class RabbitAcquirer:
         schema: str,
         delivery_limit: int,
         poll_interval: timedelta,
+        queue_type: str = "quorum",
         defer_delay: timedelta,
         make_listener: Callable[[Callable[[str | None], None], str], PostgresListener],
     ) -> None:
@@ -114,21 +123,25 @@ class RabbitAcquirer:
         # here waits behind a busy worker); prefetch = concurrency halved throughput (the
         # claim-ack-redeliver round trip left slots idle). While it claims ahead (quick
         # handlers and a backlog: it asks for more runs than it has slots), a second
-        # consumer of each queue takes the prefetch to two claim batches, so a whole batch
-        # is buffered while the last one is claimed and acknowledged (see _pace). RabbitMQ
+        # consumer of each queue takes the prefetch to _AHEAD_BATCHES claim batches, so the
+        # next batches are buffered while earlier ones are claimed, flushed and acknowledged
+        # (see _pace). RabbitMQ
         # applies a prefetch to consumers made after it is set, never to existing ones:
         # hence a second consumer, not a new prefetch.
         self._concurrency = max(1, options.concurrency)
         self._prefetch = max(
             1, options.concurrency, min(options.claim_batch, 4 * options.concurrency)
         )
-        self._prefetch_ahead = min(2 * options.claim_batch, _MAX_PREFETCH) - self._prefetch
+        self._prefetch_ahead = (
+            min(_AHEAD_BATCHES * options.claim_batch, _MAX_PREFETCH) - self._prefetch
+        )
         self._ahead_until = 0.0  # monotonic time until which the worker counts as ahead
         self._ahead_asked = False  # the consumer thread was asked to consume ahead
         self._ahead_tags: list[str] = []  # consumer tags of the ahead consumers (its thread)
         self._params = params
         self._schema = schema
         self._delivery_limit = delivery_limit
+        self._queue_type = queue_type
         self._poll = poll_interval.total_seconds()
         self._defer_delay = defer_delay
         self._on_cancel = on_cancel
@@ -146,6 +159,9 @@ class RabbitAcquirer:
         self._generation = 0
         # delivery tags of the current connection not settled yet (consumer thread only)
         self._unsettled: set[int] = set()
+        # why the last connection could not consume: a queue the broker holds with another
+        # type (consumer thread only)
+        self._mismatch: str | None = None
         self._conn: BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._thread = threading.Thread(
@@ -343,7 +359,7 @@ class RabbitAcquirer:
 
     def _consume_ahead(self, channel: BlockingChannel) -> None:
         """On the consumer thread: a second consumer of each queue (prefetch: the rest of
-        two claim batches) while the worker claims ahead, and none once it has stopped.
+        _AHEAD_BATCHES claim batches) while the worker claims ahead, and none once it has stopped.
         Cancelling one returns the deliveries pika holds for it and has not dispatched
         (rejected with requeue: the broker delivers them again, to any consumer); those
         already buffered here stay and are claimed as any other."""
@@ -434,33 +450,38 @@ class RabbitAcquirer:
                 self._run_connection(backoff)
             except AMQP_ERRORS as exc:
                 if not self._stop.is_set():
-                    log.warning(
-                        "runlane: %s: broker %s unavailable (%s: %s); retrying",
-                        self._name,
-                        describe(self._params),
-                        type(exc).__name__,
-                        exc,
-                    )
+                    self._log_unavailable(exc)
             except BaseException:
                 log.exception("runlane: %s: the consumer failed; restarting it", self._name)
             finally:
                 self._drop_connection()
             self._stop.wait(backoff.next())
 
+    def _log_unavailable(self, exc: BaseException) -> None:
+        if self._mismatch is not None:  # needs the operator: an error, not a broker blip
+            log.error("runlane: %s cannot consume: %s; retrying", self._name, self._mismatch)
+            return
+        log.warning(
+            "runlane: %s: broker %s unavailable (%s: %s); retrying",
+            self._name,
+            describe(self._params),
+            type(exc).__name__,
+            exc,
+        )
+
     def _run_connection(self, backoff: Backoff) -> None:
         conn = pika.BlockingConnection(self._params)
         self._unsettled = set()
         self._ahead_tags = []
         self._ahead_asked = False
-        # a broker that accepts the connection but never answers (a quorum queue that lost
-        # its members) would block these calls for good: bound them
-        with self._watchdog.bound(conn, _SETUP_SECONDS):
-            channel = conn.channel()
-            channel.basic_qos(prefetch_count=self._prefetch)
-            for name in self._queues:
-                amqp_name = queue_name(self._schema, self._environment, name)
-                declare_queue(channel, self._schema, amqp_name, self._delivery_limit)
-                self._consume_queue(channel, name)
+        self._mismatch = None
+        try:
+            channel = self._set_up(conn)
+        except BaseException:
+            # not ours yet (_drop_connection closes only the current one): close it here
+            with contextlib.suppress(*AMQP_ERRORS):
+                conn.close()
+            raise
         cancelled = threading.Event()
         # the broker cancels a consumer whose queue was deleted: reconnect, which declares
         # the queue again and consumes it anew
@@ -489,6 +510,25 @@ class RabbitAcquirer:
                 "declaring and consuming again",
                 self._name,
             )
+
+    def _set_up(self, conn: BlockingConnection) -> BlockingChannel:
+        """Declare and consume the worker's queues on a new connection; returns the channel."""
+        # a broker that accepts the connection but never answers (a quorum queue that lost
+        # its members) would block these calls for good: bound them
+        with self._watchdog.bound(conn, _SETUP_SECONDS):
+            channel = conn.channel()
+            channel.basic_qos(prefetch_count=self._prefetch)
+            for name in self._queues:
+                amqp_name = queue_name(self._schema, self._environment, name)
+                try:
+                    declare_queue(
+                        channel, self._schema, amqp_name, self._delivery_limit, self._queue_type
+                    )
+                except AMQP_ERRORS as exc:
+                    self._mismatch = queue_type_mismatch(exc, amqp_name, self._queue_type)
+                    raise
+                self._consume_queue(channel, name)
+        return channel
 
     def _consume_queue(self, channel: BlockingChannel, name: str) -> str:
         """Consume the logical queue ``name`` (with the channel's prefetch as set now);

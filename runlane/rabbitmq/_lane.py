@@ -3,8 +3,9 @@
 Runs live in the Postgres storage as with the polling lane. Every run that becomes queued
 gets an outbox item in the same transaction (migration 3); a publisher in each runtime
 publishes items with confirms (an eager trigger's right after its commit), and workers
-consume from durable quorum queues, claiming the run a message names with the polling
-lane's fenced claim. See ``docs/deploying.md`` for running it past one machine.
+consume from durable queues (quorum queues by default, classic ones on request),
+claiming the run a message names with the polling lane's fenced claim.
+See ``docs/deploying.md`` for running it past one machine.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from runlane.postgres import (
     notify_channel,
     outbox_of,
 )
-from runlane.rabbitmq._amqp import AMQP_ERRORS, check_amqp_url, check_queue_names, describe
+from runlane.rabbitmq._amqp import (
+    AMQP_ERRORS,
+    QUEUE_TYPES,
+    check_amqp_url,
+    check_queue_names,
+    describe,
+)
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.rabbitmq._health import RabbitMQStatus, queue_problems
 from runlane.rabbitmq._publisher import OutboxPublisher
@@ -74,6 +81,7 @@ class RabbitMQLane:
     delivery_limit: int
     recovery_threshold: timedelta
     defer_delay: timedelta
+    queue_type: str = "quorum"
 
     name = "rabbitmq"
     drain_unsupported = _DRAIN_UNSUPPORTED
@@ -112,6 +120,7 @@ class RabbitMQLane:
                 claim=self.claim_duration,
                 publish_timeout=self.publish_timeout.total_seconds(),
                 delivery_limit=self.delivery_limit,
+                queue_type=self.queue_type,
             )
         )
         return storage
@@ -156,6 +165,7 @@ class RabbitMQLane:
             params=self._params(),
             schema=self.schema,
             delivery_limit=self.delivery_limit,
+            queue_type=self.queue_type,
             poll_interval=self.poll_interval,
             defer_delay=self.defer_delay,
             make_listener=lambda on_wake, name: PostgresListener(
@@ -233,11 +243,12 @@ def rabbitmq_lane(
     delivery_limit: int = 20,
     recovery_threshold: timedelta = timedelta(minutes=5),
     defer_delay: timedelta = timedelta(seconds=1),
+    queue_type: str = "quorum",
 ) -> RabbitMQLane:
     """A lane keeping runs in ``schema`` at ``connection_string`` and delivering them
-    through the RabbitMQ broker at ``amqp_url`` (durable quorum queues, one per logical
-    queue, named ``runlane.<schema>.<environment>.<queue>``, with ``.`` and ``%`` in the
-    environment written as ``%2E`` and ``%25``; ``create_runlane`` refuses an environment
+    through the RabbitMQ broker at ``amqp_url`` (durable queues, one per logical queue, named
+    ``runlane.<schema>.<environment>.<queue>``, with ``.`` and ``%`` in the environment written
+    as ``%2E`` and ``%25``; ``create_runlane`` refuses an environment
     and queue whose name would pass AMQP's 255 bytes).
 
     ``claim_duration``: how long a publisher's claim on an outbox item lasts (another
@@ -248,6 +259,13 @@ def rabbitmq_lane(
     no outbox item before maintenance announces it again. ``defer_delay``: how long a run
     whose bounded queue is at capacity waits before it is published again.
     ``poll_interval``: how often an idle worker looks again without a delivery.
+    ``queue_type``: ``"quorum"`` (the default) replicates every message to a majority of
+    the cluster's nodes and delivers it once that is on disk; ``"classic"`` keeps a queue
+    on one node and delivers before its disk write (a start sooner by that write, about 2
+    ms on a local disk; a message is lost with its node's disk, and its run is announced
+    again after ``recovery_threshold``; no ``delivery_limit``). Every runtime of a schema
+    must use the same type: the broker refuses to declare a queue with another. See
+    docs/deploying.md, "Quorum or classic queues".
     """
     check_postgres_storage_options(
         connection_string=connection_string,
@@ -274,6 +292,12 @@ def rabbitmq_lane(
         )
     # x-delivery-limit, counted by the broker per message
     as_int("delivery_limit", delivery_limit, 1, INT32_MAX)
+    if not isinstance(queue_type, str) or queue_type not in QUEUE_TYPES:
+        raise ConfigurationError(
+            f"queue_type must be one of {', '.join(map(repr, QUEUE_TYPES))}, got "
+            f"{queue_type!r}: 'quorum' (replicated, the default) or 'classic' (one node, "
+            "delivered before its disk write)"
+        )
     return RabbitMQLane(
         connection_string=connection_string,
         schema=schema,
@@ -288,4 +312,5 @@ def rabbitmq_lane(
         delivery_limit=delivery_limit,
         recovery_threshold=recovery_threshold,
         defer_delay=defer_delay,
+        queue_type=queue_type,
     )

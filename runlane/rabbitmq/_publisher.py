@@ -50,6 +50,7 @@ from runlane.rabbitmq._amqp import (
     message_body,
     name_too_long,
     queue_name,
+    queue_type_mismatch,
 )
 from runlane.storage import OutboxItem
 
@@ -125,6 +126,7 @@ class OutboxPublisher:
         claim: timedelta,
         publish_timeout: float,
         delivery_limit: int,
+        queue_type: str = "quorum",
         page_size: int = 100,
         max_backoff: float = 5.0,
     ) -> None:
@@ -134,6 +136,7 @@ class OutboxPublisher:
         self._claim = claim
         self._publish_timeout = publish_timeout
         self._delivery_limit = delivery_limit
+        self._queue_type = queue_type
         self._page_size = page_size
         self.name = f"runlane-publisher-{next(_numbers)}"
         self.stats = PublisherStats()
@@ -520,7 +523,9 @@ class OutboxPublisher:
                     later = items[index:]
                     failed += [it for it in later if self._queue_of(it) == name]
                     return done, failed, error, [it for it in later if self._queue_of(it) != name]
-                error = f"broker {describe(self._params)}: {type(exc).__name__}: {exc}"
+                error = queue_type_mismatch(exc, name, self._queue_type) or (
+                    f"broker {describe(self._params)}: {type(exc).__name__}: {exc}"
+                )
                 log.warning("runlane: %s: publishing failed (%s)", self.name, error)
                 failed.extend(items[index:])
                 break
@@ -532,7 +537,7 @@ class OutboxPublisher:
     def _publish_one(self, channel: BlockingChannel, name: str, item: OutboxItem) -> None:
         """Declare the queue once per connection, publish, and wait for the confirm."""
         if name not in self._declared:
-            declare_queue(channel, self._schema, name, self._delivery_limit)
+            declare_queue(channel, self._schema, name, self._delivery_limit, self._queue_type)
             self._declared.add(name)
         channel.basic_publish(
             exchange="",
