@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from runlane import ConfigurationError, RunContext, RunStatus, task
-from runlane.rabbitmq import rabbitmq_lane
+from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
 from runlane.rabbitmq._amqp import declare_queue
 from tests.conftest import RabbitRuntimes
 from tests.helpers import (
@@ -135,3 +135,13 @@ def test_a_queue_held_with_the_other_type_is_refused_and_said_so(
     assert ready_messages(rabbitmq_url, amqp_queue(schema)) == 1
     assert classic.get_run(first.id).status is RunStatus.QUEUED
     assert classic.get_run(refused.id).status is RunStatus.QUEUED
+    # status names the queue and the cause once an item failed twice (no quorum-leader hint)
+    db.execute(
+        q("update {s}.outbox set failures = greatest(failures, 2) where run_id = %s", schema),
+        (refused.id,),
+    )
+    problems = RabbitMQStatus.of(classic.status()).broker_problems
+    assert len(problems) == 1, problems
+    assert amqp_queue(schema) in problems[0]
+    assert "another type than this runtime's queue_type" in problems[0]
+    assert "quorum_status" not in problems[0]

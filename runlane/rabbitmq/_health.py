@@ -35,6 +35,17 @@ def queue_problems(schema: str, environment: str, rows: Sequence[FailingQueue]) 
     problems = []
     for row in rows:
         name = queue_name(schema, environment, row.queue)
+        if row.last_error is not None and "queue_type=" in row.last_error:
+            # the broker refused to declare it: held with another type (queue_type_mismatch)
+            problems.append(
+                f"RabbitMQ queue {name} (runlane queue {row.queue!r}) cannot be served: the "
+                f"broker holds it with another type than this runtime's queue_type; "
+                f"{row.items} runs wait to be published, one failed {row.failures} times "
+                f"(last error: {row.last_error}); its runs are safe in Postgres. Give every "
+                "runtime of the schema the same queue_type, or switch the queue over "
+                "(docs/deploying.md, 'Quorum or classic queues')"
+            )
+            continue
         problems.append(
             f"RabbitMQ queue {name} (runlane queue {row.queue!r}) cannot be served: "
             f"{row.items} runs wait to be published, one failed {row.failures} times "
