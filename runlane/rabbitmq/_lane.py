@@ -261,8 +261,8 @@ def rabbitmq_lane(
     ``poll_interval``: how often an idle worker looks again without a delivery.
     ``queue_type``: ``"quorum"`` (the default) replicates every message to a majority of
     the cluster's nodes and delivers it once that is on disk; ``"classic"`` keeps a queue
-    on one node and delivers before its disk write (a start sooner by that write, about 2
-    ms on a local disk; a message is lost with its node's disk, and its run is announced
+    on one node and delivers before its disk write (runs start sooner by that write:
+    about 1 ms on one local node; a message is lost with its node's disk, and its run is announced
     again after ``recovery_threshold``; no ``delivery_limit``). Every runtime of a schema
     must use the same type: the broker refuses to declare a queue with another. See
     docs/deploying.md, "Quorum or classic queues".
