@@ -62,7 +62,16 @@ def test_the_prefetch_grows_only_while_the_worker_claims_ahead(
     # asking for more than its slots: the worker claims ahead, and the consumer with it
     claimed |= {run.id for run in consumer.acquire(CONCURRENCY + 2, 0)}
     assert len(claimed) == 2 * CONCURRENCY + 2
-    wait_until(lambda: buffered() == AHEAD, timeout=15, what="six claim batches buffered")
+
+    def still_ahead() -> int:
+        # the worker goes on claiming ahead while the batches arrive (each such claim keeps
+        # the ahead consumer for _AHEAD_SECONDS more): on a loaded machine delivering 40
+        # messages can take longer than the 0.3 s this test gives one claim
+        consumer._pace(CONCURRENCY + 2)
+        return buffered()
+
+    wait_until(lambda: still_ahead() == AHEAD, timeout=15, what="six claim batches buffered")
+    still_ahead()
     round_trip(consumer)
     assert buffered() == AHEAD
 
