@@ -160,7 +160,7 @@ class Lane(Protocol):
         self,
         storage: Storage,
         options: AcquirerOptions,
-        on_cancel: Callable[[uuid.UUID], None],
+        on_cancel: Callable[[uuid.UUID | None], None],
     ) -> Acquirer:
         """The delivery path of one worker (or one drain) over ``storage``."""
 

@@ -318,6 +318,45 @@ def test_cancel_a_running_run_tells_its_handler_through_notify(
     assert JOURNAL.count(handler_key(handle.id)) == 1
 
 
+def test_a_cancellation_whose_announcement_was_missed_is_seen_when_the_listener_reconnects(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Announcements sent while the worker's listener is away are lost (one sent before its
+    LISTEN, or during an outage): on reconnecting it has the worker extend its leases at
+    once, which reads each run's status, rather than at the next extension (10 s here)."""
+    rl = make_runlane(tasks=[long_handler])
+    with rl.create_delivery_worker(concurrency=1) as worker:
+        wait_until(lambda: listener_ready(db, worker), timeout=10, what="the LISTEN connection")
+        handle = rl.trigger(long_handler, {})
+        assert JOURNAL.event(f"started:{handle.id}").wait(10)
+        # what cancel() writes for a running run, with its announcing trigger silenced
+        # (replica mode skips ordinary triggers): the announcement is missed
+        with db.transaction():
+            db.execute("set local session_replication_role = replica")
+            db.execute(
+                q(
+                    "update {s}.runs set status = 'cancellation_requested', "
+                    "updated_at = now() where id = %s and status = 'running'",
+                    schema,
+                ),
+                (handle.id,),
+            )
+        assert not JOURNAL.event(f"seen:{handle.id}").wait(0.3), "an announcement got through"
+        lost_at = time.monotonic()
+        db.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity where application_name = %s",
+            (f"{worker.name}-listener",),
+        )
+        assert JOURNAL.event(f"seen:{handle.id}").wait(15)
+        seen, seen_at = JOURNAL.get(f"seen:{handle.id}")
+        assert seen, "context.cancelled was never set"
+        assert seen_at - lost_at < 5, f"told {seen_at - lost_at:.2f}s after the reconnect"
+        JOURNAL.event(f"let_go:{handle.id}").set()
+        final = rl.wait_for_run(handle.id, timeout=10)
+    assert final.status is RunStatus.CANCELLED
+    assert attempt_rows(db, schema, handle.id) == [(1, "cancelled")]
+
+
 def test_cancel_a_running_drain_handler_through_the_lease_extension(
     make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
 ) -> None:

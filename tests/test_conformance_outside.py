@@ -60,7 +60,7 @@ class WrappedLane:
         self,
         storage: Storage,
         options: AcquirerOptions,
-        on_cancel: Callable[[uuid.UUID], None],
+        on_cancel: Callable[[uuid.UUID | None], None],
     ) -> Acquirer:
         acquirer = self.inner.create_acquirer(storage, options, on_cancel)
         return DeafAcquirer(acquirer) if self.deaf and not options.drain else acquirer

@@ -37,7 +37,7 @@ class PollingAcquirer:
         self,
         storage: Storage,
         options: AcquirerOptions,
-        on_cancel: Callable[[uuid.UUID], None],
+        on_cancel: Callable[[uuid.UUID | None], None],
         *,
         poll_interval: timedelta,
         make_listener: Callable[[Callable[[str | None], None], str], PostgresListener | None],
@@ -75,9 +75,11 @@ class PollingAcquirer:
 
     def _on_notify(self, message: str | None) -> None:
         """``queue`` (work arrived), ``free|queue`` (capacity freed), ``cancel|<run id>``, or
-        None (the listener reconnected and may have missed notifications)."""
+        None (the listener reconnected and may have missed notifications: work, and
+        cancellations, which ``on_cancel(None)`` has the worker look for at once)."""
         if message is None:
             self._wake.set()
+            self._on_cancel(None)
             return
         kind, _, subject = message.partition("|")
         if not subject:

@@ -95,7 +95,7 @@ class PostgresPollingLane:
         self,
         storage: Storage,
         options: AcquirerOptions,
-        on_cancel: Callable[[uuid.UUID], None],
+        on_cancel: Callable[[uuid.UUID | None], None],
     ) -> PollingAcquirer:
         """Claims from Postgres; LISTEN wake-ups (unless ``listen=False`` or draining)."""
         return PollingAcquirer(

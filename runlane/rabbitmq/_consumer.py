@@ -102,7 +102,7 @@ class RabbitAcquirer:
         self,
         storage: Outbox,
         options: AcquirerOptions,
-        on_cancel: Callable[[uuid.UUID], None],
+        on_cancel: Callable[[uuid.UUID | None], None],
         *,
         params: pika.URLParameters,
         schema: str,
@@ -324,7 +324,8 @@ class RabbitAcquirer:
     # -- signals from Postgres -----------------------------------------------------------
 
     def _on_notify(self, message: str | None) -> None:
-        if message is None:
+        if message is None:  # reconnected: a cancellation may have been missed
+            self._on_cancel(None)
             return
         kind, _, subject = message.partition("|")
         if kind == "cancel":

@@ -155,7 +155,7 @@ class RabbitMQLane:
         self,
         storage: Storage,
         options: AcquirerOptions,
-        on_cancel: Callable[[uuid.UUID], None],
+        on_cancel: Callable[[uuid.UUID | None], None],
     ) -> RabbitAcquirer:
         """One worker's consumer: its own AMQP connection, prefetch = its claim batch."""
         return RabbitAcquirer(

@@ -224,6 +224,16 @@ class LeaseTracker:
     def extension_due(self, now: float) -> bool:
         return now - self._last_extension >= self.interval
 
+    def extend_soon(self) -> None:
+        """Make the next extension due now (it reads every tracked run's status, so a
+        cancellation whose announcement was missed reaches its handler at once rather than
+        up to one interval later); nothing when nothing is tracked."""
+        with self._lock:
+            if not self._tracked:
+                return
+            self._last_extension = min(self._last_extension, time.monotonic() - self.interval)
+        self._changed()
+
     def extend(self, storage: Storage, *, beat: WorkerBeat | None = None) -> bool:
         """Extend every tracked lease in one fenced statement (carrying the worker's
         heartbeat ``beat``); signal the ones refused. False when nothing was tracked and

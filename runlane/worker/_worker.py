@@ -451,7 +451,10 @@ class Worker:
 
     # -- signals from the lane -------------------------------------------------------------
 
-    def _on_cancel(self, run_id: uuid.UUID) -> None:
+    def _on_cancel(self, run_id: uuid.UUID | None) -> None:
+        if run_id is None:  # announcements may have been missed: look at every run now
+            self._tracker.extend_soon()
+            return
         for item in self._tracker.tracked():
             if item.claimed.id == run_id:
                 item.cancel(StopReason.CANCEL_REQUESTED)
