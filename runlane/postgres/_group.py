@@ -94,10 +94,10 @@ class GroupCommit:
 
     ``alone(runs)`` writes one call's runs by themselves (the path of a lone caller and of a
     failed group's calls); ``together(groups, rows, committed)`` writes several calls' runs
-    in one statement and returns each call's handles, in order. At most ``max_in_flight``
-    statements run at once; a group takes at most ``max_group`` calls. The next statement
-    waits at most ``hold_fraction`` of the last one's time (and ``max_hold`` seconds) for
-    the last one's calls to come back (_gather).
+    in one statement and returns each call's handles, in order. One statement runs at a
+    time (two in flight measured no faster); a group takes at most ``max_group`` calls. The
+    next statement waits at most ``hold_fraction`` of the last one's time (and ``max_hold``
+    seconds) for the last one's calls to come back (_gather).
     """
 
     def __init__(
@@ -106,14 +106,12 @@ class GroupCommit:
         together: Together,
         *,
         max_group: int = MAX_GROUP,
-        max_in_flight: int = 1,
         hold_fraction: float | None = None,
         max_hold: float | None = None,
     ) -> None:
         self._alone = alone
         self._together = together
         self._max_group = max_group
-        self._max_in_flight = max_in_flight
         self._hold_fraction = HOLD_FRACTION if hold_fraction is None else hold_fraction
         self._max_hold = MAX_HOLD if max_hold is None else max_hold
         self._lock = threading.Lock()
@@ -177,7 +175,7 @@ class GroupCommit:
                 returning.discard(me)
                 if self._gathering and not returning:
                     self._gathered.notify()
-            if self._in_flight < self._max_in_flight and not self._queue:
+            if not self._in_flight and not self._queue:
                 self._in_flight += 1
                 if not returning or time.monotonic() >= self._hold_until:
                     return None, False
