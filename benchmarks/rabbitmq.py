@@ -196,12 +196,7 @@ def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[R
     rabbit, sent = bench_rabbit_one_process(bench)
     log(f"rabbitmq: one process {rabbit:,.0f} runs/s, {sent.statements:.3f} statements a run")
     label = "rabbitmq: processing, one process, concurrency 8 (runs/s)"
-    if polling_one_process:
-        rows.append(
-            ratio_row(label, rabbit, "polling lane, one process", polling_one_process, None)
-        )
-    else:
-        rows.append(Row(label, rabbit))
+    rows.append(_processing_row(label, rabbit, polling_one_process))
     rows += [
         attrs.evolve(row, measure=f"rabbitmq: {row.measure}") for row in sent.rows("processing")
     ]
@@ -223,6 +218,14 @@ def rabbit_rows(bench: RabbitBench, polling_one_process: float | None) -> list[R
     return rows + _classic_rows(bench, polling_one_process)
 
 
+def _processing_row(label: str, rabbit: float, polling_one_process: float | None) -> Row:
+    """The processing rate, as a ratio to the polling lane's one process when that was
+    measured."""
+    if polling_one_process:
+        return ratio_row(label, rabbit, "polling lane, one process", polling_one_process, None)
+    return Row(label, rabbit)
+
+
 def _classic_rows(bench: RabbitBench, polling_one_process: float | None) -> list[Row]:
     """The same processing and latency with ``queue_type="classic"``: one node's queue,
     delivered before its disk write (the quorum queue's replicated write is off the path)."""
@@ -230,12 +233,7 @@ def _classic_rows(bench: RabbitBench, polling_one_process: float | None) -> list
     rabbit, _ = bench_rabbit_one_process(bench, "classic")
     log(f"rabbitmq, classic queues: one process {rabbit:,.0f} runs/s")
     label = "rabbitmq, classic queues: processing, one process (runs/s)"
-    if polling_one_process:
-        rows.append(
-            ratio_row(label, rabbit, "polling lane, one process", polling_one_process, None)
-        )
-    else:
-        rows.append(Row(label, rabbit))
+    rows.append(_processing_row(label, rabbit, polling_one_process))
     latencies = bench_rabbit_wakeup(bench, "classic")
     for q in (0.50, 0.95):
         rows.append(
