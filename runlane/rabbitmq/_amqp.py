@@ -6,8 +6,8 @@ keeps distinct pairs apart), of the lane's ``queue_type``: a quorum queue (the d
 replicated, with a delivery limit) or a classic one (one node, delivered before its disk
 write), with a dead-letter exchange (``runlane.<schema>.dead``, bound to the queue
 ``runlane.<schema>.dead``) for messages that were redelivered too often (poison messages).
-Messages go through the default exchange, are persistent
-and carry only the run's id (``message_id`` is the outbox item's id).
+Messages go through the default exchange, are persistent and carry only the run's id
+(``message_id`` is the outbox item's id).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ __all__ = [
     "parse_body",
     "queue_name",
     "queue_type_mismatch",
+    "refused_for_its_type",
 ]
 
 log = logging.getLogger("runlane.rabbitmq")
@@ -186,6 +187,11 @@ def declare_queue(
     channel.queue_declare(queue=name, durable=True, arguments=arguments)
 
 
+# how queue_type_mismatch's error begins: an outbox item's last_error starting so was
+# refused for the queue's type (refused_for_its_type)
+_MISMATCH = "the broker already holds queue "
+
+
 def queue_type_mismatch(exc: BaseException, name: str, queue_type: str) -> str | None:
     """What to do when declaring ``name`` failed because the broker holds it with another
     type or other arguments (406 PRECONDITION_FAILED, "inequivalent arg"), else None."""
@@ -194,12 +200,17 @@ def queue_type_mismatch(exc: BaseException, name: str, queue_type: str) -> str |
     if exc.reply_code != 406 or "inequivalent arg" not in str(exc.reply_text):
         return None
     return (
-        f"the broker already holds queue {name} with other arguments than this lane declares "
+        f"{_MISMATCH}{name} with other arguments than this lane declares "
         f"(queue_type={queue_type!r}; broker: {exc.reply_text}). A queue's type cannot change: "
         "give every runtime of the schema the same queue_type, or move the queue over by "
         "draining it, deleting it (`rabbitmqctl delete_queue NAME`) and letting the lane "
         "declare it again (docs/deploying.md, 'Quorum or classic queues')"
     )
+
+
+def refused_for_its_type(error: str | None) -> bool:
+    """Whether an outbox item's recorded error is a :func:`queue_type_mismatch`."""
+    return error is not None and error.startswith(_MISMATCH)
 
 
 def message_body(run_id: uuid.UUID, environment: str) -> bytes:

@@ -125,9 +125,8 @@ class RabbitAcquirer:
         # handlers and a backlog: it asks for more runs than it has slots), a second
         # consumer of each queue takes the prefetch to _AHEAD_BATCHES claim batches, so the
         # next batches are buffered while earlier ones are claimed, flushed and acknowledged
-        # (see _pace). RabbitMQ
-        # applies a prefetch to consumers made after it is set, never to existing ones:
-        # hence a second consumer, not a new prefetch.
+        # (see _pace). RabbitMQ applies a prefetch to consumers made after it is set, never
+        # to existing ones: hence a second consumer, not a new prefetch.
         self._concurrency = max(1, options.concurrency)
         self._prefetch = max(
             1, options.concurrency, min(options.claim_batch, 4 * options.concurrency)

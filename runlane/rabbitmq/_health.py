@@ -18,7 +18,7 @@ import attrs
 from runlane.errors import ConfigurationError
 from runlane.lanes import LaneStatus
 from runlane.models import StatusReport
-from runlane.rabbitmq._amqp import queue_name
+from runlane.rabbitmq._amqp import queue_name, refused_for_its_type
 from runlane.storage import FailingQueue
 
 __all__ = ["FAILING_AFTER", "RabbitMQStatus", "queue_problems"]
@@ -35,26 +35,25 @@ def queue_problems(schema: str, environment: str, rows: Sequence[FailingQueue]) 
     problems = []
     for row in rows:
         name = queue_name(schema, environment, row.queue)
-        if row.last_error is not None and "queue_type=" in row.last_error:
-            # the broker refused to declare it: held with another type (queue_type_mismatch)
-            problems.append(
-                f"RabbitMQ queue {name} (runlane queue {row.queue!r}) cannot be served: the "
-                f"broker holds it with another type than this runtime's queue_type; "
-                f"{row.items} runs wait to be published, one failed {row.failures} times "
-                f"(last error: {row.last_error}); its runs are safe in Postgres. Give every "
-                "runtime of the schema the same queue_type, or switch the queue over "
-                "(docs/deploying.md, 'Quorum or classic queues')"
+        if refused_for_its_type(row.last_error):
+            cause = "the broker holds it with another type than this runtime's queue_type; "
+            remedy = (
+                "Give every runtime of the schema the same queue_type, or switch the queue "
+                "over (docs/deploying.md, 'Quorum or classic queues')"
             )
-            continue
+        else:
+            cause = ""
+            remedy = (
+                f"Check it with `rabbitmq-queues quorum_status {name}`; a quorum queue with no "
+                "leader (RabbitMQ 3.10 loses it for good when its node is killed within about "
+                "0.5 s of the queue's declaration) does not recover: delete it (`rabbitmqctl "
+                f"delete_queue {name}`), runlane declares it again and publishes the runs "
+                "(docs/deploying.md, 'A queue the broker cannot serve')"
+            )
         problems.append(
-            f"RabbitMQ queue {name} (runlane queue {row.queue!r}) cannot be served: "
+            f"RabbitMQ queue {name} (runlane queue {row.queue!r}) cannot be served: {cause}"
             f"{row.items} runs wait to be published, one failed {row.failures} times "
-            f"(last error: {row.last_error}); its runs are safe in Postgres. Check it with "
-            f"`rabbitmq-queues quorum_status {name}`; a quorum queue with no leader (RabbitMQ "
-            "3.10 loses it for good when its node is killed within about 0.5 s of the queue's "
-            f"declaration) does not recover: delete it (`rabbitmqctl delete_queue {name}`), "
-            "runlane declares it again and publishes the runs (docs/deploying.md, 'A queue the "
-            "broker cannot serve')"
+            f"(last error: {row.last_error}); its runs are safe in Postgres. {remedy}"
         )
     return problems
 
