@@ -39,11 +39,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
-from waitress import wasyncore
 from waitress.server import create_server
 
 from runlane import RetryPolicy, RunContext, Runlane, RunStatus, create_runlane, queue, task
-from runlane.cli._web import parse_bind
+from runlane.cli._web import parse_bind, serve_until
 from runlane.postgres import postgres_polling_lane
 from runlane.schedules import schedule
 from runlane.web import ACTIONS, blueprint, create_app
@@ -157,23 +156,19 @@ def served(app: Any) -> Iterator[str]:
     server: Any = create_server(app, map=sockets, host="127.0.0.1", port=0, threads=4)
     port = server.effective_port
     stop = threading.Event()
-
-    def serve() -> None:
-        # short turns of waitress's loop until told to stop, as `runlane web` serves. Not
-        # stopped through its trigger: a thunk that closes the trigger can run on the loop
-        # before pull_trigger's own write to that pipe, which then fails with EBADF
-        while not stop.is_set():
-            wasyncore.loop(timeout=0.05, map=sockets, count=1)
-
-    thread = threading.Thread(target=serve, name="web-test-server", daemon=True)
+    # as `runlane web` serves, with short turns: the teardown waits at most one
+    thread = threading.Thread(
+        target=serve_until,
+        args=(server, sockets, stop, 0.05),
+        name="web-test-server",
+        daemon=True,
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop.set()
         thread.join(10)
-        server.task_dispatcher.shutdown()
-        wasyncore.close_all(sockets)
         assert not thread.is_alive()
 
 

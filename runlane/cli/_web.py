@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 from typing import Any
 
 from runlane._display import shown
@@ -20,7 +21,7 @@ from runlane.cli._signals import stop_requested
 from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane.errors import ConfigurationError
 
-__all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind"]
+__all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind", "serve_until"]
 
 DEFAULT_BIND = "127.0.0.1:8080"
 
@@ -67,24 +68,28 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
             f"runlane web console on http://{shown_host}:{port}/ "
             "(read-only; SIGTERM or Ctrl-C stops it)"
         )
-        _serve_until_stopped(server, sockets)
+        with stop_requested() as stop:
+            serve_until(server, sockets, stop)
     finally:
         runlane.close()
     return 0
 
 
-def _serve_until_stopped(server: Any, sockets: dict[int, Any]) -> None:
-    """Serve until SIGINT or SIGTERM, then stop waitress's request threads (each finishes
-    the request it serves) and close its sockets. ``waitress.serve`` stops on a
-    KeyboardInterrupt, but loses one that lands while its loop runs a request thread's
-    hand-over (its trigger catches every exception there): a Ctrl-C right after a request
-    went unheard. Here the signals only set an event, looked at between short turns of
-    the loop (seen within one turn: half a second)."""
+def serve_until(
+    server: Any, sockets: dict[int, Any], stop: threading.Event, turn: float = _TURN_SECONDS
+) -> None:
+    """Serve waitress's ``server`` (made with ``map=sockets``) until ``stop`` is set, then
+    stop its request threads (each finishes the request it serves) and close its sockets.
+    ``waitress.serve`` stops on a KeyboardInterrupt, but loses one that lands while its loop
+    runs a request thread's hand-over (its trigger catches every exception there): a Ctrl-C
+    right after a request went unheard. Here SIGINT and SIGTERM only set ``stop``, looked at
+    between turns of the loop (seen within one ``turn``). Stopping through the trigger
+    instead (a thunk closing the sockets) can close its pipe before ``pull_trigger`` writes
+    to it."""
     from waitress import wasyncore  # noqa: PLC0415 - the web extra is optional
 
-    with stop_requested() as stop:
-        while not stop.is_set():
-            wasyncore.loop(timeout=_TURN_SECONDS, map=sockets, count=1)
+    while not stop.is_set():
+        wasyncore.loop(timeout=turn, map=sockets, count=1)
     server.task_dispatcher.shutdown()
     wasyncore.close_all(sockets)
 
