@@ -11,9 +11,11 @@ hooks call these; the options themselves are in pyproject.toml (``-n auto --dist
 - ``--dist loadfile`` sends each test file to one worker whole, so a module-scoped fixture (a
   three-node broker cluster, a browser, a server of the module's own) is set up once, not
   once per worker. (``--dist loadgroup`` would balance better, but pytest-xdist 3.8 cannot
-  group tests under pytest 9.2: it renames a test id pytest no longer reads.) Files holding
-  a ``slow`` test are handed out first (``--no-loadscope-reorder`` keeps that order: xdist
-  would otherwise hand out the files with the most tests first).
+  group tests under pytest 9.2: it renames a test id pytest no longer reads.) The files are
+  handed out longest first, by the seconds ``tests/durations.json`` records for each
+  (``--no-loadscope-reorder`` keeps that order: xdist would otherwise hand out the files
+  with the most tests first); ``pytest --record-durations`` writes it again after a run
+  that passed.
 - pytest-randomly shuffles the order (modules, then the tests in each) with a seed printed
   in the header: ``pytest --randomly-seed=N`` repeats a run's order (``--randomly-seed=last``
   the last run's), ``pytest -p no:randomly`` keeps the file order.
@@ -21,7 +23,11 @@ hooks call these; the options themselves are in pyproject.toml (``-n auto --dist
 
 from __future__ import annotations
 
+import json
+import math
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -29,14 +35,19 @@ import pytest
 
 __all__ = [
     "CLUSTER_TIMEOUT",
+    "DURATIONS",
     "WORKERS",
+    "DurationRecorder",
     "auto_workers",
     "cluster_timeouts",
     "encodable",
+    "longest_files_first",
+    "recorded_durations",
     "skip_disk_flushes",
-    "slow_files_first",
     "uses_broker",
 ]
+
+ROOT = Path(__file__).resolve().parent.parent  # the project root, where pytest runs
 
 # Worker processes for the whole suite. Most tests wait (for a broker, a lease, a thread, a
 # subprocess) more than they compute, so one more worker than the machine has cores keeps
@@ -77,13 +88,81 @@ def cluster_timeouts(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(CLUSTER_TIMEOUT))
 
 
-def slow_files_first(items: list[pytest.Item]) -> None:
-    """Move the files holding a test marked ``slow`` (the soaks, the broker cluster, the
-    packaging and guide tests: a minute or more each) before the others, keeping the random
-    order within each part: ``--dist loadfile`` hands files out in this order, so the
-    longest start first rather than last, alone, at the end of the run."""
+# Each test file's seconds in a whole-suite run (setup, call and teardown of its tests, under
+# the load of the other workers), written by ``pytest --record-durations``. Only the order
+# of handing files out reads it: a stale or missing entry costs balance, never a result.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+# A file missing from DURATIONS (a new one) is taken to last this long, or longer when it
+# holds a test marked ``slow``.
+UNKNOWN_SECONDS = 4.0
+UNKNOWN_SLOW_SECONDS = 30.0
+
+
+def recorded_durations(path: Path = DURATIONS) -> dict[str, float]:
+    """The seconds ``path`` records for each file (its path relative to the project root);
+    empty when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(name): float(seconds)
+        for name, seconds in data.items()
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    }
+
+
+def duration_class(seconds: float) -> int:
+    """Files whose recorded seconds are within a factor of two of each other share a class
+    (``floor(log2)``, everything under a second in one): the order between them stays
+    random."""
+    return max(0, math.floor(math.log2(seconds))) if seconds >= 1.0 else 0
+
+
+def longest_files_first(items: list[pytest.Item], durations: Mapping[str, float]) -> None:
+    """Sort the files by their recorded duration, longest first, keeping pytest-randomly's
+    order within each class of ``duration_class`` and the tests' order within each file:
+    ``--dist loadfile`` hands files out in this order, so the run ends on short files
+    rather than on one long file running alone while the other workers idle (a tail of
+    14 s in one run with the files in random order)."""
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)
+
+    def seconds(path: Path) -> float:
+        try:
+            name = path.relative_to(ROOT).as_posix()
+        except ValueError:
+            name = path.as_posix()
+        known = durations.get(name)
+        if known is not None:
+            return known
+        return UNKNOWN_SLOW_SECONDS if path in slow else UNKNOWN_SECONDS
+
+    classes = {path: duration_class(seconds(path)) for path in {item.path for item in items}}
+    items.sort(key=lambda item: -classes[item.path])
+
+
+class DurationRecorder:
+    """``pytest --record-durations``: sums each file's test reports (setup, call and
+    teardown; the reports of every xdist worker reach the controller) and writes them to
+    ``DURATIONS`` at the end of a run that passed. Registered in the controller (or the one
+    process of a run without workers) only."""
+
+    def __init__(self, path: Path = DURATIONS) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        name = report.nodeid.split("::", 1)[0]
+        self.seconds[name] = self.seconds.get(name, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if exitstatus != 0 or not self.seconds:
+            return
+        ordered = {name: round(self.seconds[name], 1) for name in sorted(self.seconds)}
+        self.path.write_text(json.dumps(ordered, indent=1) + "\n", encoding="utf-8")
 
 
 # Fixtures through which a test reaches a RabbitMQ broker (whose queues the lane names after

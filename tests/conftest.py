@@ -28,11 +28,13 @@ from tests._bytecode import compile_checkout
 from tests._schemas import SchemaPool, new_schema_name
 from tests._shared_broker import WORKERINPUT_KEY, SharedBroker, wait_for_shared_broker
 from tests._suite import (
+    DurationRecorder,
     auto_workers,
     cluster_timeouts,
     encodable,
+    longest_files_first,
+    recorded_durations,
     skip_disk_flushes,
-    slow_files_first,
     uses_broker,
 )
 
@@ -42,8 +44,19 @@ RabbitRuntimes = Callable[..., Runlane]
 _SHARED_BROKER = SharedBroker()  # the xdist controller's (pytest_configure_node)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="after a run that passed, write each test file's seconds to tests/durations.json "
+        "(the order the whole suite hands files out in: tests/_suite.py)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     compile_checkout(config)  # once, before the xdist workers start (tests/_bytecode.py)
+    if config.getoption("record_durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationRecorder(), "runlane-durations")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -53,7 +66,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cluster_timeouts(items)
-    slow_files_first(items)  # after pytest-randomly's shuffle (tryfirst)
+    longest_files_first(items, recorded_durations())  # after pytest-randomly's shuffle
 
 
 @pytest.hookimpl(wrapper=True)
