@@ -50,4 +50,8 @@ class RabbitMQHarness(LaneHarness):
             amqp_url=self.amqp_url,
             lease_duration=lease_duration,
             poll_interval=poll_interval,
+            # a run held back by its queue's limits is published again after 0.1 s, not the
+            # default 1 s: the same deferral through the outbox, waited for less (the suite's
+            # bounded-queue test defers most of its runs several times)
+            defer_delay=timedelta(milliseconds=100),
         )
