@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from psycopg import sql
@@ -39,11 +40,20 @@ def storage(database_url: str, schema: str) -> Iterator[PostgresStorage]:
     store.close()
 
 
+@attrs.frozen
+class Listener:
+    """A connection listening on the schema's channel."""
+
+    conn: Conn
+    channel: str
+
+
 @pytest.fixture
-def listener(database_url: str, schema: str) -> Iterator[Conn]:
+def listener(database_url: str, schema: str) -> Iterator[Listener]:
+    channel = f"runlane.{schema}"
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("listen {}").format(sql.Identifier(f"runlane.{schema}")))
-        yield conn
+        conn.execute(sql.SQL("listen {}").format(sql.Identifier(channel)))
+        yield Listener(conn, channel)
 
 
 @pytest.fixture
@@ -51,9 +61,19 @@ def dbx(db: Conn, schema: str) -> SchemaDb:
     return SchemaDb(db, schema)
 
 
-def heard(listener: Conn, timeout: float = 0.3) -> list[str]:
-    """Every payload delivered within ``timeout`` of silence."""
-    return [n.payload for n in listener.notifies(timeout=timeout)]
+def heard(listener: Listener) -> list[str]:
+    """Every payload announced by what committed before this call, in order: the listener
+    sends a marker on the channel and reads until it (Postgres queues notifications at
+    commit, in commit order, and delivers a session its own), rather than waiting out a
+    silence that a slow delivery could outlast."""
+    marker = f"marker|{uuid.uuid4()}"
+    listener.conn.execute("select pg_notify(%s, %s)", (listener.channel, marker))
+    payloads: list[str] = []
+    for note in listener.conn.notifies(timeout=30):
+        if note.payload == marker:
+            return payloads
+        payloads.append(note.payload)
+    raise AssertionError(f"the marker was not delivered within 30 s; before it: {payloads}")
 
 
 def insert(
@@ -112,14 +132,16 @@ def expire_all(storage: PostgresStorage, policy: RetryPolicy | None) -> list[Any
 # -- what is announced ------------------------------------------------------------------------
 
 
-def test_a_due_insert_is_announced_once_per_queue(storage: PostgresStorage, listener: Conn) -> None:
+def test_a_due_insert_is_announced_once_per_queue(
+    storage: PostgresStorage, listener: Listener
+) -> None:
     insert(storage, "q", count=3)
     insert(storage, "other")
     assert sorted(heard(listener)) == ["env|other", "env|q"]
 
 
 def test_a_delayed_insert_is_announced_when_recovery_finds_it_due(
-    storage: PostgresStorage, listener: Conn, dbx: SchemaDb, database_url: str, schema: str
+    storage: PostgresStorage, listener: Listener, dbx: SchemaDb, database_url: str, schema: str
 ) -> None:
     (run_id,) = insert(storage, "q", delay=timedelta(hours=1))
     lane = postgres_polling_lane(connection_string=database_url, schema=schema)
@@ -134,7 +156,7 @@ def test_a_delayed_insert_is_announced_when_recovery_finds_it_due(
 
 
 def test_claims_and_lease_extensions_announce_nothing(
-    storage: PostgresStorage, listener: Conn
+    storage: PostgresStorage, listener: Listener
 ) -> None:
     insert(storage, count=2)
     assert heard(listener) == ["env|q"]
@@ -146,7 +168,7 @@ def test_claims_and_lease_extensions_announce_nothing(
 
 @pytest.mark.parametrize("how", ["complete", "fail_retry", "fail_final", "release", "expire"])
 def test_an_attempt_that_stops_holding_its_lease_frees_its_queue(
-    storage: PostgresStorage, listener: Conn, dbx: SchemaDb, how: str
+    storage: PostgresStorage, listener: Listener, dbx: SchemaDb, how: str
 ) -> None:
     insert(storage)
     claimed = claim(storage)
@@ -173,7 +195,7 @@ def attrs_of(ref: LeaseRef) -> tuple[uuid.UUID, int, uuid.UUID]:
 
 
 def test_cancelling_a_running_run_announces_its_id(
-    storage: PostgresStorage, listener: Conn
+    storage: PostgresStorage, listener: Listener
 ) -> None:
     insert(storage)
     (queued,) = insert(storage)
@@ -190,7 +212,7 @@ def test_cancelling_a_running_run_announces_its_id(
 
 
 def test_due_deliveries_and_retried_runs_are_announced(
-    storage: PostgresStorage, listener: Conn, dbx: SchemaDb
+    storage: PostgresStorage, listener: Listener, dbx: SchemaDb
 ) -> None:
     insert(storage)
     claimed = claim(storage)
@@ -217,7 +239,7 @@ def noop(payload: Any, context: RunContext) -> None:
 
 
 def test_trigger_with_a_connection_announces_at_commit_only(
-    rl: Runlane, listener: Conn, database_url: str, dbx: SchemaDb
+    rl: Runlane, listener: Listener, database_url: str, dbx: SchemaDb
 ) -> None:
     rl.start()
     with psycopg.connect(database_url) as own:
@@ -242,7 +264,7 @@ ENDINGS = ["complete", "fail_for_good", "cancel_running", "cancel_queued", "expi
 
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_a_parent_waiting_on_a_child_resumes_once_when_it_ends(
-    storage: PostgresStorage, listener: Conn, dbx: SchemaDb, ending: str
+    storage: PostgresStorage, listener: Listener, dbx: SchemaDb, ending: str
 ) -> None:
     (parent_id,) = insert(storage, "parents")
     parent = claim(storage, "parents")
@@ -296,7 +318,7 @@ def test_a_parent_waiting_on_a_child_resumes_once_when_it_ends(
 
 
 def test_a_child_that_retries_does_not_resume_its_parent(
-    storage: PostgresStorage, listener: Conn, dbx: SchemaDb
+    storage: PostgresStorage, listener: Listener, dbx: SchemaDb
 ) -> None:
     (parent_id,) = insert(storage, "parents")
     parent = claim(storage, "parents")
@@ -312,7 +334,7 @@ def test_a_child_that_retries_does_not_resume_its_parent(
 
 
 def test_many_parents_of_many_children_resume_in_one_statement(
-    storage: PostgresStorage, listener: Conn, dbx: SchemaDb
+    storage: PostgresStorage, listener: Listener, dbx: SchemaDb
 ) -> None:
     parents = insert(storage, "parents", count=5)
     children = insert(storage, "children", count=5)
