@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ __all__ = [
     "encodable",
     "longest_files_first",
     "recorded_durations",
+    "restore_interrupts",
     "skip_disk_flushes",
     "uses_broker",
 ]
@@ -180,6 +182,16 @@ def uses_broker(request: pytest.FixtureRequest) -> bool:
     # raises, or an integer of 5,000 digits)
     callspec = getattr(request.node, "callspec", None)
     return callspec is not None and "rabbit" in str(callspec.id).lower()
+
+
+def restore_interrupts() -> None:
+    """Let SIGINT interrupt again when pytest was started with it ignored (a background job
+    of a non-interactive shell is, and ``nohup`` or a CI runner may start it so): an ignored
+    signal stays ignored across ``exec``, so every subprocess the tests start as a user would
+    (the guide's ``flask run``, stopped with Ctrl-C) ignored it, and the test waited 60 s
+    before killing it. A handler of Python's own is reset to the default at ``exec``."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def skip_disk_flushes(url: str) -> None:

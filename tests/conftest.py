@@ -34,6 +34,7 @@ from tests._suite import (
     encodable,
     longest_files_first,
     recorded_durations,
+    restore_interrupts,
     skip_disk_flushes,
     uses_broker,
 )
@@ -55,6 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     compile_checkout(config)  # once, before the xdist workers start (tests/_bytecode.py)
+    restore_interrupts()  # before any subprocess starts (the xdist workers included)
     if config.getoption("record_durations") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(DurationRecorder(), "runlane-durations")
 

@@ -1,9 +1,13 @@
-"""The order the whole suite hands its files out in (tests/_suite.py): longest first by the
-seconds tests/durations.json records, random among files of about the same length."""
+"""How the whole suite runs (tests/_suite.py): the order it hands its files out in (longest
+first by the seconds tests/durations.json records, random among files of about the same
+length), and Ctrl-C for its subprocesses."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -120,3 +124,27 @@ def test_the_recorder_sums_each_files_reports_and_writes_after_a_passing_run(
         "tests/test_a.py": 1.2,
         "tests/test_b.py": 3.0,
     }
+
+
+def test_subprocesses_get_ctrl_c_even_when_pytest_was_started_ignoring_it() -> None:
+    """restore_interrupts, in a process started with SIGINT ignored (as a background job of
+    a non-interactive shell is): the Python it then starts takes Ctrl-C again."""
+    script = (
+        "import signal, subprocess, sys\n"
+        "from tests._suite import restore_interrupts\n"
+        "child = [sys.executable, '-c', "
+        "'import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)']\n"
+        "print(subprocess.run(child, capture_output=True, text=True).stdout.strip())\n"
+        "restore_interrupts()\n"
+        "print(subprocess.run(child, capture_output=True, text=True).stdout.strip())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        check=True,
+        timeout=60,
+    )
+    assert result.stdout.split() == ["True", "False"], result.stderr
