@@ -144,7 +144,14 @@ class HandOff:
                 finally:
                     with self._cond:
                         self._acquiring -= 1
-                        self._cond.notify_all()
+                        # the acquirer's place is free: one waiting slot may take it (the
+                        # claimed runs' takers were woken above; every waiter here tests the
+                        # same state, so one that finds nothing to do leaves nothing for the
+                        # others; closing wakes them all). Waking every idle slot made them
+                        # contend for the GIL while this one claimed and started its run:
+                        # 0.2 ms of an idle worker's trigger-to-start (benchmarks/README.md,
+                        # issue 23, 2026-12-02 session 4)
+                        self._cond.notify()
                 if claimed is not None:
                     return claimed
         finally:
