@@ -62,7 +62,7 @@ class OutboxMethods:
     _sql: dict[str, str]
     _eager: EagerPublisher | None
 
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
+    def _with_conn(self, fn: Callable[[Conn], T], *, draining: bool = False) -> T:
         raise NotImplementedError
 
     def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
@@ -198,7 +198,8 @@ class OutboxMethods:
             return set()
         params = {"ids": [i.id for i in items], "tokens": [i.claim_token for i in items]}
         return self._with_conn(
-            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_published"], params)}
+            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_published"], params)},
+            draining=True,  # the publisher's record, let through while the storage closes
         )
 
     def outbox_unclaim(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]:
@@ -209,7 +210,8 @@ class OutboxMethods:
             return set()
         params = {"ids": [i.id for i in items], "tokens": [i.claim_token for i in items]}
         return self._with_conn(
-            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_unclaim"], params)}
+            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_unclaim"], params)},
+            draining=True,  # the publisher's record, let through while the storage closes
         )
 
     def outbox_failed(
@@ -225,7 +227,8 @@ class OutboxMethods:
             "delay_seconds": [delay.total_seconds()] * len(items),
         }
         return self._with_conn(
-            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_failed"], params)}
+            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_failed"], params)},
+            draining=True,  # the publisher's record, let through while the storage closes
         )
 
     def outbox_next_due(self) -> float | None:

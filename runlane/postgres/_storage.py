@@ -167,6 +167,9 @@ class PostgresStorage(
         self._lock = threading.Lock()
         self._opened = False
         self._closed = False
+        # while close() lets the publisher finish: its records of what it published still
+        # reach the database, every other call is refused
+        self._draining = False
 
     @property
     def connection_string(self) -> str:
@@ -201,10 +204,17 @@ class PostgresStorage(
             if self._closed:
                 return
             self._closed = True
+            draining = self._owns_eager and self._eager is not None and self._opened
+            self._draining = draining
         deadline = Deadline(timeout)
-        if self._owns_eager and self._eager is not None:
-            # publishes what eager triggers handed over, first
-            self._eager.close(_EAGER_CLOSE_SECONDS if timeout is None else deadline.left())
+        try:
+            if draining:
+                # publishes what eager triggers handed over, first, and records it: the
+                # storage refuses new calls but its records (_with_conn(..., draining=True))
+                assert self._eager is not None
+                self._eager.close(_EAGER_CLOSE_SECONDS if timeout is None else deadline.left())
+        finally:
+            self._draining = False
         self._source.close(deadline.left())
 
     @property
@@ -310,15 +320,16 @@ class PostgresStorage(
             connect_timeout=self._connect_timeout,
         )
 
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
+    def _with_conn(self, fn: Callable[[Conn], T], *, draining: bool = False) -> T:
         """Run ``fn`` on a connection, retrying a few times when the connection itself broke.
 
         Every caller's statement is safe to repeat: inserts carry client-made ids and
         ``on conflict do nothing``, fenced writes reject a second application, and a claim
         whose answer was lost only leaves leases that expire and are recovered. Driver
-        errors leave as runlane errors (see the class docstring).
+        errors leave as runlane errors (see the class docstring). ``draining``: a record of
+        the eager publisher's, which close() lets through while the publisher finishes.
         """
-        if not self._opened or self._closed:
+        if not self._opened or (self._closed and not (draining and self._draining)):
             self.open()
         backoff = Backoff(first=0.05, cap=1.0, factor=5.0)
         for retries_left in range(_RECONNECT_TRIES, -1, -1):
