@@ -18,7 +18,8 @@ hooks call these; the options themselves are in pyproject.toml (``-n auto --dist
   that passed.
 - pytest-randomly shuffles the order (modules, then the tests in each) with a seed printed
   in the header: ``pytest --randomly-seed=N`` repeats a run's order (``--randomly-seed=last``
-  the last run's), ``pytest -p no:randomly`` keeps the file order.
+  the last run's), ``pytest -p no:randomly`` keeps the collected order (the longest files
+  still first).
 """
 
 from __future__ import annotations
