@@ -25,7 +25,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from runlane import RetryPolicy, RunContext, Runlane, RunSnapshot, RunStatus
+from runlane import RetryPolicy, RunContext, Runlane, RunSnapshot, RunStatus, Task, task
 from runlane.cli import main
 from runlane.rabbitmq import ConsumerStats
 from runlane.rabbitmq._amqp import queue_name
@@ -395,6 +395,17 @@ class Executions:
     def more_than_once(self) -> dict[uuid.UUID, int]:
         with self._lock:
             return {run_id: n for run_id, n in self.runs.items() if n != 1}
+
+    def task(self, task_id: str, **options: Any) -> Task[Any, Any]:
+        """A task (``task(id=task_id, **options)``) whose handler records each execution
+        here and returns its payload."""
+
+        @task(id=task_id, **options)
+        def recorded(payload: Any, context: RunContext) -> Any:
+            self.add(context)
+            return payload
+
+        return recorded
 
 
 def consumer_stats(worker: Worker) -> ConsumerStats:

@@ -40,7 +40,6 @@ from runlane import (
     RunContext,
     Runlane,
     RunStatus,
-    Task,
     task,
 )
 from runlane._rabbit_nodes import RabbitNode
@@ -67,15 +66,6 @@ from tests.helpers import (
 
 Conn = psycopg.Connection[Any]
 QUICK_RETRY = RetryPolicy(max_attempts=2, initial_delay=timedelta(0), jitter=0.0)
-
-
-def _counting_task(executions: Executions, task_id: str = "faults.work") -> Task[Any, Any]:
-    @task(id=task_id, retry=QUICK_RETRY)
-    def work(payload: Any, context: RunContext) -> Any:
-        executions.add(context)
-        return payload
-
-    return work
 
 
 def _settle(
@@ -127,7 +117,7 @@ def test_broker_sigtermed_then_sigkilled_while_publishing_and_consuming(
     """One private node, two outages in a row: SIGTERM (a graceful shutdown), then SIGKILL of
     the whole VM, each while runs are being triggered, published and consumed."""
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(
         amqp_url=rabbitmq_node.amqp_url,
         tasks=[work],
@@ -215,7 +205,7 @@ def test_a_confirmed_publish_whose_result_is_lost_is_published_again_and_runs_on
 ) -> None:
     caplog.set_level(logging.WARNING, logger="runlane.rabbitmq")
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(
         amqp_url=rabbitmq_url,
         tasks=[work],
@@ -499,7 +489,7 @@ def test_an_eager_producer_killed_after_commit_leaves_its_item_to_be_published_a
     tmp_path: Path,
 ) -> None:
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[work])
     worker = rl.create_delivery_worker(concurrency=2)
     consumer_ready(worker)
@@ -584,7 +574,7 @@ def test_a_consumer_sigkilled_before_and_after_its_claim_loses_nothing(
     tmp_path: Path,
 ) -> None:
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[work], lease_duration=timedelta(seconds=2))
     name = amqp_queue(schema)
     (tmp_path / "faultsapp.py").write_text(WORKER_APP)
@@ -692,7 +682,7 @@ def test_unknown_runs_and_malformed_bodies_are_acked_logged_and_counted(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="runlane.rabbitmq")
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[work])
     name = amqp_queue(schema)
     worker = rl.create_delivery_worker(concurrency=2)
@@ -734,7 +724,7 @@ def test_triggers_commit_while_the_broker_is_down_and_are_delivered_when_it_retu
     rabbit_runtime: RabbitRuntimes, rabbitmq_node: RabbitNode, db: Conn, schema: str
 ) -> None:
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(
         amqp_url=rabbitmq_node.amqp_url,
         tasks=[work],
@@ -774,7 +764,7 @@ def test_triggers_during_an_outage_wait_out_the_back_off_without_trying_the_brok
     publish request, queued behind them, timed out under load."""
     caplog.set_level(logging.WARNING, logger="runlane.rabbitmq.publisher")
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(
         amqp_url=f"amqp://guest:guest@127.0.0.1:{closed_port()}/%2F",
         tasks=[work],
@@ -810,7 +800,7 @@ def test_a_purged_queue_is_recovered_by_maintenance(
     rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str
 ) -> None:
     executions = Executions()
-    work = _counting_task(executions)
+    work = executions.task("faults.work", retry=QUICK_RETRY)
     rl = rabbit_runtime(
         amqp_url=rabbitmq_url, tasks=[work], recovery_threshold=timedelta(seconds=1)
     )

@@ -72,11 +72,7 @@ def test_eager_trigger_starts_an_idle_worker_within_milliseconds_without_mainten
     rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, database_url: str, schema: str, db: Conn
 ) -> None:
     executions = Executions()
-
-    @task(id="lane.eager")
-    def eager(payload: Any, context: RunContext) -> Any:
-        executions.add(context)
-        return payload
+    eager = executions.task("lane.eager")
 
     rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[eager])
     worker = rl.create_delivery_worker(concurrency=2)
@@ -229,11 +225,7 @@ def test_a_worker_started_before_its_broker_retries_with_backoff_then_consumes(
     assert len(password) >= 8
     assert password in rabbitmq_node.amqp_url
     executions = Executions()
-
-    @task(id="lane.late")
-    def late(payload: Any, context: RunContext) -> Any:
-        executions.add(context)
-        return payload
+    late = executions.task("lane.late")
 
     rabbitmq_node.stop()
     rl = rabbit_runtime(
@@ -523,11 +515,7 @@ def test_a_runtime_closed_right_after_eager_triggers_records_what_it_publishes(
     storage closed first, so the records failed: 104 of 201 items stayed claimed in the
     outbox, to be published a second time when their claims expired."""
     executions = Executions()
-
-    @task(id="lane.closing")
-    def closing(payload: Any, context: RunContext) -> Any:
-        executions.add(context)
-        return payload
+    closing = executions.task("lane.closing")
 
     rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[closing])
     ids = [rl.trigger(closing, "connects the publisher").id]

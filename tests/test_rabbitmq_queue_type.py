@@ -68,11 +68,7 @@ def test_classic_queues_carry_runs_each_once(
     rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, schema: str, db: Conn
 ) -> None:
     executions = Executions()
-
-    @task(id="queue_type.classic")
-    def classic(payload: int, context: RunContext) -> int:
-        executions.add(context)
-        return payload
+    classic = executions.task("queue_type.classic")
 
     rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[classic], queue_type="classic")
     worker = rl.create_delivery_worker(concurrency=2)
