@@ -21,7 +21,7 @@ from psycopg import sql
 
 from runlane import RunContext, Runlane, RunStatus, task
 from runlane.maintenance import LaneMaintenance, MaintenanceLimits
-from runlane.postgres import PostgresStorage, postgres_polling_lane
+from runlane.postgres import PostgresStorage, notify_channel, postgres_polling_lane
 from runlane.retry import RetryPolicy, next_retry_delay
 from runlane.storage import ClaimedRun, Completion, Expiration, Failure, LeaseRef, NewRuns
 from tests.conftest import RunlaneFactory
@@ -50,7 +50,7 @@ class Listener:
 
 @pytest.fixture
 def listener(database_url: str, schema: str) -> Iterator[Listener]:
-    channel = f"runlane.{schema}"
+    channel = notify_channel(schema)
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("listen {}").format(sql.Identifier(channel)))
         yield Listener(conn, channel)

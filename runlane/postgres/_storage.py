@@ -204,15 +204,14 @@ class PostgresStorage(
             if self._closed:
                 return
             self._closed = True
-            draining = self._owns_eager and self._eager is not None and self._opened
-            self._draining = draining
+            eager = self._eager if self._owns_eager and self._opened else None
+            self._draining = eager is not None
         deadline = Deadline(timeout)
         try:
-            if draining:
+            if eager is not None:
                 # publishes what eager triggers handed over, first, and records it: the
                 # storage refuses new calls but its records (_with_conn(..., draining=True))
-                assert self._eager is not None
-                self._eager.close(_EAGER_CLOSE_SECONDS if timeout is None else deadline.left())
+                eager.close(_EAGER_CLOSE_SECONDS if timeout is None else deadline.left())
         finally:
             self._draining = False
         self._source.close(deadline.left())
