@@ -109,7 +109,7 @@ def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float, floa
     schema = fresh_schema(url)
     with runtime(url, schema) as runlane:
         runlane.trigger(noop, {"order": -1})  # connect first, as a running app would have
-        wal, cpu = wal_position(url), server_cpu_seconds(url)
+        wal, server_cpu = wal_position(url), server_cpu_seconds(url)
         with counting_statements() as statements:
             cpu = time.process_time()
             rate = run_threads(
@@ -117,7 +117,7 @@ def runlane_rate(url: str, threads: int, count: int) -> tuple[float, float, floa
             )
             cpu = time.process_time() - cpu
         done = count // threads * threads
-        costs = PerRun.between(url, done, statements.per(done), wal, cpu)
+        costs = PerRun.between(url, done, statements.per(done), wal, server_cpu)
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             sql.SQL("select count(distinct xmin::text), count(*) from {}.runs").format(
