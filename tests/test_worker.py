@@ -584,6 +584,53 @@ def test_claimed_ahead_runs_are_not_stranded_behind_long_handlers(
     assert sum(o.startswith(f"{second.name}-") for o in outputs) == 4, outputs
 
 
+class _CountingCondition(threading.Condition):
+    """A condition that records every notify() that may wake a waiter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.woken: list[int] = []
+
+    def notify(self, n: int = 1) -> None:
+        if n > 0:
+            self.woken.append(n)
+        super().notify(n)
+
+
+def test_an_idle_acquirer_woken_for_work_claims_without_waking_another_slot(
+    make_runlane: RunlaneFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acquirer woken by an announcement claims at once, keeping its place: it used to
+    leave the place first, waking another idle slot to contend with its claim. Between the
+    trigger and the handler's start only the claim's own hand-over wakes a slot (the next
+    acquirer, once the run is claimed)."""
+    started: list[int] = []  # slots woken before each handler started
+    counted: list[_CountingCondition] = []
+
+    @task(id="observed", schema=Item)
+    def observed(payload: Item, context: RunContext) -> None:
+        started.append(len(counted[0].woken))
+
+    runlane = make_runlane(tasks=[observed], lane_options={"poll_interval": timedelta(hours=1)})
+    with monkeypatch.context() as patched:
+        patched.setattr(threading, "Condition", _CountingCondition)
+        worker = runlane.create_delivery_worker(concurrency=4)
+    cond = worker._cond
+    assert isinstance(cond, _CountingCondition)
+    counted.append(cond)
+    try:
+        for n in range(3):
+            assert worker.idle_signal.wait(10)
+            time.sleep(0.1)  # the acquirer waits for work, the other slots for its place
+            with cond:
+                before = len(cond.woken)
+            worker.idle_signal.clear()  # set again by the next acquirer's empty claim
+            runlane.wait_for_run(runlane.trigger(observed, Item(n=n)).id, timeout=10)
+            assert started[-1] - before == 1, cond.woken
+    finally:
+        worker.close(timeout=5)
+
+
 def test_a_backlog_of_quick_runs_is_claimed_ahead_before_the_hand_off_runs_dry(
     make_runlane: RunlaneFactory,
     db: psycopg.Connection[Any],

@@ -11,6 +11,7 @@ drain stops instead.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -34,6 +35,12 @@ log = logging.getLogger("runlane.worker")
 _PREFETCH_BELOW_SECONDS = 0.02
 # a run claimed ahead that waited this long for a slot is handed back
 _PREFETCH_MAX_WAIT_SECONDS = 1.0
+
+
+class _Waited(enum.Enum):
+    """What a claim that found nothing returns once it waited for work."""
+
+    WAITED = enum.auto()
 
 
 class HandOff:
@@ -141,6 +148,11 @@ class HandOff:
                         self._cond.wait(timeout=1.0)
                 try:
                     claimed = self._acquire_once(slot, refill=refill)
+                    # woken from a wait for work: still the acquirer, it claims again at
+                    # once (leaving the place would wake another slot to take it, on the
+                    # woken claim's path)
+                    while isinstance(claimed, _Waited) and self._claims_again():
+                        claimed = self._acquire_once(slot)
                 finally:
                     with self._cond:
                         self._acquiring -= 1
@@ -152,11 +164,17 @@ class HandOff:
                         # 0.2 ms of an idle worker's trigger-to-start (benchmarks/README.md,
                         # issue 23, 2026-12-02 session 4)
                         self._cond.notify()
-                if claimed is not None:
+                if claimed is not None and not isinstance(claimed, _Waited):
                     return claimed
         finally:
             with self._cond:
                 self._waiting -= 1
+
+    def _claims_again(self) -> bool:
+        """After a wait for work: the acquirer claims again without leaving its place
+        unless the worker stops, a drain ran dry or the hand-off has a run for it."""
+        with self._cond:
+            return not (self._stopping.is_set() or self._drained or self._handoff)
 
     def _refill_due(self) -> bool:
         """Claim ahead now, while the hand-off still holds runs: a backlog of quick handlers
@@ -189,9 +207,9 @@ class HandOff:
             self._handoff = deque(run for run in self._handoff if run.ref not in refs)
         self._hand_back(returned, "waited too long for a slot")
 
-    def _acquire_once(self, slot: Slot, *, refill: bool = False) -> ClaimedRun | None:
+    def _acquire_once(self, slot: Slot, *, refill: bool = False) -> ClaimedRun | _Waited | None:
         """Claim for the waiting slots not yet covered; keep one run, hand off the rest.
-        When nothing is due, wait for work (a drain stops instead) and return None.
+        When nothing is due, wait for work (a drain stops instead) and return ``WAITED``.
 
         A ``refill`` claim (see ``_refill_due``) tops the hand-off up: the claimed runs go
         behind the ones already there and the slot takes the oldest, and finding nothing
@@ -241,9 +259,10 @@ class HandOff:
                 with self._cond:
                     self._drained = True
             return None
-        if not self._stopping.is_set():
-            self._acquirer.wait_for_work()
-        return None
+        if self._stopping.is_set():
+            return None
+        self._acquirer.wait_for_work()
+        return _Waited.WAITED
 
     def _drain_ran_dry(self, unwritten: int) -> bool:
         """drain(), after a claim found nothing: whether nothing is left that it may start.
