@@ -106,11 +106,14 @@ class QueueLimits:
 
 @attrs.frozen
 class LimitedClaim:
-    """The runs a limited queue's claim started, and how long until its rate limit lets
-    the next one start (0: not held back by the rate now; None: no rate limit)."""
+    """The runs a limited queue's claim started, how long until its rate limit lets the
+    next one start (0: not held back by the rate now; None: no rate limit), and whether it
+    started nothing only because its walk of a keyed queue stopped at the keys one claim
+    may look at (``walked_on``: the next claim goes on from there, and may find due runs)."""
 
     runs: list[ClaimedRun]
     rate_wait: float | None
+    walked_on: bool = False
 
 
 @attrs.frozen
@@ -483,11 +486,14 @@ class Storage(Protocol):
         *,
         worker_id: uuid.UUID | None = None,
         run_ids: Sequence[uuid.UUID] | None = None,
+        visit_limit: int | None = None,
     ) -> LimitedClaim:
         """Claim from a queue with a rate limit or a per-key limit (and maybe a concurrency
         limit): at most what each limit leaves, counted inside the claim under the queue's
         claim lock, so every claimer on every path obeys them (docs/flow-control.md). With
-        ``run_ids`` (a transport lane's deliveries) only those runs, when queued and due."""
+        ``run_ids`` (a transport lane's deliveries) only those runs, when queued and due.
+        ``visit_limit``: the keys a polling claim of a keyed queue may look at (None: the
+        storage's bound on one claim's work)."""
 
     def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Complete the attempts that still hold their lease; returns the run ids applied.

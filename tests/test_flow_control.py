@@ -609,11 +609,32 @@ def test_a_walk_past_many_keys_with_nothing_due_goes_on_where_it_stopped(
     due = rl.trigger(noop, None, queue="keyed", concurrency_key="z")
     storage = storage_of(rl)
     limits = QueueLimits(key_limit=1)
-    claims = [
-        storage.run_claim_limited("default", "keyed", limits, 5, LEASE).runs for _ in range(3)
-    ]
-    assert [[run.id for run in runs] for runs in claims] == [[], [], [due.id]]
+    claims = [storage.run_claim_limited("default", "keyed", limits, 5, LEASE) for _ in range(3)]
+    assert [[run.id for run in claim.runs] for claim in claims] == [[], [], [due.id]]
+    # the two empty claims say their walk stopped at the visit limit, the last one does not
+    assert [claim.walked_on for claim in claims] == [True, True, False]
     assert FlowDb(db, schema).statuses("keyed") == Counter(queued=10, running=1)
+
+
+def test_drain_walks_on_past_keys_with_nothing_due(
+    make_runlane: RunlaneFactory, db: Conn, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SPEC: drain returns when no work is due; scan-only pages do not spend max_runs. Its
+    # first claim stops at the visit limit among keys with nothing due; it then walks the
+    # rest of the keys in one claim rather than take that for "nothing due"
+    monkeypatch.setattr(_flow, "KEY_VISIT_LIMIT", 5)
+    rl = make_runlane(tasks=[noop], queues=[queue("keyed", key_concurrency_limit=1)])
+    for i in range(12):  # twelve keys whose only runs are not due for an hour
+        rl.trigger(noop, None, queue="keyed", concurrency_key=f"a{i:02d}", delay=3600)
+    due = rl.trigger(noop, None, queue="keyed", concurrency_key="z")
+    assert rl.drain(max_runs=1).runs_executed == 1
+    assert rl.get_run(due.id).status is RunStatus.COMPLETED
+    # and, with nothing due anywhere, a drain returns (the whole walk found nothing)
+    later = rl.trigger(noop, None, queue="keyed", concurrency_key="zz")
+    assert rl.drain().runs_executed == 1
+    assert rl.get_run(later.id).status is RunStatus.COMPLETED
+    assert rl.drain().runs_executed == 0
+    assert FlowDb(db, schema).statuses("keyed") == Counter(queued=12, completed=2)
 
 
 # -- least-privilege roles ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from runlane.lanes import AcquirerOptions
+from runlane.postgres._flow import EVERY_KEY
 from runlane.postgres._listener import PostgresListener
 from runlane.storage import ClaimedRun, QueueLimits, Storage
 
@@ -54,6 +55,7 @@ class PollingAcquirer:
         self._limits = {q.name: QueueLimits.of(q) for q in self._bounded if q.limited}
         # seconds until a rate-limited queue with work held back may start a run again
         self._rate_wait: float | None = None
+        self._drain = options.drain
         self._owns_storage = not options.drain
         self._storage = (
             storage
@@ -133,6 +135,20 @@ class PollingAcquirer:
         result = self._storage.run_claim_limited(
             self._environment, queue, limits, room, self._lease, worker_id=self._worker_id
         )
+        if self._drain and result.walked_on:
+            # the walk of a keyed queue stopped at the keys one claim may look at, none with
+            # a run it may start: drain() returns only when no work is due, so it walks the
+            # rest of the keys now, in one claim (a worker goes on from there at its next
+            # claim instead, a poll later, keeping each claim's work bounded)
+            result = self._storage.run_claim_limited(
+                self._environment,
+                queue,
+                limits,
+                room,
+                self._lease,
+                worker_id=self._worker_id,
+                visit_limit=EVERY_KEY,
+            )
         if result.rate_wait:  # the rate holds runs back: look again when it lets one start
             wait = result.rate_wait
             self._rate_wait = wait if self._rate_wait is None else min(self._rate_wait, wait)

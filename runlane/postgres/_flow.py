@@ -15,13 +15,16 @@ from typing import Any, TypeVar
 from runlane.postgres._connections import Conn
 from runlane.storage import ClaimedRun, LimitedClaim, QueueLimits
 
-__all__ = ["KEY_VISIT_LIMIT", "FlowMethods"]
+__all__ = ["EVERY_KEY", "KEY_VISIT_LIMIT", "FlowMethods"]
 
 T = TypeVar("T")
 
 #: keys one polling claim of a keyed queue may look at (those at their limit, and those
 #: whose queued runs are not due yet, are passed over): a bound on one claim's work
 KEY_VISIT_LIMIT = 1_000
+#: the visit limit of a claim that walks every key: what drain() claims with after a
+#: claim stopped at KEY_VISIT_LIMIT keys without a run (the statement's int4 parameter)
+EVERY_KEY = 2**31 - 1
 
 
 class FlowMethods:
@@ -46,6 +49,7 @@ class FlowMethods:
         *,
         worker_id: uuid.UUID | None = None,
         run_ids: Sequence[uuid.UUID] | None = None,
+        visit_limit: int | None = None,
     ) -> LimitedClaim:
         params = {
             "environment": environment,
@@ -59,7 +63,7 @@ class FlowMethods:
             "rate_count": limits.rate_count,
             "rate_per_us": limits.rate_per_us,
             "rate_burst": limits.rate_burst,
-            "visit_limit": KEY_VISIT_LIMIT,
+            "visit_limit": KEY_VISIT_LIMIT if visit_limit is None else visit_limit,
             "lock_scope": f"runlane:{self.schema}:{environment}",
         }
 
@@ -68,11 +72,13 @@ class FlowMethods:
             with conn.transaction():
                 conn.execute(self._sql["queue_claim_lock_flow"], params)
                 rows = conn.execute(self._sql["run_claim_limited"], params).fetchall()
-            # the last row carries the rate limit's wait, the others are the claimed runs
-            *claimed, (*_, wait) = rows
+            # the last row carries the rate limit's wait and whether the walk stopped at
+            # its visit limit; the others are the claimed runs
+            *claimed, (*_, wait, walked_on) = rows
             return LimitedClaim(
                 runs=self._claimed_rows(claimed),
                 rate_wait=None if wait is None else float(wait),
+                walked_on=bool(walked_on),
             )
 
         return self._with_conn(claim)

@@ -26,7 +26,9 @@
 -- A claim that starts nothing writes nothing (unless its walk looked at visit_limit keys
 -- without finding a run it may start: it then records where the next claim goes on). The
 -- last row (id null) carries the seconds until the rate limit lets the next run start (0:
--- not rate-bound now; null: no limit).
+-- not rate-bound now; null: no limit) and whether the claim started nothing only because
+-- its walk stopped at visit_limit keys (walked_on: keys it did not look at may hold due
+-- runs; drain() claims again rather than stop).
 with flow as materialized (
     select max(f.last_start) as last_start, max(f.rate_tat) as rate_tat,
            max(f.key_cursor) as key_cursor
@@ -250,7 +252,7 @@ with flow as materialized (
         rate_tat = excluded.rate_tat,
         key_cursor = coalesce(excluded.key_cursor, f.key_cursor)
 )
-select {@claim_columns}, null::float8 as rate_wait
+select {@claim_columns}, null::float8 as rate_wait, null::boolean as walked_on
 from claimed
 union all
 select null, null, null, null, null, null, null, null, null, null, null,
@@ -267,7 +269,8 @@ select null, null, null, null, null, null, null, null, null, null, null,
                     next_tat.tat - stamp.t)
                     - %(rate_burst)s::int::float8 * %(rate_per_us)s::bigint
                       / %(rate_count)s::int / 1000000)::float8
-       end
+       end,
+       counted.n = 0 and counted.last_key is not null
 from rate, counted, window_starts, stamp, per, next_tat;
 
 -- name: queue_claim_lock_flow
