@@ -2,8 +2,9 @@
 
 Queued, retrying, released and waiting runs are cancelled at once; a running run becomes
 ``cancellation_requested``, its handler is told (NOTIFY, or the lease extension when nothing
-listens) and the run ends ``cancelled`` when the handler returns or, if its worker died, when
-maintenance finalizes the lapsed lease. Everything runs against a real database with a real
+listens) and the run ends ``cancelled`` when the handler stops (raises, suspends) or, if its
+worker died, when maintenance finalizes the lapsed lease; a handler that returns normally has
+completed its run, whatever stop was asked. Everything runs against a real database with a real
 worker, ``drain`` or maintenance; every wait is bounded.
 """
 
@@ -130,7 +131,8 @@ def sleeper(payload: dict[str, Any], context: RunContext) -> str:
 @task(id="cancel.long")
 def long_handler(payload: dict[str, Any], context: RunContext) -> dict[str, Any]:
     """Waits (at most 10 s) to be cancelled, notes when, then waits to be let go and, when
-    the payload says so, calls a durable operation while its cancellation is pending."""
+    the payload says so, stops as asked (``raise_if_stopped``) or calls a durable operation
+    while its cancellation is pending; else it returns normally."""
     JOURNAL.bump(handler_key(context.run_id))
     JOURNAL.event(f"started:{context.run_id}").set()
     seen = context.cancelled.wait(10)
@@ -138,7 +140,9 @@ def long_handler(payload: dict[str, Any], context: RunContext) -> dict[str, Any]
     JOURNAL.event(f"seen:{context.run_id}").set()
     JOURNAL.event(f"let_go:{context.run_id}").wait(10)
     then = payload.get("then")
-    if then == "wait_for_token":
+    if then == "stop":
+        context.raise_if_stopped()
+    elif then == "wait_for_token":
         context.wait_for_token(payload["token"])
     elif then == "sleep":
         context.sleep(60)
@@ -312,10 +316,31 @@ def test_cancel_a_running_run_tells_its_handler_through_notify(
         JOURNAL.event(f"let_go:{handle.id}").set()
         final = rl.wait_for_run(handle.id, timeout=10)
 
-    assert final.status is RunStatus.CANCELLED
+    # it saw the cancellation and returned normally all the same: a handler that returns
+    # normally has completed its run, whatever stop was asked (SPEC), its output kept
+    assert final.status is RunStatus.COMPLETED
+    assert final.output == {"cancelled_seen": True}
     assert final.finished_at is not None
-    assert attempt_rows(db, schema, handle.id) == [(1, "cancelled")]
+    assert attempt_rows(db, schema, handle.id) == [(1, "completed")]
     assert JOURNAL.count(handler_key(handle.id)) == 1
+
+
+def test_a_cancelled_handler_that_stops_as_asked_ends_cancelled(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    rl = make_runlane(tasks=[long_handler])
+    with rl.create_delivery_worker(concurrency=1) as worker:
+        assert worker.idle_signal.wait(10)
+        wait_until(lambda: listener_ready(db, worker), timeout=10, what="the LISTEN connection")
+        handle = rl.trigger(long_handler, {"then": "stop"})
+        assert JOURNAL.event(f"started:{handle.id}").wait(10)
+        rl.cancel(handle.id)
+        assert JOURNAL.event(f"seen:{handle.id}").wait(15)
+        JOURNAL.event(f"let_go:{handle.id}").set()
+        final = rl.wait_for_run(handle.id, timeout=10)
+    assert final.status is RunStatus.CANCELLED
+    assert final.output is None
+    assert attempt_rows(db, schema, handle.id) == [(1, "cancelled")]
 
 
 def test_a_cancellation_whose_announcement_was_missed_is_seen_when_the_listener_reconnects(
@@ -327,7 +352,7 @@ def test_a_cancellation_whose_announcement_was_missed_is_seen_when_the_listener_
     rl = make_runlane(tasks=[long_handler])
     with rl.create_delivery_worker(concurrency=1) as worker:
         wait_until(lambda: listener_ready(db, worker), timeout=10, what="the LISTEN connection")
-        handle = rl.trigger(long_handler, {})
+        handle = rl.trigger(long_handler, {"then": "stop"})
         assert JOURNAL.event(f"started:{handle.id}").wait(10)
         # what cancel() writes for a running run, with its announcing trigger silenced
         # (replica mode skips ordinary triggers): the announcement is missed
@@ -362,7 +387,7 @@ def test_cancel_a_running_drain_handler_through_the_lease_extension(
 ) -> None:
     # drain listens to nothing: its lease keeper (every 1/3 s with a 1 s lease) finds out
     rl = make_runlane(tasks=[long_handler], lane_options={"lease_duration": timedelta(seconds=1)})
-    handle = rl.trigger(long_handler, {})
+    handle = rl.trigger(long_handler, {"then": "stop"})
     results: list[CancelResult] = []
     asked: list[float] = []
     errors: list[BaseException] = []

@@ -521,6 +521,7 @@ def test_retry_refuses_other_statuses_and_changes_nothing(
     def blocks(payload: Any, context: RunContext) -> None:
         entered.set()
         release.wait(20)
+        context.raise_if_stopped()  # cancelled meanwhile: stops as asked
 
     rl = _runtime(make_runlane, tasks=[blocks])
     dbx = SchemaDb(db, schema)

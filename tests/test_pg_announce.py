@@ -289,7 +289,8 @@ def test_a_parent_waiting_on_a_child_resumes_once_when_it_ends(
             "waiting",
         ), "a cancellation only requested has not ended the child"
         heard(listener)
-        storage.run_complete_many([Completion(*child_ref, "1")])
+        # its handler stops as asked (raises): the attempt's end makes the run cancelled
+        storage.run_fail_many([Failure(*child_ref, ERROR, None)])
         child_status = "cancelled"
     elif ending == "cancel_queued":
         storage.run_cancel(ENV, child_id)

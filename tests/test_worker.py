@@ -1005,7 +1005,8 @@ def test_cancelling_a_running_run_sets_cancelled_and_ends_cancelled(
     def cancellable(payload: Item, context: RunContext) -> str:
         started.set()
         seen.append(context.cancelled.wait(5))
-        return "stopped"
+        context.raise_if_stopped()  # stops as asked: the run ends cancelled
+        return "not stopped"
 
     lease = timedelta(seconds=30 if via == "cancel" else 1)
     runlane = make_runlane(tasks=[cancellable], lane_options={"lease_duration": lease})

@@ -213,7 +213,7 @@ def _cancel_one(runlane: Runlane, run_id: str) -> None:
     elif result.status is RunStatus.CANCELLATION_REQUESTED:
         print(
             f"run {result.run_id}: cancellation requested; its handler is asked to stop "
-            "and the run ends cancelled"
+            "and the run ends cancelled when it does"
         )
     else:
         print(f"run {result.run_id}: {result.previous.value} -> {result.status.value}")

@@ -609,8 +609,10 @@ class Runlane:
     def cancel(self, run_id: uuid.UUID | str) -> CancelResult:
         """Cancel a run: queued, retrying, released and waiting runs are cancelled at once; a
         running run becomes ``cancellation_requested``, its handler's ``context.cancelled``
-        is set (NOTIFY, or its next lease extension), and it ends ``cancelled``. Cancelling a
-        terminal run changes nothing and says so (``changed=False``)."""
+        is set (NOTIFY, or its next lease extension), and it ends ``cancelled`` when the
+        handler stops (raises, suspends) or its lease lapses; a handler that returns
+        normally has completed its run. Cancelling a terminal run changes nothing and says so
+        (``changed=False``)."""
         self._check_open()
         key = run_key(run_id)
         self._ensure_started()
@@ -704,8 +706,8 @@ class Runlane:
 
     def cancel_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
         """``cancel`` for every queued, retrying, released, waiting or running run the
-        filters match (running ones become ``cancellation_requested`` and end cancelled);
-        filters, batches and ``on_batch`` as ``retry_runs``."""
+        filters match (running ones become ``cancellation_requested`` and end cancelled
+        when their handlers stop); filters, batches and ``on_batch`` as ``retry_runs``."""
         return self._bulk("cancel", filters)
 
     def delete_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:

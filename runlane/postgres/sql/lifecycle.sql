@@ -17,11 +17,11 @@ with input as (
         as i(id, attempt, lease_token, output)
 ), done as (
     update {schema}.runs as r
-    set status = case when r.status = 'cancellation_requested' then 'cancelled'
-                      else 'completed' end,
-        -- a run cancelled while its handler ran keeps no output
-        output = case when r.status = 'cancellation_requested' then null
-                      else i.output end,
+    -- a handler that returns normally has completed its run, whatever stop was asked: a
+    -- cancellation requested while it ran ends the run cancelled only when the handler
+    -- stops (raises, suspends) or its lease lapses, never by discarding what it returned
+    set status = 'completed',
+        output = i.output,
         error = null,
         lease_token = null,
         lease_expires_at = null,
