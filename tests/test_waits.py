@@ -201,6 +201,33 @@ def releaser(payload: dict[str, Any], context: RunContext) -> dict[str, int]:
     return {"attempt": context.attempt, "max_attempts": context.max_attempts}
 
 
+@task(id="waits.catches_exception", retry=ONE_ATTEMPT)
+def catches_exception(payload: dict[str, Any], context: RunContext) -> dict[str, Any]:
+    """Suspends (``payload["op"]``: a token wait, a child-run wait, a sleep or, on its first
+    attempt, a release) inside ``try: ... except Exception``, as user code wrapping its calls
+    does; journals what it caught and whether it went on past the call."""
+    JOURNAL.bump(handler_key(context.run_id))
+    op = payload["op"]
+    got: Any
+    try:
+        if op == "token":
+            got = context.wait_for_token(payload["token"])
+        elif op == "run":
+            got = context.wait_for_run(payload["run"])
+        elif op == "sleep":
+            context.sleep(30)  # the test moves the database clock rather than wait
+            got = "slept"
+        else:
+            if context.attempt == 1:
+                context.release(delay=30)
+            got = "released"
+    except Exception as exc:  # the point: a suspension must not land here
+        JOURNAL.append(f"caught:{context.run_id}", repr(exc))
+        got = f"caught {type(exc).__name__}"
+    JOURNAL.append(f"went_on:{context.run_id}", context.attempt)
+    return {"got": got, "attempt": context.attempt}
+
+
 @task(id="waits.bad_durations")
 def bad_durations(payload: dict[str, Any], context: RunContext) -> dict[str, str]:
     """Negative and malformed sleep and release durations, each reported."""
@@ -985,6 +1012,62 @@ def test_negative_or_malformed_durations_are_configuration_errors(
     }
     assert stored_steps(db, schema, handle.id) == {}
     assert attempt_rows(db, schema, handle.id) == [(1, "completed")]
+
+
+# -- a suspension unwinds through ``except Exception`` ----------------------------------------
+
+
+@pytest.mark.parametrize("op", ["token", "run", "sleep", "release"])
+def test_a_suspension_unwinds_through_except_exception(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, op: str
+) -> None:
+    """SPEC section 4: a suspended handler unwinds by a ``BaseException`` user code should
+    not catch, so ``except Exception`` around ``wait_for_token``, ``wait_for_run``, ``sleep``
+    or ``release`` does not stop it: the run suspends (``waiting``, or ``released``) without
+    the handler going on past the call, and once resumed it re-runs from the top, where the
+    call returns."""
+    rl = make_runlane(queues=[kids], tasks=[catches_exception, child])
+    payload: dict[str, Any] = {"op": op}
+    if op == "token":
+        token = rl.create_wait_token(timeout=timedelta(minutes=5))
+        payload["token"] = str(token.id)
+    elif op == "run":
+        target = rl.trigger(child, {"x": 21, "fail": False})  # on "kids": not drained yet
+        payload["run"] = str(target.id)
+    handle = rl.trigger(catches_exception, payload)
+    assert rl.drain(queues=["default"]).runs_executed == 1
+
+    row = run_row(db, schema, handle.id)
+    suspended = {
+        "token": ("waiting", "token", "suspended"),
+        "run": ("waiting", "run", "suspended"),
+        "sleep": ("waiting", "sleep", "suspended"),
+        "release": ("released", None, "released"),
+    }
+    status, wait_kind, outcome = suspended[op]
+    assert (row["status"], row["wait_kind"]) == (status, wait_kind)
+    assert row["lease_token"] is None
+    assert JOURNAL.items(f"caught:{handle.id}") == []
+    assert JOURNAL.items(f"went_on:{handle.id}") == []  # it unwound at the call
+    assert attempt_rows(db, schema, handle.id) == [(1, outcome)]
+
+    if op == "token":
+        rl.complete_wait_token(token.id, {"ok": True})  # its eager pass resumes the run
+    elif op == "run":
+        assert rl.drain(queues=["kids"]).runs_executed == 1  # its completion resumes it
+    else:
+        maintain_until_delivered(rl, db, schema, row["due_at"])
+    assert rl.get_run(handle.id).status is RunStatus.QUEUED
+    assert rl.drain(queues=["default"]).runs_executed == 1
+
+    snap = rl.get_run(handle.id)
+    got = {"token": {"ok": True}, "run": {"doubled": 42}, "sleep": "slept", "release": "released"}
+    assert snap.status is RunStatus.COMPLETED
+    assert snap.output == {"got": got[op], "attempt": 2}
+    assert JOURNAL.count(handler_key(handle.id)) == 2
+    assert JOURNAL.items(f"caught:{handle.id}") == []
+    assert JOURNAL.items(f"went_on:{handle.id}") == [2]
+    assert attempt_rows(db, schema, handle.id) == [(1, outcome), (2, "completed")]
 
 
 # -- child runs ------------------------------------------------------------------------------
