@@ -8,14 +8,16 @@ and the node killed at once, then restarted.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
 import pytest
 from psycopg import sql
 
-from runlane import RunContext, task
+from runlane import ConfigurationError, RunContext, task
 from runlane._rabbit_nodes import RabbitNode
 from runlane._status import unhealthy
 from runlane.rabbitmq import RabbitMQStatus
@@ -109,3 +111,90 @@ def test_a_quorum_queue_without_a_leader_is_reported_unhealthy(
         what="the runs published once the queue was declared again",
     )
     assert RabbitMQStatus.of(rl.status()).broker_problems == ()
+
+
+# -- the start-up check -------------------------------------------------------------------------
+
+
+def _with(
+    url: str, *, password: str | None = None, vhost: str | None = None, user: str | None = None
+) -> str:
+    """``url`` with another password, virtual host or user."""
+    parts = urlsplit(url)
+    user = (parts.username or "guest") if user is None else user
+    secret = (parts.password or "") if password is None else password
+    host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    path = parts.path if vhost is None else "/" + quote(vhost, safe="")
+    return urlunsplit((parts.scheme, f"{user}:{secret}@{host}", path, parts.query, ""))
+
+
+def _enabled(db: Conn, schema: str) -> int:
+    row = db.execute(
+        sql.SQL("select count(*) from {}.outbox_environments").format(sql.Identifier(schema))
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_start_refuses_credentials_the_broker_refuses(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str
+) -> None:
+    secret = "not-the-password-x7q"
+    rl = rabbit_runtime(amqp_url=_with(rabbitmq_url, password=secret), tasks=[noop])
+    with pytest.raises(ConfigurationError) as raised:
+        rl.start()
+    message = str(raised.value)
+    assert "refused the credentials of amqp_url" in message
+    assert f"{urlsplit(rabbitmq_url).hostname}:{urlsplit(rabbitmq_url).port}" in message
+    assert secret not in message
+    assert _enabled(db, schema) == 0  # nothing written: the outbox was not enabled
+
+
+def test_status_says_when_the_broker_stops_letting_the_runtime_in(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_node: RabbitNode, schema: str
+) -> None:
+    # a runtime started with a user the broker then deletes (credentials rotated under it)
+    user, secret = f"u_{schema}"[:60], "pw-of-a-user-that-goes"
+    rabbitmq_node.ctl("add_user", user, secret)
+    rabbitmq_node.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+    rl = rabbit_runtime(
+        amqp_url=_with(rabbitmq_node.amqp_url, password=secret, user=user), tasks=[noop]
+    )
+    rl.start()
+    assert RabbitMQStatus.of(rl.status()).broker == f"reachable at 127.0.0.1:{rabbitmq_node.port}"
+    rabbitmq_node.ctl("delete_user", user)
+    report = RabbitMQStatus.of(rl.status())
+    assert report.broker is not None
+    assert report.broker.startswith(f"unreachable at 127.0.0.1:{rabbitmq_node.port}")
+    assert "refused the credentials of amqp_url" in report.broker, report.broker
+    assert secret not in report.broker
+    assert any("refused the credentials" in problem for problem in report.problems())
+
+
+def test_start_refuses_a_virtual_host_the_broker_refuses(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, db: Conn, schema: str
+) -> None:
+    rl = rabbit_runtime(amqp_url=_with(rabbitmq_url, vhost=f"no-such-{schema}"), tasks=[noop])
+    with pytest.raises(ConfigurationError, match=r"refused access to virtual host 'no-such-"):
+        rl.start()
+    assert _enabled(db, schema) == 0
+
+
+def test_start_goes_on_when_the_broker_is_down(
+    rabbit_runtime: RabbitRuntimes,
+    rabbitmq_node: RabbitNode,
+    db: Conn,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # triggers keep their outbox items in Postgres: a broker down at start is logged, and
+    # the runtime starts (a producer does not wait for the broker)
+    url = rabbitmq_node.amqp_url
+    rabbitmq_node.stop()
+    rl = rabbit_runtime(amqp_url=url, tasks=[noop])
+    with caplog.at_level(logging.WARNING, logger="runlane.rabbitmq"):
+        rl.start()
+    assert any("does not answer at start" in r.getMessage() for r in caplog.records)
+    assert _enabled(db, schema) == 1
+    handle = rl.trigger(noop, None)
+    assert rl.status().outbox_pending == 1
+    assert rl.get_run(handle.id).status.value == "queued"

@@ -46,6 +46,7 @@ __all__ = [
     "parse_body",
     "queue_name",
     "queue_type_mismatch",
+    "refusal",
     "refused_for_its_type",
 ]
 
@@ -96,6 +97,31 @@ def check_amqp_url(url: object) -> pika.URLParameters:
 def describe(params: pika.URLParameters) -> str:
     """``host:port`` of the broker, for messages (never the credentials)."""
     return f"{params.host}:{params.port}"
+
+
+def refusal(exc: BaseException, params: pika.URLParameters) -> str | None:
+    """What to tell the user when the broker answered and refused the connection for good:
+    the credentials (wrong user or password) or the virtual host (missing, or the user may
+    not use it). None for every other failure (a broker down or unreachable, which may
+    pass). Never repeats the password."""
+    where = f"the RabbitMQ broker at {describe(params)}"
+    user = getattr(params.credentials, "username", None)  # PlainCredentials has one
+    if isinstance(
+        exc,
+        pika.exceptions.ProbableAuthenticationError | pika.exceptions.AuthenticationError,
+    ):
+        return (
+            f"{where} refused the credentials of amqp_url (user {user!r}, "
+            f"{type(exc).__name__}): check the user and password in amqp_url"
+        )
+    if isinstance(exc, pika.exceptions.ProbableAccessDeniedError):
+        return (
+            f"{where} refused access to virtual host {params.virtual_host!r} for user "
+            f"{user!r} ({type(exc).__name__}): create the virtual host, "
+            "grant the user permissions on it (rabbitmqctl set_permissions), or fix the "
+            "/vhost part of amqp_url"
+        )
+    return None
 
 
 # AMQP queue names are short strings: at most 255 bytes of UTF-8

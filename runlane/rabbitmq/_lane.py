@@ -10,6 +10,7 @@ See ``docs/deploying.md`` for running it past one machine.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -36,6 +37,7 @@ from runlane.rabbitmq._amqp import (
     check_amqp_url,
     check_queue_names,
     describe,
+    refusal,
 )
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.rabbitmq._health import RabbitMQStatus, queue_problems
@@ -43,6 +45,8 @@ from runlane.rabbitmq._publisher import OutboxPublisher
 from runlane.storage import MaintenanceFence, Storage
 
 __all__ = ["RabbitMQLane", "rabbitmq_lane"]
+
+log = logging.getLogger("runlane.rabbitmq")
 
 _DRAIN_UNSUPPORTED = (
     "a broker consumer cannot prove that the broker holds no message for a due run, so "
@@ -126,8 +130,25 @@ class RabbitMQLane:
         return storage
 
     def prepare(self, storage: Storage, environment: str) -> None:
-        """Enable the outbox for the environment and start the runtime's publisher: it
-        listens for items stored unclaimed and publishes what is pending now."""
+        """Check the broker, enable the outbox for the environment and start the runtime's
+        publisher: it listens for items stored unclaimed and publishes what is pending now.
+
+        The start-up check connects once: a broker that refuses amqp_url's credentials or
+        virtual host raises :class:`ConfigurationError` (no retry would help); one that is
+        down or unreachable is logged and the runtime starts all the same, since triggers
+        keep their outbox items in Postgres and are published when it answers."""
+        params = self._params()
+        problem = _connect_problem(params, self.connect_timeout)
+        if problem is not None:
+            refused = refusal(problem, params)
+            if refused is not None:
+                raise ConfigurationError(refused)
+            log.warning(
+                "runlane: the RabbitMQ broker at %s does not answer at start (%s); triggers "
+                "keep their outbox items in Postgres and are published once it does",
+                describe(params),
+                type(problem).__name__,
+            )
         outbox_of(storage).outbox_enable(environment, self.claim_duration)
         publisher = _publisher_of(storage)
         listener = PostgresListener(
@@ -207,19 +228,31 @@ class RabbitMQLane:
         pending = outbox.outbox_status(environment)
         failing = outbox.outbox_failing_queues(environment)
         params = self._params()
-        params.socket_timeout = min(self.connect_timeout, 3.0)
-        try:
-            pika.BlockingConnection(params).close()
-        except AMQP_ERRORS as exc:
-            broker = f"unreachable at {describe(params)} ({type(exc).__name__})"
-        else:
+        problem = _connect_problem(params, self.connect_timeout)
+        if problem is None:
             broker = f"reachable at {describe(params)}"
+        else:
+            broker = f"unreachable at {describe(params)} ({type(problem).__name__})"
+            refused = refusal(problem, params)
+            if refused is not None:  # it answered, and will not let this runtime in
+                broker += f": {refused}"
         return RabbitMQStatus(
             outbox_pending=pending.pending,
             outbox_oldest_age_seconds=pending.oldest_age_seconds,
             broker=broker,
             broker_problems=tuple(queue_problems(self.schema, environment, failing)),
         )
+
+
+def _connect_problem(params: pika.URLParameters, connect_timeout: float) -> BaseException | None:
+    """Connect to the broker once and close: None when it answered, else what failed (its
+    socket timeout at most ``connect_timeout``, and 3 s)."""
+    params.socket_timeout = min(connect_timeout, 3.0)
+    try:
+        pika.BlockingConnection(params).close()
+    except AMQP_ERRORS as exc:
+        return exc
+    return None
 
 
 def _positive(name: str, value: timedelta) -> timedelta:
