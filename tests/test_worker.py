@@ -29,6 +29,7 @@ from runlane import (
     RunContext,
     RunStatus,
     SchemaNotMigrated,
+    StopReason,
     WorkerFailed,
     queue,
     task,
@@ -41,6 +42,7 @@ from tests.helpers import (
     ONE_ATTEMPT,
     attempt_rows,
     listener_ready,
+    make_due,
     q,
     run_row,
     statuses,
@@ -1128,6 +1130,64 @@ def test_hung_handler_times_out_and_its_slot_is_replaced(
     assert worker.stats.completed == 1
     assert worker.stats.failed == 1
     assert worker.failure is None
+
+
+@pytest.mark.parametrize("executor", ["worker", "drain"])
+@pytest.mark.parametrize("retried", [True, False], ids=["retried", "last-attempt"])
+def test_a_handler_that_returns_after_its_timeout_has_its_attempt_failed(
+    make_runlane: RunlaneFactory,
+    db: psycopg.Connection[Any],
+    schema: str,
+    executor: str,
+    retried: bool,
+) -> None:
+    """SPEC section 1: timeout fails the attempt. A handler that ignores its task timeout
+    and returns a value as soon as it is told (``context.cancelled``, ``stop_reason``
+    TIMEOUT) has its attempt failed with ``TaskTimeout`` all the same, retried per the
+    task's policy or failed for good, and its late return value is not stored as output."""
+    reasons: list[StopReason | None] = []
+
+    @task(id="late", schema=Item, timeout=timedelta(seconds=0.3), retry=HOUR_RETRY)
+    def late(payload: Item, context: RunContext) -> dict[str, int]:
+        if context.attempt == 1:
+            assert context.cancelled.wait(10)  # 10 s is only a safety net
+            reasons.append(context.stop_reason)
+        return {"attempt": context.attempt}  # ignores the timeout: returns normally
+
+    rl = make_runlane(tasks=[late])
+    handle = rl.trigger(late, Item(n=1), max_attempts=3 if retried else 1)
+    if executor == "drain":
+        assert rl.drain().runs_executed == 1
+    else:
+        with rl.create_delivery_worker(concurrency=1):
+            wait_until(lambda: bool(reasons), timeout=5, what="the handler to see its timeout")
+        # closed: the handler returned and every write it led to is flushed
+
+    assert reasons == [StopReason.TIMEOUT]
+    snap = rl.get_run(handle.id)
+    assert snap.status is (RunStatus.RETRYING if retried else RunStatus.FAILED)
+    assert snap.error is not None
+    assert snap.error.type == "runlane.TaskTimeout"
+    assert snap.output is None  # the late return value was not stored
+    row = run_row(db, schema, handle.id)
+    assert row["output"] is None
+    assert row["lease_token"] is None
+    outcome = "retrying" if retried else "failed"
+    assert [
+        (a.number, a.outcome, a.error.type if a.error else None)
+        for a in rl.get_run_history(handle.id).attempts
+    ] == [(1, outcome, "runlane.TaskTimeout")]
+    if not retried:
+        return
+    # retried per the policy: an hour later, then the next attempt's return is the output
+    assert row["due_at"] - row["db_now"] > timedelta(minutes=59)
+    make_due(db, schema, handle.id)
+    assert rl.run_maintenance_once().due_runs_delivered == 1
+    assert rl.drain().runs_executed == 1
+    snap = rl.get_run(handle.id)
+    assert snap.status is RunStatus.COMPLETED
+    assert snap.output == {"attempt": 2}
+    assert attempt_rows(db, schema, handle.id) == [(1, "retrying"), (2, "completed")]
 
 
 # -- 10. shutdown ----------------------------------------------------------------------------
