@@ -279,15 +279,16 @@ def test_cancel_a_sleeping_run(
 # -- running runs ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("handler_then", ["returns", "stops"])
 def test_cancel_a_running_run_tells_its_handler_through_notify(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, handler_then: str
 ) -> None:
     # the default 30 s lease is extended every 10 s: only NOTIFY can tell the handler in ~1 s
     rl = make_runlane(tasks=[long_handler])
     with rl.create_delivery_worker(concurrency=1) as worker:
         assert worker.idle_signal.wait(10)
         wait_until(lambda: listener_ready(db, worker), timeout=10, what="the LISTEN connection")
-        handle = rl.trigger(long_handler, {})
+        handle = rl.trigger(long_handler, {"then": "stop"} if handler_then == "stops" else {})
         assert JOURNAL.event(f"started:{handle.id}").wait(10)
         asked_at = time.monotonic()
         result = rl.cancel(handle.id)
@@ -316,31 +317,19 @@ def test_cancel_a_running_run_tells_its_handler_through_notify(
         JOURNAL.event(f"let_go:{handle.id}").set()
         final = rl.wait_for_run(handle.id, timeout=10)
 
-    # it saw the cancellation and returned normally all the same: a handler that returns
-    # normally has completed its run, whatever stop was asked (SPEC), its output kept
-    assert final.status is RunStatus.COMPLETED
-    assert final.output == {"cancelled_seen": True}
     assert final.finished_at is not None
-    assert attempt_rows(db, schema, handle.id) == [(1, "completed")]
     assert JOURNAL.count(handler_key(handle.id)) == 1
-
-
-def test_a_cancelled_handler_that_stops_as_asked_ends_cancelled(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
-) -> None:
-    rl = make_runlane(tasks=[long_handler])
-    with rl.create_delivery_worker(concurrency=1) as worker:
-        assert worker.idle_signal.wait(10)
-        wait_until(lambda: listener_ready(db, worker), timeout=10, what="the LISTEN connection")
-        handle = rl.trigger(long_handler, {"then": "stop"})
-        assert JOURNAL.event(f"started:{handle.id}").wait(10)
-        rl.cancel(handle.id)
-        assert JOURNAL.event(f"seen:{handle.id}").wait(15)
-        JOURNAL.event(f"let_go:{handle.id}").set()
-        final = rl.wait_for_run(handle.id, timeout=10)
-    assert final.status is RunStatus.CANCELLED
-    assert final.output is None
-    assert attempt_rows(db, schema, handle.id) == [(1, "cancelled")]
+    if handler_then == "stops":  # raise_if_stopped: the cancellation ends the run
+        assert final.status is RunStatus.CANCELLED
+        assert final.output is None
+        assert attempt_rows(db, schema, handle.id) == [(1, "cancelled")]
+    else:
+        # it saw the cancellation and returned normally all the same: a handler that
+        # returns normally has completed its run, whatever stop was asked (SPEC), its
+        # output kept
+        assert final.status is RunStatus.COMPLETED
+        assert final.output == {"cancelled_seen": True}
+        assert attempt_rows(db, schema, handle.id) == [(1, "completed")]
 
 
 def test_a_cancellation_whose_announcement_was_missed_is_seen_when_the_listener_reconnects(

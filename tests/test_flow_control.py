@@ -23,6 +23,7 @@ from runlane import (
     RateLimit,
     RetryPolicy,
     RunContext,
+    RunHandle,
     Runlane,
     RunStatus,
     create_runlane,
@@ -599,14 +600,22 @@ def test_the_rabbitmq_lane_obeys_a_rate_limit(
     assert worker.acquirer.stats.deferred > 0
 
 
+def _keys_not_due_then_one_due(
+    make_runlane: RunlaneFactory, monkeypatch: pytest.MonkeyPatch, *, keys: int
+) -> tuple[Runlane, RunHandle]:
+    """A queue limited to one run a key, claims that look at 5 keys each, ``keys`` keys
+    whose only runs are not due for an hour, then one due run of key "z" (the last key)."""
+    monkeypatch.setattr(_flow, "KEY_VISIT_LIMIT", 5)
+    rl = make_runlane(tasks=[noop], queues=[queue("keyed", key_concurrency_limit=1)])
+    for i in range(keys):
+        rl.trigger(noop, None, queue="keyed", concurrency_key=f"a{i:02d}", delay=3600)
+    return rl, rl.trigger(noop, None, queue="keyed", concurrency_key="z")
+
+
 def test_a_walk_past_many_keys_with_nothing_due_goes_on_where_it_stopped(
     make_runlane: RunlaneFactory, db: Conn, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_flow, "KEY_VISIT_LIMIT", 5)
-    rl = make_runlane(tasks=[noop], queues=[queue("keyed", key_concurrency_limit=1)])
-    for i in range(10):  # ten keys whose only runs are not due for an hour
-        rl.trigger(noop, None, queue="keyed", concurrency_key=f"a{i}", delay=3600)
-    due = rl.trigger(noop, None, queue="keyed", concurrency_key="z")
+    rl, due = _keys_not_due_then_one_due(make_runlane, monkeypatch, keys=10)
     storage = storage_of(rl)
     limits = QueueLimits(key_limit=1)
     claims = [storage.run_claim_limited("default", "keyed", limits, 5, LEASE) for _ in range(3)]
@@ -622,11 +631,7 @@ def test_drain_walks_on_past_keys_with_nothing_due(
     # SPEC: drain returns when no work is due; scan-only pages do not spend max_runs. Its
     # first claim stops at the visit limit among keys with nothing due; it then walks the
     # rest of the keys in one claim rather than take that for "nothing due"
-    monkeypatch.setattr(_flow, "KEY_VISIT_LIMIT", 5)
-    rl = make_runlane(tasks=[noop], queues=[queue("keyed", key_concurrency_limit=1)])
-    for i in range(12):  # twelve keys whose only runs are not due for an hour
-        rl.trigger(noop, None, queue="keyed", concurrency_key=f"a{i:02d}", delay=3600)
-    due = rl.trigger(noop, None, queue="keyed", concurrency_key="z")
+    rl, due = _keys_not_due_then_one_due(make_runlane, monkeypatch, keys=12)
     assert rl.drain(max_runs=1).runs_executed == 1
     assert rl.get_run(due.id).status is RunStatus.COMPLETED
     # and, with nothing due anywhere, a drain returns (the whole walk found nothing)
