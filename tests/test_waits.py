@@ -9,6 +9,7 @@ Background work is observed by polling against a deadline; every wait is bounded
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import Counter, defaultdict
@@ -672,6 +673,72 @@ def test_completing_a_token_twice_keeps_the_first_output(make_runlane: RunlaneFa
     assert first.resolved_at is not None
     assert second.resolved_at == first.resolved_at
     assert rl.get_wait_token(token.id) == second
+
+
+REFUSED = "resume refused by the test's trigger"
+
+
+def test_a_failed_eager_resume_leaves_the_completion_to_maintenance(
+    make_runlane: RunlaneFactory,
+    db: psycopg.Connection[Any],
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SPEC section 4: completing a token commits first, then one pass resumes its waiters;
+    if that pass fails the completion stands and maintenance resumes them.
+
+    The pass fails in the database: a trigger on the schema's runs table raises when a
+    waiting run is set queued, so ``run_resume_waiters``' real statement errors (a row lock
+    would not do: the statement skips locked rows without failing). The completion, in its
+    own statement before it, is untouched by the trigger (it writes wait_tokens)."""
+    rl = make_runlane(tasks=[await_token])
+    token = rl.create_wait_token(timeout=timedelta(minutes=5))
+    handle = rl.trigger(await_token, {"token": str(token.id)})
+    assert rl.drain().runs_executed == 1
+    assert rl.get_run(handle.id).status is RunStatus.WAITING
+
+    db.execute(
+        q(
+            "create function {s}.refuse_resume() returns trigger language plpgsql as $$"
+            " begin raise exception 'resume refused by the test''s trigger'; end $$;"
+            " create trigger refuse_resume before update on {s}.runs for each row"
+            " when (old.status = 'waiting' and new.status = 'queued')"
+            " execute function {s}.refuse_resume()",
+            schema,
+        )
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="runlane"):
+            done = rl.complete_wait_token(token.id, {"paid": True})
+    finally:
+        db.execute(q("drop trigger refuse_resume on {s}.runs", schema))
+        db.execute(q("drop function {s}.refuse_resume()", schema))
+
+    # complete_wait_token returned the committed completion; the run still waits
+    assert done.status is WaitTokenStatus.COMPLETED
+    assert done.output == {"paid": True}
+    assert done.waiting_runs == 1
+    assert rl.get_wait_token(token.id) == done
+    row = run_row(db, schema, handle.id)
+    assert (row["status"], row["wait_kind"], row["wait_token_id"]) == ("waiting", "token", token.id)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert str(token.id) in warnings[0].getMessage()
+    assert "maintenance will resume" in warnings[0].getMessage()
+    assert warnings[0].exc_info is not None
+    assert REFUSED in str(warnings[0].exc_info[1])  # the database's error, not another
+    assert rl.drain().runs_executed == 0  # nothing resumed it behind maintenance's back
+
+    # maintenance resumes it; the run completes with the token's output
+    assert rl.run_maintenance_once().wait_token_runs_resumed == 1
+    assert rl.get_run(handle.id).status is RunStatus.QUEUED
+    assert rl.drain().runs_executed == 1
+    snap = rl.get_run(handle.id)
+    assert snap.status is RunStatus.COMPLETED
+    assert snap.output == {"outcome": "completed", "output": {"paid": True}}
+    assert JOURNAL.count(handler_key(handle.id)) == 2
+    assert attempt_rows(db, schema, handle.id) == [(1, "suspended"), (2, "completed")]
+    assert rl.get_wait_token(token.id).waiting_runs == 0
 
 
 def test_unknown_or_malformed_tokens_and_bad_arguments(
