@@ -33,6 +33,7 @@ from runlane._display import clipped, shown
 from runlane._limits import as_int, as_wait_timeout
 from runlane._status import format_report, report_document, unhealthy
 from runlane._waits import wait_event, wait_in_slices
+from runlane.cli._budget import add_limit_option, limits_of, non_default_limits
 from runlane.cli._codes import EXIT_CONFIGURATION, EXIT_FAILURE, EXIT_FORCED, EXIT_PIPE
 from runlane.cli._demo import DEMO_LANES, run_demo
 from runlane.cli._devdb import add_devdb_command
@@ -326,12 +327,13 @@ def _wait_for_both(worker: Any, services: Services | None) -> None:
 
 
 def _cmd_maintenance(args: argparse.Namespace) -> int:
+    limits = limits_of(args)
     runlane = load_app(args.app)
 
     stopper = Stopper()
     try:
         if args.once:
-            result = runlane.run_maintenance_once()
+            result = runlane.run_maintenance_once(limits)
             if json_lines():
                 log.info("maintenance pass done", extra=result.counts())
             else:
@@ -339,14 +341,17 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
             return 0
         with stopper.installed():
             runlane.status()  # an unmigrated schema fails here, with the migrate hint
-            services = runlane.start_services(on_service_error=_report_service_error)
+            services = runlane.start_services(on_service_error=_report_service_error, limits=limits)
             try:
                 stopper.attach(services.name, lambda: services.close(timeout=args.shutdown_timeout))
+                changed = non_default_limits(limits)
+                budget = ", ".join(f"{name}={value}" for name, value in changed.items())
                 say(
-                    f"{services.name} maintaining environment {runlane.environment!r}; "
-                    "SIGTERM or Ctrl-C stops it",
+                    f"{services.name} maintaining environment {runlane.environment!r}"
+                    f"{f' with limits {budget}' if budget else ''}; SIGTERM or Ctrl-C stops it",
                     services=services.name,
                     environment=runlane.environment,
+                    limits=changed,
                 )
                 code = _supervise(
                     stopper,
@@ -537,20 +542,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(handler=_cmd_worker)
 
-    maintenance = commands.add_parser(
-        "maintenance", parents=[logged], help="run maintenance services until SIGTERM or SIGINT"
-    )
-    maintenance.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
-    maintenance.add_argument(
-        "--once", action="store_true", help="run one bounded pass, print what it changed, exit"
-    )
-    maintenance.add_argument(
-        "--shutdown-timeout",
-        type=_shutdown_seconds,
-        default=30.0,
-        help="seconds to wait for the bands",
-    )
-    maintenance.set_defaults(handler=_cmd_maintenance)
+    _add_maintenance_command(commands, logged)
 
     status = commands.add_parser("status", help="print the progress signals to alert on")
     status.add_argument("app", metavar="APP", nargs="?", default=None, help=TARGET_HELP)
@@ -601,6 +593,27 @@ def _parser() -> argparse.ArgumentParser:
     for add in (add_run_commands, add_operator_commands, add_web_command, add_devdb_command):
         add(commands, load_app)
     return parser
+
+
+def _add_maintenance_command(
+    commands: Any,
+    logged: argparse.ArgumentParser,
+) -> None:
+    maintenance = commands.add_parser(
+        "maintenance", parents=[logged], help="run maintenance services until SIGTERM or SIGINT"
+    )
+    maintenance.add_argument("app", metavar="APP", help="module:attribute naming a Runlane")
+    maintenance.add_argument(
+        "--once", action="store_true", help="run one bounded pass, print what it changed, exit"
+    )
+    maintenance.add_argument(
+        "--shutdown-timeout",
+        type=_shutdown_seconds,
+        default=30.0,
+        help="seconds to wait for the bands",
+    )
+    add_limit_option(maintenance)
+    maintenance.set_defaults(handler=_cmd_maintenance)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
