@@ -197,10 +197,16 @@ def test_a_bad_limit_is_a_usage_error_and_nothing_runs(
     assert (status, leases) == ("retrying", 0)
 
 
-def test_the_services_run_with_the_limits(app: dict[str, str], db: Any, schema: str) -> None:
-    """``--limit due_delivery_limit=0`` on the services: the delivery band times out a wait
-    token past its timeout (the band's passes run) while the due retry it would deliver in the
-    same pass, before the tokens, stays retrying."""
+@pytest.mark.parametrize(
+    "command", [["maintenance"], ["worker", "--with-maintenance"]], ids=["maintenance", "worker"]
+)
+def test_the_services_run_with_the_limits(
+    app: dict[str, str], db: Any, schema: str, command: list[str]
+) -> None:
+    """``--limit due_delivery_limit=0`` on the services (of ``runlane maintenance``, or of a
+    worker's ``--with-maintenance``): the delivery band times out a wait token past its
+    timeout (the band's passes run) while the due retry it would deliver in the same pass,
+    before the tokens, stays retrying (a worker claims only queued runs)."""
     run_id = a_due_retry(db, schema)
     runtime = app_runtime()
     try:
@@ -210,7 +216,7 @@ def test_the_services_run_with_the_limits(app: dict[str, str], db: Any, schema: 
             "where id = %s",
             token.id,
         )
-        argv = [sys.executable, "-m", "runlane.cli", "maintenance", "cliapp:runlane"]
+        argv = [sys.executable, "-m", "runlane.cli", command[0], "cliapp:runlane", *command[1:]]
         argv += ["--limit", "due_delivery_limit=0", "--limit", "cleanup_limit=7"]
         with subprocess.Popen(
             argv, env=app, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -220,7 +226,7 @@ def test_the_services_run_with_the_limits(app: dict[str, str], db: Any, schema: 
                 started = next(
                     (line for line in proc.stderr if "SIGTERM or Ctrl-C stops it" in line), ""
                 )
-                assert "with limits due_delivery_limit=0, cleanup_limit=7;" in started, started
+                assert "with limits due_delivery_limit=0, cleanup_limit=7" in started, started
                 wait_until(
                     lambda: runtime.get_wait_token(token.id).status is WaitTokenStatus.TIMED_OUT,
                     timeout=30,
@@ -236,3 +242,24 @@ def test_the_services_run_with_the_limits(app: dict[str, str], db: Any, schema: 
     assert "Traceback" not in err
     # never delivered while the services ran
     assert SchemaDb(db, schema).one("select status from {schema}.runs") == ("retrying",)
+
+
+def test_a_worker_refuses_limit_without_its_maintenance(
+    app: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli = in_process_cli(capsys)
+    code, _out, err = cli("worker", "cliapp:runlane", "--limit", "cleanup_limit=1")
+    assert code == 2
+    assert "--limit sets the budgets of the maintenance services --with-maintenance" in err
+    assert "cliapp" not in sys.modules  # refused before APP was imported
+
+
+@pytest.mark.parametrize("batch", ["0", "10001"])
+def test_a_worker_passes_claim_batch_on(
+    app: dict[str, str], capsys: pytest.CaptureFixture[str], batch: str
+) -> None:
+    # the worker's own check refuses it: the option reached create_delivery_worker
+    cli = in_process_cli(capsys)
+    code, _out, err = cli("worker", "cliapp:runlane", "--concurrency", "1", "--claim-batch", batch)
+    assert code == 2, err
+    assert "claim_batch" in err, err

@@ -33,7 +33,7 @@ from runlane._display import clipped, shown
 from runlane._limits import as_int, as_wait_timeout
 from runlane._status import format_report, report_document, unhealthy
 from runlane._waits import wait_event, wait_in_slices
-from runlane.cli._budget import add_limit_option, limits_of, non_default_limits
+from runlane.cli._budget import add_limit_option, limits_of, non_default_limits, with_limits
 from runlane.cli._codes import EXIT_CONFIGURATION, EXIT_FAILURE, EXIT_FORCED, EXIT_PIPE
 from runlane.cli._demo import DEMO_LANES, run_demo
 from runlane.cli._devdb import add_devdb_command
@@ -257,6 +257,12 @@ def _supervise(
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    if args.limits and not args.with_maintenance:
+        raise ConfigurationError(
+            "--limit sets the budgets of the maintenance services --with-maintenance runs "
+            "beside the worker: add --with-maintenance, or give --limit to `runlane "
+            "maintenance APP`"
+        )
     runlane = load_app(args.app)
     stopper = Stopper()
     try:
@@ -265,12 +271,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             # hint, before any thread starts
             runlane.status()
             worker = runlane.create_delivery_worker(
-                concurrency=args.concurrency, queues=_queues(args.queues)
+                concurrency=args.concurrency,
+                queues=_queues(args.queues),
+                claim_batch=args.claim_batch,
             )
             services: Services | None = None
+            limits = limits_of(args)
             try:
                 if args.with_maintenance:
-                    services = runlane.start_services(on_service_error=_report_service_error)
+                    services = runlane.start_services(
+                        on_service_error=_report_service_error, limits=limits
+                    )
 
                 def close() -> None:
                     # one bound for both: --shutdown-timeout is the whole close's
@@ -280,7 +291,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                         services.close(timeout=deadline.left())
 
                 stopper.attach(worker.name, close)
-                beside = f" with maintenance ({services.name})" if services is not None else ""
+                beside = (
+                    f" with maintenance ({services.name}{with_limits(non_default_limits(limits))})"
+                    if services is not None
+                    else ""
+                )
                 say(
                     f"{worker.name} running {args.concurrency} slots{beside} "
                     f"(environment {runlane.environment!r}); SIGTERM or Ctrl-C stops it",
@@ -345,10 +360,9 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
             try:
                 stopper.attach(services.name, lambda: services.close(timeout=args.shutdown_timeout))
                 changed = non_default_limits(limits)
-                budget = ", ".join(f"{name}={value}" for name, value in changed.items())
                 say(
                     f"{services.name} maintaining environment {runlane.environment!r}"
-                    f"{f' with limits {budget}' if budget else ''}; SIGTERM or Ctrl-C stops it",
+                    f"{with_limits(changed)}; SIGTERM or Ctrl-C stops it",
                     services=services.name,
                     environment=runlane.environment,
                     limits=changed,
@@ -536,10 +550,20 @@ def _parser() -> argparse.ArgumentParser:
         "(default 30; inf: as long as they take)",
     )
     worker.add_argument(
+        "--claim-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most runs one claim takes (default twelve times --concurrency, at most 500); "
+        "while a backlog of short handlers lasts the worker keeps up to about two claims "
+        "ahead of its free slots: --claim-batch equal to --concurrency claims none ahead",
+    )
+    worker.add_argument(
         "--with-maintenance",
         action="store_true",
         help="also run the maintenance services in this process, closed with the worker",
     )
+    add_limit_option(worker, "for the services of --with-maintenance")
     worker.set_defaults(handler=_cmd_worker)
 
     _add_maintenance_command(commands, logged)

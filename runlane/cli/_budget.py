@@ -17,14 +17,17 @@ import attrs
 from runlane.errors import ConfigurationError
 from runlane.maintenance import MaintenanceLimits
 
-__all__ = ["add_limit_option", "limits_of", "non_default_limits"]
+__all__ = ["add_limit_option", "limits_of", "non_default_limits", "with_limits"]
 
 NAMES = tuple(field.name for field in attrs.fields(MaintenanceLimits))
 DEFAULTS = attrs.asdict(MaintenanceLimits())
 
 
-def add_limit_option(parser: argparse.ArgumentParser) -> None:
-    """``--limit NAME=N``, repeatable; collected by name in ``args.limits``."""
+def add_limit_option(
+    parser: argparse.ArgumentParser, applies: str = "for --once and the services alike"
+) -> None:
+    """``--limit NAME=N``, repeatable; collected by name in ``args.limits``. ``applies``
+    says, in the help, which maintenance it budgets."""
     defaults = ", ".join(f"{name} {value}" for name, value in DEFAULTS.items())
     parser.add_argument(
         "--limit",
@@ -33,7 +36,7 @@ def add_limit_option(parser: argparse.ArgumentParser) -> None:
         type=_limit_setting,
         action=_CollectLimits,
         default=None,
-        help="records one phase may change in one pass, for --once and the services alike "
+        help=f"records one phase may change in one pass, {applies} "
         "(repeatable, each NAME once; 0 skips that work). NAME is a MaintenanceLimits field; "
         f"the defaults: {defaults}",
     )
@@ -47,6 +50,12 @@ def limits_of(args: argparse.Namespace) -> MaintenanceLimits:
 def non_default_limits(limits: MaintenanceLimits) -> dict[str, int]:
     """The fields of ``limits`` that differ from the defaults, by name."""
     return {name: value for name, value in attrs.asdict(limits).items() if DEFAULTS[name] != value}
+
+
+def with_limits(changed: dict[str, int]) -> str:
+    """`` with limits a=1, b=2`` for a start-up line (empty when nothing differs)."""
+    budget = ", ".join(f"{name}={value}" for name, value in changed.items())
+    return f" with limits {budget}" if budget else ""
 
 
 def _limit_setting(text: str) -> tuple[str, int]:
