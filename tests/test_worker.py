@@ -1157,7 +1157,12 @@ def test_a_handler_that_returns_after_its_timeout_has_its_attempt_failed(
     rl = make_runlane(tasks=[late])
     handle = rl.trigger(late, Item(n=1), max_attempts=3 if retried else 1)
     if executor == "drain":
-        assert rl.drain().runs_executed == 1
+        result = rl.drain()
+        assert result.runs_executed == 1
+        # counted as what the timeout made of the run (it was counted as neither)
+        assert (result.completed, result.retried, result.failed) == (
+            (0, 1, 0) if retried else (0, 0, 1)
+        )
     else:
         with rl.create_delivery_worker(concurrency=1):
             wait_until(lambda: bool(reasons), timeout=5, what="the handler to see its timeout")

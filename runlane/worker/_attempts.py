@@ -21,9 +21,10 @@ from runlane._attempt import AttemptControl
 from runlane._limits import output_limit
 from runlane._middleware import Middleware
 from runlane.context import RunContext
+from runlane.errors import StopReason
 from runlane.storage import ClaimedRun, LeaseRef
 from runlane.tasks import Task
-from runlane.worker._execution import Write, execute_attempt, make_context
+from runlane.worker._execution import Write, execute_attempt, make_context, timeout_failure
 from runlane.worker._failure_log import log_failure
 from runlane.worker._handoff import HandOff
 from runlane.worker._leases import LeaseTracker
@@ -136,7 +137,13 @@ class Attempts:
             if not still_ours and outcome.write is not None:
                 kind = _telemetry.DISCARDED
             if self._drain:
-                self.outcomes[kind] = self.outcomes.get(kind, 0) + 1
+                drained = kind
+                if not still_ours and context.stop_reason is StopReason.TIMEOUT:
+                    # the lifecycle writer failed the attempt at its timeout: drain counts
+                    # what that made of the run (retried, or failed for good)
+                    task = self._tasks.get(claimed.task_id)
+                    drained = _telemetry.outcome_kind(timeout_failure(claimed, task), context)
+                self.outcomes[drained] = self.outcomes.get(drained, 0) + 1
             if attempt is not None:
                 attempt.end(kind, outcome, elapsed)
         if outcome.write is None:
