@@ -183,6 +183,10 @@ def test_bad_limits_and_claim_durations_are_refused_and_write_nothing(
 
     rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
     rl.trigger(noop, None)
+    # its item is published (and removed) on the publisher's thread: wait for that, so
+    # that what the refused calls must not change holds still (a CI run read the item
+    # before its publish and the outbox empty after it)
+    wait_until(lambda: _rows(db, schema)[1] == 0, timeout=15, what="the eager publish")
     before = _rows(db, schema)
     limits: list[Any] = [0, -1, True, 1.5]
     for limit in limits:
