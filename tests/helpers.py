@@ -4,6 +4,7 @@ uses stay in that file."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import subprocess
@@ -71,6 +72,39 @@ def race_keyed_batches(runlane: Runlane, task_id: str, batches: list[list[str]])
 
 
 # -- the CLI and other processes ------------------------------------------------------------
+
+
+def job_app(task_id: str) -> str:
+    """The source of a ``cliapp`` for importable_app: one task ``task_id`` (two attempts)
+    that fails on the payload "retry", fails for good on "fatal" and returns any other."""
+    return f"""
+import os
+from runlane import NonRetryableError, RetryPolicy, create_runlane, task
+from runlane.postgres import postgres_polling_lane
+
+@task(id={task_id!r}, retry=RetryPolicy(max_attempts=2))
+def job(payload, context):
+    if payload == "retry":
+        raise ValueError("again")
+    if payload == "fatal":
+        raise NonRetryableError("no")
+    return payload
+
+runlane = create_runlane(
+    lane=postgres_polling_lane(
+        connection_string=os.environ["APP_DATABASE_URL"], schema=os.environ["APP_SCHEMA"]
+    ),
+    tasks=[job],
+)
+"""
+
+
+def fresh_app_runtime() -> Runlane:
+    """The ``cliapp`` runtime of importable_app, from a fresh import (a command closes the
+    one it loaded)."""
+    sys.modules.pop("cliapp", None)
+    runtime: Runlane = importlib.import_module("cliapp").runlane
+    return runtime
 
 
 @contextmanager

@@ -4,12 +4,10 @@ usage errors before anything runs."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import signal
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,28 +17,17 @@ import pytest
 
 from runlane import RunStatus, WaitTokenStatus
 from runlane.cli import main
-from tests.helpers import SchemaDb, importable_app, in_process_cli, statuses, wait_until
-
-APP = textwrap.dedent(
-    """
-    import os
-    from runlane import RetryPolicy, create_runlane, task
-    from runlane.postgres import postgres_polling_lane
-
-    @task(id="limits.job", retry=RetryPolicy(max_attempts=2))
-    def job(payload, context):
-        if payload == "retry":
-            raise ValueError("again")
-        return payload
-
-    runlane = create_runlane(
-        lane=postgres_polling_lane(
-            connection_string=os.environ["APP_DATABASE_URL"], schema=os.environ["APP_SCHEMA"]
-        ),
-        tasks=[job],
-    )
-    """
+from tests.helpers import (
+    SchemaDb,
+    fresh_app_runtime,
+    importable_app,
+    in_process_cli,
+    job_app,
+    statuses,
+    wait_until,
 )
+
+APP = job_app("limits.job")
 
 NAMES = (
     "schedule_limit, due_delivery_limit, wait_token_timeout_limit, wait_token_resume_limit, "
@@ -55,14 +42,9 @@ def app(tmp_path: Path, database_url: str, schema: str) -> Iterator[dict[str, st
         yield env
 
 
-def app_runtime() -> Any:
-    sys.modules.pop("cliapp", None)
-    return importlib.import_module("cliapp").runlane
-
-
 def a_due_retry(db: Any, schema: str) -> Any:
     """A run retrying and past due: the next pass's due delivery queues it."""
-    runtime = app_runtime()
+    runtime = fresh_app_runtime()
     try:
         handle = runtime.trigger("limits.job", "ok", delay=3600)
     finally:
@@ -78,7 +60,7 @@ def a_due_retry(db: Any, schema: str) -> Any:
 def test_once_delivers_no_more_than_its_due_delivery_limit(
     app: dict[str, str], db: Any, schema: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    runtime = app_runtime()
+    runtime = fresh_app_runtime()
     try:
         runtime.trigger_many("limits.job", ["retry"] * 3)
         assert runtime.drain().retried == 3
@@ -208,7 +190,7 @@ def test_the_services_run_with_the_limits(
     timeout (the band's passes run) while the due retry it would deliver in the same pass,
     before the tokens, stays retrying (a worker claims only queued runs)."""
     run_id = a_due_retry(db, schema)
-    runtime = app_runtime()
+    runtime = fresh_app_runtime()
     try:
         token = runtime.create_wait_token(timeout=timedelta(hours=1))
         SchemaDb(db, schema).run(

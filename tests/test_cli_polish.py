@@ -3,12 +3,10 @@ drain's counts and progress, a closed pipe, a bad log format, maintenance beside
 
 from __future__ import annotations
 
-import importlib
 import io
 import signal
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,30 +15,9 @@ import pytest
 
 from runlane import RunStatus
 from runlane.cli import DATABASE_URL_HELP, EXIT_PIPE, main
-from tests.helpers import SchemaDb, importable_app, wait_until
+from tests.helpers import SchemaDb, fresh_app_runtime, importable_app, job_app, wait_until
 
-APP = textwrap.dedent(
-    """
-    import os
-    from runlane import NonRetryableError, RetryPolicy, create_runlane, task
-    from runlane.postgres import postgres_polling_lane
-
-    @task(id="polish.job", retry=RetryPolicy(max_attempts=2))
-    def job(payload, context):
-        if payload == "retry":
-            raise ValueError("again")
-        if payload == "fatal":
-            raise NonRetryableError("no")
-        return payload
-
-    runlane = create_runlane(
-        lane=postgres_polling_lane(
-            connection_string=os.environ["APP_DATABASE_URL"], schema=os.environ["APP_SCHEMA"]
-        ),
-        tasks=[job],
-    )
-    """
-)
+APP = job_app("polish.job")
 
 
 @pytest.fixture
@@ -53,11 +30,6 @@ def app(tmp_path: Path, database_url: str, schema: str) -> Iterator[dict[str, st
 def run(*argv: str) -> int:
     sys.modules.pop("cliapp", None)
     return main(list(argv))
-
-
-def app_runtime() -> Any:
-    sys.modules.pop("cliapp", None)
-    return importlib.import_module("cliapp").runlane
 
 
 def test_runlane_alone_prints_help_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -111,7 +83,7 @@ def test_an_unknown_log_format_is_a_usage_error(capsys: pytest.CaptureFixture[st
 def test_drain_reports_counts_and_progress_on_a_terminal(
     app: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runtime = app_runtime()
+    runtime = fresh_app_runtime()
     runtime.trigger_many("polish.job", ["ok", "ok", "retry", "fatal"])
     runtime.close()
     assert run("drain", "cliapp:runlane") == 0
@@ -122,7 +94,7 @@ def test_drain_reports_counts_and_progress_on_a_terminal(
         def isatty(self) -> bool:
             return True
 
-    runtime = app_runtime()
+    runtime = fresh_app_runtime()
     runtime.trigger("polish.job", "ok")
     runtime.close()
     terminal = Terminal()
@@ -154,7 +126,7 @@ def test_no_traceback_on_a_closed_pipe(app: dict[str, str], watch: bool) -> None
 def test_worker_with_maintenance_delivers_due_retries(
     app: dict[str, str], db: Any, schema: str
 ) -> None:
-    runtime = app_runtime()
+    runtime = fresh_app_runtime()
     handle = runtime.trigger("polish.job", "ok", delay=3600)
     SchemaDb(db, schema).run(
         "update {schema}.runs set status = 'retrying', due_at = now() - interval '1 second' "

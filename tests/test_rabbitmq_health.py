@@ -23,7 +23,7 @@ from runlane._status import unhealthy
 from runlane.rabbitmq import RabbitMQStatus
 from runlane.rabbitmq._amqp import Watchdog, declare_queue, queue_name
 from tests.conftest import RabbitRuntimes
-from tests.helpers import Conn, wait_until
+from tests.helpers import Conn, SchemaDb, wait_until
 
 
 @task(id="health.noop")
@@ -52,10 +52,9 @@ def _served(node: RabbitNode, name: str) -> bool:
 
 
 def _max_failures(db: Conn, schema: str) -> int:
-    row = db.execute(
-        sql.SQL("select coalesce(max(failures), 0) from {}.outbox").format(sql.Identifier(schema))
-    ).fetchone()
-    return int(row[0]) if row else 0
+    return int(
+        SchemaDb(db, schema).one("select coalesce(max(failures), 0) from {schema}.outbox")[0]
+    )
 
 
 def test_a_quorum_queue_without_a_leader_is_reported_unhealthy(
@@ -129,10 +128,7 @@ def _with(
 
 
 def _enabled(db: Conn, schema: str) -> int:
-    row = db.execute(
-        sql.SQL("select count(*) from {}.outbox_environments").format(sql.Identifier(schema))
-    ).fetchone()
-    return int(row[0]) if row else 0
+    return int(SchemaDb(db, schema).one("select count(*) from {schema}.outbox_environments")[0])
 
 
 def test_start_refuses_credentials_the_broker_refuses(
