@@ -5,7 +5,9 @@ On a real network each statement is a round trip (several pipelined ones share o
 runlane does only for batches split across statements), so statements per run decide
 throughput at 1 ms RTT more than anything measured on loopback. The count wraps psycopg's
 ``Cursor.execute`` and ``Cursor.executemany`` (``Connection.execute`` goes through the
-former) for as long as the context is open, in every thread of the process: the worker's
+former), and the round trips of the statements runlane sends through libpq directly (group
+commit's shared insert and its preparation: ``postgres/_pq.RawStatement``), for as long as
+the context is open, in every thread of the process: the worker's
 claims, completions and lease extensions, the triggers, the listener's ``LISTEN``. It sees
 only this process's statements, not those of worker processes it starts.
 """
@@ -22,6 +24,7 @@ import attrs
 import psycopg
 
 from benchmarks._common import Row
+from runlane.postgres._pq import RawStatement
 
 __all__ = [
     "PerRun",
@@ -58,6 +61,8 @@ def counting_statements(*, skip_this_thread: bool = False) -> Iterator[Statement
     count = StatementCount(threading.get_ident() if skip_this_thread else None)
     execute = psycopg.Cursor.execute
     executemany = psycopg.Cursor.executemany
+    raw_execute = RawStatement._execute
+    raw_prepare = RawStatement._prepare
 
     def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
         count.add()
@@ -67,13 +72,25 @@ def counting_statements(*, skip_this_thread: bool = False) -> Iterator[Statement
         count.add()
         return executemany(self, *args, **kwargs)
 
+    def counted_raw_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        count.add()
+        return raw_execute(self, *args, **kwargs)
+
+    def counted_raw_prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
+        count.add()
+        return raw_prepare(self, *args, **kwargs)
+
     psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
     psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
+    RawStatement._execute = counted_raw_execute  # type: ignore[method-assign]
+    RawStatement._prepare = counted_raw_prepare  # type: ignore[method-assign]
     try:
         yield count
     finally:
         psycopg.Cursor.execute = execute  # type: ignore[method-assign]
         psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
+        RawStatement._execute = raw_execute  # type: ignore[method-assign]
+        RawStatement._prepare = raw_prepare  # type: ignore[method-assign]
 
 
 def wal_position(url: str) -> int:

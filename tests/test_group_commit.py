@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from benchmarks._statements import counting_statements
 from runlane import RunContext, RunHandle, RunlaneError, queue, task
 from runlane._ids import new_run_ids
 from runlane.postgres import PostgresStorage
@@ -237,6 +238,24 @@ def test_a_group_repeated_after_its_answer_was_lost_finds_its_runs(
     again = storage._insert_together(fresh)  # type: ignore[attr-defined]
     assert first == again == [[InsertedRun(b.ids[0], b.queue, True)] for b in fresh]
     assert commits(db, schema) == 2
+
+
+def test_the_statement_count_sees_the_shared_insert(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    """benchmarks.run prints statements per run: the shared insert, sent through libpq past
+    the cursor layer (postgres/_pq.py), is counted, with its one preparation a connection."""
+    storage = storage_of(make_runlane(tasks=[greet]))
+    batches = [new_runs(), new_runs()]
+    with counting_statements() as count:
+        made = storage._insert_together(batches)  # type: ignore[attr-defined]
+        first = count.value
+        storage._insert_together([new_runs(), new_runs()])  # type: ignore[attr-defined]
+    assert made == [[InsertedRun(b.ids[0], "default", True)] for b in batches]
+    # the first also prepared it on its connection (and checked the schema, once)
+    assert first >= 2
+    assert count.value - first == 1
+    assert db.execute(q("select count(*) from {s}.runs", schema)).fetchone() == (4,)
 
 
 def test_a_lone_call_and_large_or_batched_calls_do_not_wait_for_a_group() -> None:

@@ -14,12 +14,13 @@ from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import psycopg
-from psycopg.rows import TupleRow, dict_row, tuple_row
+from psycopg.rows import TupleRow, dict_row
 
 from runlane.models import RunStatus
 from runlane.postgres._batches import pipelined, refusing_too_large, split_runs
 from runlane.postgres._connections import Conn
 from runlane.postgres._group import group_row, group_rows
+from runlane.postgres._pq import RawStatement
 from runlane.storage import (
     ClaimedRun,
     DeliveryState,
@@ -61,6 +62,7 @@ class OutboxMethods:
     schema: str
     _sql: dict[str, str]
     _eager: EagerPublisher | None
+    _raw: dict[str, RawStatement]
 
     def _with_conn(self, fn: Callable[[Conn], T], *, draining: bool = False) -> T:
         raise NotImplementedError
@@ -79,6 +81,11 @@ class OutboxMethods:
     def _resolve_conflicts(
         self, cur: psycopg.Cursor[TupleRow], runs: NewRuns, inserted: set[uuid.UUID]
     ) -> list[InsertedRun]:
+        raise NotImplementedError
+
+    def _group_handles(
+        self, conn: Conn, groups: Sequence[NewRuns], inserted: set[uuid.UUID] | None
+    ) -> list[list[InsertedRun]]:
         raise NotImplementedError
 
     # -- the producer side ---------------------------------------------------------------
@@ -138,30 +145,25 @@ class OutboxMethods:
         keyed = any(key is not None for runs in groups for key in runs.idempotency_keys)
 
         def insert(conn: Conn) -> tuple[list[list[InsertedRun]], list[uuid.UUID]]:
-            with conn.cursor(row_factory=tuple_row) as cur:
-                if keyed:
-                    cur.execute(self._sql["run_insert_group_claimed"], params)
-                    rows = cur.fetchall()
-                else:
-                    # without keys nothing can conflict: no conflict handling, no lock order
-                    try:
-                        cur.execute(self._sql["run_insert_group_claimed_fresh"], params)
-                        rows = cur.fetchall()
-                    except psycopg.errors.UniqueViolation:
-                        # repeated after its first answer was lost: its runs and their claimed
-                        # items are there (autocommit: this failure undid nothing); the runs
-                        # are read back, and the items are published once that claim expires
-                        rows = []
-                if committed is not None:
-                    committed()
-                inserted = {row[0] for row in rows}
-                made = [
-                    [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
-                    if inserted.issuperset(runs.ids)
-                    else self._resolve_conflicts(cur, runs, inserted)
-                    for runs in groups
+            statement = "run_insert_group_claimed" if keyed else "run_insert_group_claimed_fresh"
+            try:
+                rows = [
+                    (uuid.UUID(row[0]), row[1] == "t")
+                    for row in self._raw[statement].rows(conn, params)
+                    if row[0] is not None
                 ]
-            return made, [row[0] for row in rows if row[1]]
+            except psycopg.errors.UniqueViolation:
+                if keyed:
+                    raise
+                # without keys nothing can conflict but a repeat after the first answer was
+                # lost: its runs and their claimed items are there (autocommit: this failure
+                # undid nothing); the runs are read back, and the items are published once
+                # that claim expires
+                rows = []
+            if committed is not None:
+                committed()
+            made = self._group_handles(conn, groups, {row[0] for row in rows})
+            return made, [run_id for run_id, due_now in rows if due_now]
 
         made, due_now = self._with_conn(insert)
         if due_now:

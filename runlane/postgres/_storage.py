@@ -53,10 +53,17 @@ from runlane.postgres._connections import (
     storage_error,
 )
 from runlane.postgres._flow import FlowMethods
-from runlane.postgres._group import GroupCommit, group_row, group_rows, groupable
+from runlane.postgres._group import (
+    GROUP_STATEMENTS,
+    GroupCommit,
+    group_row,
+    group_rows,
+    groupable,
+)
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
+from runlane.postgres._pq import RawStatement
 from runlane.postgres._queues import QueueMethods, status_queues
 from runlane.postgres._schedules import ScheduleMethods
 from runlane.postgres._sql import notify_channel, statements, validate_schema_name
@@ -147,6 +154,8 @@ class PostgresStorage(
         self.schema = validate_schema_name(schema)
         check_conninfo(connection_string)
         self._sql = statements(schema)
+        # the shared statements of group commit, past psycopg's cursor layer (_pq)
+        self._raw = {name: RawStatement(name, self._sql[name]) for name in GROUP_STATEMENTS}
         self._conninfo = connection_string
         self._connect_timeout = connect_timeout
         # of dedicated views' statements: a statement blocked longer than this fails
@@ -418,30 +427,37 @@ class PostgresStorage(
 
         def insert(conn: Conn) -> list[list[InsertedRun]]:
             inserted: set[uuid.UUID] | None = None  # None: every run written by this statement
-            with conn.cursor(row_factory=tuple_row) as cur:
-                if keyed:
-                    cur.execute(self._sql["run_insert_group"], params)
-                    inserted = {row[0] for row in cur.fetchall()}
-                else:
-                    # without keys nothing can conflict: no conflict handling, no ids sent back
-                    try:
-                        cur.execute(self._sql["run_insert_group_fresh"], params)
-                    except psycopg.errors.UniqueViolation:
-                        # repeated after its first answer was lost: its runs are there
-                        # (autocommit, so this failure undid nothing); read them back
-                        inserted = set()
-                if committed is not None:
-                    committed()
-                return [
-                    [InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids]
-                    if inserted is None or inserted.issuperset(runs.ids)
-                    # an idempotency key met (maybe another call's of this group), or the
-                    # group retried after its answer was lost
-                    else self._resolve_conflicts(cur, runs, inserted)
-                    for runs in groups
-                ]
+            if keyed:
+                rows = self._raw["run_insert_group"].rows(conn, params)
+                inserted = {uuid.UUID(row[0]) for row in rows if row[0] is not None}
+            else:
+                # without keys nothing can conflict: no conflict handling, no ids sent back
+                try:
+                    self._raw["run_insert_group_fresh"].rows(conn, params)
+                except psycopg.errors.UniqueViolation:
+                    # repeated after its first answer was lost: its runs are there
+                    # (autocommit, so this failure undid nothing); read them back
+                    inserted = set()
+            if committed is not None:
+                committed()
+            return self._group_handles(conn, groups, inserted)
 
         return self._with_conn(insert)
+
+    def _group_handles(
+        self, conn: Conn, groups: Sequence[NewRuns], inserted: set[uuid.UUID] | None
+    ) -> list[list[InsertedRun]]:
+        """Each call's handles after a shared insert that wrote ``inserted`` (None: all of
+        them); the runs it did not write met an idempotency key (maybe another call's of
+        the group), or the group was retried after its answer was lost: read back."""
+        made = []
+        for runs in groups:
+            if inserted is None or inserted.issuperset(runs.ids):
+                made.append([InsertedRun(id=i, queue=runs.queue, created=True) for i in runs.ids])
+            else:
+                with conn.cursor(row_factory=tuple_row) as cur:
+                    made.append(self._resolve_conflicts(cur, runs, inserted))
+        return made
 
     def _insert_direct(self, runs: NewRuns, connection: Any = None) -> list[InsertedRun]:
         """``runs`` in statements of their own (on the caller's connection, if given)."""

@@ -1,0 +1,123 @@
+"""Named statements sent through libpq directly, past psycopg's cursor layer.
+
+For the statements that many threads wait on together (group commit's shared insert,
+``postgres/_group.py``), whose leader sends them while its group waits: psycopg's cursor
+path (the cursor, the query's conversion, the parameters' adaptation, its prepared-statement
+cache, the result's description) cost about 80 us of Python a statement under the GIL on
+the benchmark machine, on the path between two statements (benchmarks/README.md). Here the
+statement is prepared once a connection under a name of its own, its parameters are text
+already, and it is sent and waited for with psycopg's own non-blocking wait (the GIL is
+released while it waits; Ctrl-C cancels it as psycopg's does). A failed statement raises
+the psycopg error a cursor would have (``UniqueViolation``, ...), so callers handle both
+paths alike; a connection that broke is left broken for its pool to discard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import weakref
+from collections.abc import Mapping, Sequence
+
+import psycopg
+from psycopg import errors, generators, pq
+
+from runlane.postgres._connections import Conn
+
+__all__ = ["RawStatement"]
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_FATAL = pq.ExecStatus.FATAL_ERROR
+_OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+
+
+class RawStatement:
+    """One named statement of ``sql/`` (psycopg's ``%(name)s`` placeholders), executed
+    through libpq on a connection of the storage's (autocommit, idle, not in a pipeline).
+
+    Its parameters are sent as text, in the order they first appear in the statement;
+    ``rows()`` returns the statement's rows as text (None for NULL). The prepared name
+    carries a digest of the rendered text, so storages of different schemas sharing a
+    connection never meet each other's statement."""
+
+    def __init__(self, name: str, text: str) -> None:
+        params: list[str] = []
+
+        def positional(match: re.Match[str]) -> str:
+            if match[1] not in params:
+                params.append(match[1])
+            return f"${params.index(match[1]) + 1}"
+
+        converted = _PLACEHOLDER.sub(positional, text)
+        if "%" in converted:
+            # psycopg would read "%%" or a positional "%s"; the statements sent this way use
+            # named placeholders only
+            raise ValueError(f"statement {name!r} has a placeholder other than %(name)s")
+        digest = hashlib.md5(converted.encode(), usedforsecurity=False).hexdigest()[:12]
+        self.name = name
+        self.params = tuple(params)
+        self._prepared_name = f"runlane_{name}_{digest}".encode()
+        self._text = converted.encode()
+        # the connections this statement is prepared on (a connection's prepared statements
+        # live and die with it; DISCARD ALL or DEALLOCATE drop them: see rows())
+        self._prepared: weakref.WeakSet[Conn] = weakref.WeakSet()
+
+    def rows(self, conn: Conn, values: Mapping[str, str]) -> list[tuple[str | None, ...]]:
+        """Execute with ``values`` (each parameter's text); the rows it returned."""
+        args: list[bytes | None] = [values[p].encode() for p in self.params]
+        with conn.lock:
+            if conn not in self._prepared:
+                self._prepare(conn)
+            result = self._execute(conn, args)
+            if result.status == _FATAL and _sqlstate(result) == "26000":
+                # prepared here before, gone since (DISCARD ALL, DEALLOCATE): once more
+                self._prepared.discard(conn)
+                self._prepare(conn)
+                result = self._execute(conn, args)
+        _check(result, conn)
+        encoding = conn.info.encoding
+        return [
+            tuple(
+                None if (value := result.get_value(row, col)) is None else value.decode(encoding)
+                for col in range(result.nfields)
+            )
+            for row in range(result.ntuples)
+        ]
+
+    def _prepare(self, conn: Conn) -> None:
+        pgconn = conn.pgconn
+        pgconn.send_prepare(self._prepared_name, self._text)
+        result = _last(conn.wait(generators.execute(pgconn)))
+        # 42P05: prepared already under this name (another storage of this schema shares
+        # the connection): the same text, by the digest in the name
+        if result.status != _FATAL or _sqlstate(result) != "42P05":
+            _check(result, conn)
+        self._prepared.add(conn)
+
+    def _execute(self, conn: Conn, args: Sequence[bytes | None]) -> pq.abc.PGresult:
+        pgconn = conn.pgconn
+        pgconn.send_query_prepared(self._prepared_name, args)
+        return _last(conn.wait(generators.execute(pgconn)))
+
+
+def _last(results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
+    """The result of a statement: its first error if any, else its last result."""
+    for result in results:
+        if result.status == _FATAL:
+            return result
+    if not results:
+        raise psycopg.OperationalError("the server sent no result for the statement")
+    return results[-1]
+
+
+def _sqlstate(result: pq.abc.PGresult) -> str | None:
+    value = result.error_field(pq.DiagnosticField.SQLSTATE)
+    return None if value is None else value.decode("ascii", "replace")
+
+
+def _check(result: pq.abc.PGresult, conn: Conn) -> None:
+    """Raise what a cursor would have raised for ``result``."""
+    if result.status == _FATAL:
+        raise errors.error_from_result(result, encoding=conn.info.encoding)
+    if result.status not in _OK:
+        raise psycopg.InternalError(f"unexpected result status {pq.ExecStatus(result.status).name}")
