@@ -38,6 +38,11 @@ def greet(payload: Greet, context: RunContext) -> None:
     return None
 
 
+@task(id="anything")
+def anything(payload: Any, context: RunContext) -> None:
+    return None
+
+
 @task(id="mail", schema=Greet, queue="email")
 def mail(payload: Greet, context: RunContext) -> None:
     return None
@@ -159,6 +164,27 @@ def test_queued_triggers_share_one_statement_each_with_its_own_options(
             assert timedelta(seconds=3599) < ahead <= timedelta(seconds=3601)
         else:
             assert row["due_at"] == row["created_at"]
+
+
+def test_a_payload_of_null_is_written_by_the_shared_statement_as_a_lone_call_writes_it(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
+) -> None:
+    """JSON null reads as SQL NULL in json_to_recordset: the shared statement stores it as
+    the jsonb null a lone call stores, instead of failing the group (whose calls would then
+    each write alone) on the column's not-null rule."""
+    rl = make_runlane(tasks=[anything], lane_options={"pool_min_size": 2})
+    group = storage_of(rl)._group  # type: ignore[attr-defined]
+    payloads: list[Any] = [None, None, {"n": None}, None]
+    calls = [functools.partial(rl.trigger, anything, p) for p in payloads]
+    handles = grouped(database_url, schema, group, calls)
+    assert all(isinstance(h, RunHandle) for h in handles), handles
+    assert commits(db, schema) == 2  # the first call alone, the three others together
+    for handle, payload in zip(handles, payloads, strict=True):
+        stored = db.execute(
+            q("select payload, jsonb_typeof(payload) from {s}.runs where id = %s", schema),
+            [handle.id],
+        ).fetchone()
+        assert stored == (payload, "null" if payload is None else "object")
 
 
 def test_one_key_in_a_group_makes_one_run_and_a_stored_key_resolves(

@@ -45,11 +45,13 @@ finished_at = case
 -- The runs of one group of concurrent trigger() calls (sql/group.sql): one JSON array of
 -- one object per run (postgres/_group.py group_row, short keys: environment, task_id,
 -- queue, priority, max_attempts, idempotency_key, parent_run_id, run_at, delay seconds,
--- trace context), aliased i; the statement adds its ordering and conflict rule.
+-- trace context), aliased i; the statement adds its ordering and conflict rule. A payload
+-- of JSON null reads as SQL NULL in json_to_recordset: it is stored as the jsonb null a
+-- lone trigger stores.
 insert into {schema}.runs as r (
     id, environment, task_id, queue, status, priority, payload, max_attempts,
     idempotency_key, parent_run_id, due_at, trace_context)
-select i.id, i.e, i.t, i.q, 'queued', i.p, i.payload, i.a, i.k, i.pr,
+select i.id, i.e, i.t, i.q, 'queued', i.p, coalesce(i.payload, 'null'::jsonb), i.a, i.k, i.pr,
        coalesce(i.r, now() + i.d * interval '1 second'), i.c
 from json_to_recordset(%(rows)s::json)
     as i(id uuid, e text, t text, q text, p integer, payload jsonb, a integer, k text,
