@@ -121,9 +121,9 @@ class OutboxMethods:
         return made
 
     def _insert_eager_alone(self, runs: NewRuns) -> list[InsertedRun]:
-        """_insert_eager with the attached publisher (a group's call written alone)."""
-        assert self._eager is not None  # only called when one is attached
-        return self._insert_eager(runs, self._eager)
+        """One groupable eager call by itself (a lone caller, or a call of a group that
+        failed): the shared statement with one row (see _insert_lone)."""
+        return self._insert_eager_together([runs])[0]
 
     def _insert_eager_together(
         self,
@@ -165,7 +165,12 @@ class OutboxMethods:
             made = self._group_handles(conn, groups, {row[0] for row in rows})
             return made, [run_id for run_id, due_now in rows if due_now]
 
-        made, due_now = self._with_conn(insert)
+        if len(groups) == 1:  # a call alone: its payload refused as too large, if it is
+            made, due_now = self._with_conn(
+                lambda conn: refusing_too_large(insert, conn, groups[0])
+            )
+        else:
+            made, due_now = self._with_conn(insert)
         if due_now:
             where = {i: runs for runs in groups for i in runs.ids}
             publisher.submit(

@@ -171,7 +171,7 @@ class PostgresStorage(
         # a transport lane's publisher: triggers store their items claimed and hand them over
         self._eager: EagerPublisher | None = _eager
         self._owns_eager = False  # the storage it was attached to closes it
-        self._group = GroupCommit(self._insert_direct, self._insert_together)
+        self._group = GroupCommit(self._insert_lone, self._insert_together)
         self._eager_group = GroupCommit(self._insert_eager_alone, self._insert_eager_together)
         self._lock = threading.Lock()
         self._opened = False
@@ -442,7 +442,15 @@ class PostgresStorage(
                 committed()
             return self._group_handles(conn, groups, inserted)
 
+        if len(groups) == 1:  # a call alone: its payload refused as too large, if it is
+            return self._with_conn(lambda conn: refusing_too_large(insert, conn, groups[0]))
         return self._with_conn(insert)
+
+    def _insert_lone(self, runs: NewRuns) -> list[InsertedRun]:
+        """One groupable call's run by itself (a lone caller, or a call of a group that
+        failed, writing its run alone): the shared statement with one row, whose path costs
+        less Python than run_insert_one's through a cursor (postgres/_pq.py)."""
+        return self._insert_together([runs])[0]
 
     def _group_handles(
         self, conn: Conn, groups: Sequence[NewRuns], inserted: set[uuid.UUID] | None
