@@ -266,6 +266,43 @@ def test_a_group_repeated_after_its_answer_was_lost_finds_its_runs(
     assert commits(db, schema) == 2
 
 
+def test_a_call_written_alone_repeated_after_its_answer_was_lost_finds_its_run(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    """A lone call's statement (run_insert_one through libpq), repeated with its client-made
+    id, reports its run as created; its options are stored as a cursor stored them."""
+    storage = storage_of(make_runlane(tasks=[greet]))
+    later = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+    parent = new_run_ids(1)[0]
+    cases = [
+        new_runs(),
+        new_runs(idempotency_keys=["k"], priority=-3, max_attempts=4),
+        new_runs(run_at=later, parent_run_id=parent, trace_context='{"traceparent": "t"}'),
+        new_runs('{"n": 1.5, "s": "z\u00fcrich"}', delay=timedelta(seconds=90)),
+    ]
+    for runs in cases:
+        first = storage._insert_lone(runs)  # type: ignore[attr-defined]
+        again = storage._insert_lone(runs)  # type: ignore[attr-defined]
+        assert first == again == [InsertedRun(runs.ids[0], "default", True)]
+    assert commits(db, schema) == len(cases)
+    rows = [run_row(db, schema, runs.ids[0]) for runs in cases]
+    assert (rows[1]["idempotency_key"], rows[1]["priority"], rows[1]["max_attempts"]) == (
+        "k",
+        -3,
+        4,
+    )
+    assert rows[2]["due_at"] == later
+    assert rows[2]["parent_run_id"] == parent
+    assert rows[2]["trace_context"] == {"traceparent": "t"}
+    assert rows[3]["payload"] == {"n": 1.5, "s": "zürich"}
+    assert (
+        timedelta(seconds=89) < rows[3]["due_at"] - rows[3]["created_at"] <= timedelta(seconds=91)
+    )
+    # the same key under a new id resolves to the stored run, not created
+    other = storage._insert_lone(new_runs(idempotency_keys=["k"]))  # type: ignore[attr-defined]
+    assert other == [InsertedRun(cases[1].ids[0], "default", False)]
+
+
 def test_the_statement_count_sees_the_shared_insert(
     make_runlane: RunlaneFactory, db: Conn, schema: str
 ) -> None:

@@ -62,12 +62,15 @@ log = logging.getLogger("runlane.postgres")
 #: bytes a character); a larger payload is written alone, as before.
 GROUP_ROW_CHARS = 16 * 1024
 MAX_GROUP = 256
-#: The shared statements (sql/group.sql), sent through libpq directly (postgres/_pq.py)
+#: The statements of group commit, sent through libpq directly (postgres/_pq.py): the
+#: shared ones (sql/group.sql) and those of a call written alone (sql/runs.sql)
 GROUP_STATEMENTS = (
     "run_insert_group",
     "run_insert_group_fresh",
     "run_insert_group_claimed",
     "run_insert_group_claimed_fresh",
+    "run_insert_one",
+    "run_insert_one_fresh",
 )
 #: How long the next statement waits for the calls of the one that just committed to come
 #: back (a thread that triggers in a loop calls again at once): COME_BACK_MARGIN times the

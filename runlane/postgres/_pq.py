@@ -1,15 +1,20 @@
 """Named statements sent through libpq directly, past psycopg's cursor layer.
 
-For the statements that many threads wait on together (group commit's shared insert,
-``postgres/_group.py``), whose leader sends them while its group waits: psycopg's cursor
-path (the cursor, the query's conversion, the parameters' adaptation, its prepared-statement
-cache, the result's description) cost about 80 us of Python a statement under the GIL on
-the benchmark machine, on the path between two statements (benchmarks/README.md). Here the
+For group commit's statements (``postgres/_group.py``): the shared insert, which a leader
+sends while its group waits, and a call's insert written alone. psycopg's cursor path (the
+cursor, the query's conversion, the parameters' adaptation, its prepared-statement cache,
+the result's description) cost about 80 us of Python a statement under the GIL on the
+benchmark machine, on the path between two statements (benchmarks/README.md). Here the
 statement is prepared once a connection under a name of its own, its parameters are text
-already, and it is sent and waited for with psycopg's own non-blocking wait (the GIL is
+already (their types inferred by the server from the statement, as for an untyped
+literal), and it is sent and waited for with psycopg's own non-blocking wait (the GIL is
 released while it waits; Ctrl-C cancels it as psycopg's does). A failed statement raises
 the psycopg error a cursor would have (``UniqueViolation``, ...), so callers handle both
 paths alike; a connection that broke is left broken for its pool to discard.
+
+``generators.execute``, ``Connection.wait`` and ``errors.error_from_result`` are psycopg's
+own machinery rather than its documented API (``pq`` is documented): tests/test_pq.py
+checks what runlane relies on.
 """
 
 from __future__ import annotations
@@ -62,9 +67,10 @@ class RawStatement:
         # live and die with it; DISCARD ALL or DEALLOCATE drop them: see rows())
         self._prepared: weakref.WeakSet[Conn] = weakref.WeakSet()
 
-    def rows(self, conn: Conn, values: Mapping[str, str]) -> list[tuple[str | None, ...]]:
-        """Execute with ``values`` (each parameter's text); the rows it returned."""
-        args: list[bytes | None] = [values[p].encode() for p in self.params]
+    def rows(self, conn: Conn, values: Mapping[str, str | None]) -> list[tuple[str | None, ...]]:
+        """Execute with ``values`` (each parameter's text, None for NULL); the rows it
+        returned."""
+        args = [None if (text := values[p]) is None else text.encode() for p in self.params]
         with conn.lock:
             if conn not in self._prepared:
                 self._prepare(conn)
@@ -78,7 +84,7 @@ class RawStatement:
         encoding = conn.info.encoding
         return [
             tuple(
-                None if (value := result.get_value(row, col)) is None else value.decode(encoding)
+                None if (cell := result.get_value(row, col)) is None else cell.decode(encoding)
                 for col in range(result.nfields)
             )
             for row in range(result.ntuples)

@@ -154,7 +154,7 @@ class PostgresStorage(
         self.schema = validate_schema_name(schema)
         check_conninfo(connection_string)
         self._sql = statements(schema)
-        # the shared statements of group commit, past psycopg's cursor layer (_pq)
+        # group commit's statements, shared and lone, past psycopg's cursor layer (_pq)
         self._raw = {name: RawStatement(name, self._sql[name]) for name in GROUP_STATEMENTS}
         self._conninfo = connection_string
         self._connect_timeout = connect_timeout
@@ -442,15 +442,42 @@ class PostgresStorage(
                 committed()
             return self._group_handles(conn, groups, inserted)
 
-        if len(groups) == 1:  # a call alone: its payload refused as too large, if it is
-            return self._with_conn(lambda conn: refusing_too_large(insert, conn, groups[0]))
         return self._with_conn(insert)
 
     def _insert_lone(self, runs: NewRuns) -> list[InsertedRun]:
         """One groupable call's run by itself (a lone caller, or a call of a group that
-        failed, writing its run alone): the shared statement with one row, whose path costs
-        less Python than run_insert_one's through a cursor (postgres/_pq.py)."""
-        return self._insert_together([runs])[0]
+        failed, writing its run alone): run_insert_one's statement, as _insert_direct sends
+        it, through libpq directly (postgres/_pq.py), which costs less Python."""
+        key = runs.idempotency_keys[0]
+        values: dict[str, str | None] = {
+            "id": str(runs.ids[0]),
+            "environment": runs.environment,
+            "task_id": runs.task_id,
+            "queue": runs.queue,
+            "priority": str(int(runs.priority)),
+            "payload": runs.payloads[0],
+            "max_attempts": str(int(runs.max_attempts)),
+            "idempotency_key": key,
+            "parent_run_id": None if runs.parent_run_id is None else str(runs.parent_run_id),
+            "run_at": None if runs.run_at is None else runs.run_at.isoformat(),
+            "delay_seconds": repr(runs.delay.total_seconds()),
+            "trace_context": runs.trace_context,
+            "concurrency_key": runs.concurrency_key,
+        }
+
+        def insert(conn: Conn) -> list[InsertedRun]:
+            if key is not None:
+                rows = self._raw["run_insert_one"].rows(conn, values)
+                return self._resolve_inserted(conn, runs, {uuid.UUID(r[0]) for r in rows if r[0]})
+            try:
+                self._raw["run_insert_one_fresh"].rows(conn, values)
+            except psycopg.errors.UniqueViolation:
+                # retried after its first answer was lost: its run is there (autocommit, so
+                # this failure undid nothing); read it back
+                return self._resolve_inserted(conn, runs, set())
+            return [InsertedRun(id=runs.ids[0], queue=runs.queue, created=True)]
+
+        return self._with_conn(lambda conn: refusing_too_large(insert, conn, runs))
 
     def _group_handles(
         self, conn: Conn, groups: Sequence[NewRuns], inserted: set[uuid.UUID] | None
