@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -59,38 +59,29 @@ def counting_statements(*, skip_this_thread: bool = False) -> Iterator[Statement
     """Count every statement psycopg sends in this process while open; with
     ``skip_this_thread``, not those of the calling thread (a benchmark's own polling)."""
     count = StatementCount(threading.get_ident() if skip_this_thread else None)
-    execute = psycopg.Cursor.execute
-    executemany = psycopg.Cursor.executemany
-    raw_execute = RawStatement._execute
-    raw_prepare = RawStatement._prepare
 
-    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        count.add()
-        return execute(self, *args, **kwargs)
+    def counted(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            count.add()
+            return method(self, *args, **kwargs)
 
-    def counted_executemany(self: Any, *args: Any, **kwargs: Any) -> Any:
-        count.add()
-        return executemany(self, *args, **kwargs)
+        return call
 
-    def counted_raw_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        count.add()
-        return raw_execute(self, *args, **kwargs)
-
-    def counted_raw_prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
-        count.add()
-        return raw_prepare(self, *args, **kwargs)
-
-    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
-    psycopg.Cursor.executemany = counted_executemany  # type: ignore[method-assign]
-    RawStatement._execute = counted_raw_execute  # type: ignore[method-assign]
-    RawStatement._prepare = counted_raw_prepare  # type: ignore[method-assign]
+    # what sends a statement (RawStatement: each round trip, its preparation included)
+    methods = [
+        (psycopg.Cursor, "execute"),
+        (psycopg.Cursor, "executemany"),
+        (RawStatement, "_execute"),
+        (RawStatement, "_prepare"),
+    ]
+    originals = [(cls, name, getattr(cls, name)) for cls, name in methods]
+    for cls, name, method in originals:
+        setattr(cls, name, counted(method))
     try:
         yield count
     finally:
-        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
-        psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
-        RawStatement._execute = raw_execute  # type: ignore[method-assign]
-        RawStatement._prepare = raw_prepare  # type: ignore[method-assign]
+        for cls, name, method in originals:
+            setattr(cls, name, method)
 
 
 def wal_position(url: str) -> int:
