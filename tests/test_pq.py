@@ -80,6 +80,14 @@ def test_a_failed_statement_raises_the_cursor_error_and_leaves_the_connection_us
     assert db.execute("select array_agg(k order by k) from keys").fetchone() == ([1, 2],)
 
 
+def test_a_value_holding_nul_is_refused_not_cut_short(db: psycopg.Connection[Any]) -> None:
+    """libpq reads a text parameter up to its first NUL: "k\x00x" would be sent as "k"."""
+    statement = RawStatement("echo", "select %(v)s::text")
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        statement.rows(db, {"v": "k\x00x"})
+    assert statement.rows(db, {"v": "k"}) == [("k",)]
+
+
 def test_a_connection_that_broke_raises_operational_error_and_stays_broken(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:

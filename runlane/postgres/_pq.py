@@ -71,6 +71,10 @@ class RawStatement:
         """Execute with ``values`` (each parameter's text, None for NULL); the rows it
         returned."""
         args = [None if (text := values[p]) is None else text.encode() for p in self.params]
+        if any(arg is not None and b"\x00" in arg for arg in args):
+            # libpq reads a text parameter up to its first NUL: refuse it, as psycopg does,
+            # rather than send a value cut short (runlane's validation refuses it earlier)
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
         with conn.lock:
             if conn not in self._prepared:
                 self._prepare(conn)
