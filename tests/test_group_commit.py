@@ -303,6 +303,39 @@ def test_a_call_written_alone_repeated_after_its_answer_was_lost_finds_its_run(
     assert other == [InsertedRun(cases[1].ids[0], "default", False)]
 
 
+def test_a_latin1_client_encoding_stores_text_as_a_cursor_does(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
+) -> None:
+    """The statements sent through libpq encode their text in the session's encoding: with
+    client_encoding=latin1 a lone call, a shared statement and a cursor's statement store
+    the same characters, and an idempotency key written by either path meets the other."""
+    separator = "&" if "?" in database_url else "?"
+    url = f"{database_url}{separator}client_encoding=latin1"
+    storage = PostgresStorage(connection_string=url, schema=schema)
+    try:
+        payload = '{"s": "zürich"}'
+        lone = new_runs(payload, idempotency_keys=["clé"])
+        shared = [new_runs(payload), new_runs(payload, idempotency_keys=["schön"])]
+        assert storage._insert_lone(lone) == [InsertedRun(lone.ids[0], "default", True)]
+        storage._insert_together(shared)
+        rows = [run_row(db, schema, r.ids[0]) for r in (lone, *shared)]
+        assert [r["payload"] for r in rows] == [{"s": "zürich"}] * 3
+        assert [r["idempotency_key"] for r in rows] == ["clé", None, "schön"]
+        # the cursor path (a batch of two) meets both keys; the libpq path meets its own
+        direct = new_runs(
+            payloads=[payload, payload], ids=new_run_ids(2), idempotency_keys=["clé", "schön"]
+        )
+        met = storage._insert_direct(direct)
+        assert [(m.id, m.created) for m in met] == [
+            (lone.ids[0], False),
+            (shared[1].ids[0], False),
+        ]
+        again = storage._insert_lone(new_runs(idempotency_keys=["schön"]))
+        assert again == [InsertedRun(shared[1].ids[0], "default", False)]
+    finally:
+        storage.close()
+
+
 def test_the_statement_count_sees_the_shared_insert(
     make_runlane: RunlaneFactory, db: Conn, schema: str
 ) -> None:

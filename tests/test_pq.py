@@ -80,6 +80,19 @@ def test_a_failed_statement_raises_the_cursor_error_and_leaves_the_connection_us
     assert db.execute("select array_agg(k order by k) from keys").fetchone() == ([1, 2],)
 
 
+def test_values_travel_in_the_connections_client_encoding(database_url: str) -> None:
+    """libpq tells the server the bytes are in the session's client_encoding: a LATIN1
+    session gets LATIN1 bytes both ways, and a character LATIN1 cannot hold is refused
+    with a DataError rather than sent as other characters."""
+    statement = RawStatement("echo_len", "select %(v)s::text, length(%(v)s::text)")
+    with psycopg.connect(database_url, autocommit=True, client_encoding="latin1") as conn:
+        assert conn.info.encoding == "iso8859-1"
+        assert statement.rows(conn, {"v": "zürich clé"}) == [("zürich clé", "10")]
+        with pytest.raises(psycopg.DataError, match=r"client encoding 'iso8859-1'.*€"):
+            statement.rows(conn, {"v": "5 €"})
+        assert statement.rows(conn, {"v": "ok"}) == [("ok", "2")]
+
+
 def test_a_value_holding_nul_is_refused_not_cut_short(db: psycopg.Connection[Any]) -> None:
     """libpq reads a text parameter up to its first NUL: "k\x00x" would be sent as "k"."""
     statement = RawStatement("echo", "select %(v)s::text")

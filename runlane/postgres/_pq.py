@@ -7,8 +7,9 @@ the result's description) cost about 80 us of Python a statement under the GIL o
 benchmark machine, on the path between two statements (benchmarks/README.md). Here the
 statement is prepared once a connection under a name of its own, its parameters are text
 already (their types inferred by the server from the statement, as for an untyped
-literal), and it is sent and waited for with psycopg's own non-blocking wait (the GIL is
-released while it waits; Ctrl-C cancels it as psycopg's does). A failed statement raises
+literal; encoded in the connection's client encoding, as psycopg encodes them), and it is
+sent and waited for with psycopg's own non-blocking wait (the GIL is released while it
+waits; Ctrl-C cancels it as psycopg's does). A failed statement raises
 the psycopg error a cursor would have (``UniqueViolation``, ...), so callers handle both
 paths alike; a connection that broke is left broken for its pool to discard.
 
@@ -62,7 +63,7 @@ class RawStatement:
         self.name = name
         self.params = tuple(params)
         self._prepared_name = f"runlane_{name}_{digest}".encode()
-        self._text = converted.encode()
+        self._text = converted
         # the connections this statement is prepared on (a connection's prepared statements
         # live and die with it; DISCARD ALL or DEALLOCATE drop them: see rows())
         self._prepared: weakref.WeakSet[Conn] = weakref.WeakSet()
@@ -70,7 +71,17 @@ class RawStatement:
     def rows(self, conn: Conn, values: Mapping[str, str | None]) -> list[tuple[str | None, ...]]:
         """Execute with ``values`` (each parameter's text, None for NULL); the rows it
         returned."""
-        args = [None if (text := values[p]) is None else text.encode() for p in self.params]
+        # in the connection's client encoding, which libpq tells the server the bytes are in
+        encoding = conn.info.encoding
+        try:
+            args = [
+                None if (text := values[p]) is None else text.encode(encoding) for p in self.params
+            ]
+        except UnicodeEncodeError as exc:
+            raise psycopg.DataError(
+                f"a value cannot be written in the connection's client encoding "
+                f"{encoding!r}: {exc.reason} ({exc.object[exc.start : exc.end]!r})"
+            ) from exc
         if any(arg is not None and b"\x00" in arg for arg in args):
             # libpq reads a text parameter up to its first NUL: refuse it, as psycopg does,
             # rather than send a value cut short (runlane's validation refuses it earlier)
@@ -85,7 +96,6 @@ class RawStatement:
                 self._prepare(conn)
                 result = self._execute(conn, args)
         _check(result, conn)
-        encoding = conn.info.encoding
         return [
             tuple(
                 None if (cell := result.get_value(row, col)) is None else cell.decode(encoding)
@@ -96,7 +106,7 @@ class RawStatement:
 
     def _prepare(self, conn: Conn) -> None:
         pgconn = conn.pgconn
-        pgconn.send_prepare(self._prepared_name, self._text)
+        pgconn.send_prepare(self._prepared_name, self._text.encode(conn.info.encoding))
         result = _last(conn.wait(generators.execute(pgconn)))
         # 42P05: prepared already under this name (another storage of this schema shares
         # the connection): the same text, by the digest in the name
