@@ -122,7 +122,9 @@ class OutboxMethods:
 
     def _insert_eager_alone(self, runs: NewRuns) -> list[InsertedRun]:
         """One groupable eager call by itself (a lone caller, or a call of a group that
-        failed): the shared statement with one row (see _insert_lone)."""
+        failed): the shared claimed statement with one row, through libpq (postgres/_pq.py),
+        which measured cheaper for the client and the server alike than _insert_eager's
+        run_insert_many_claimed through a cursor (benchmarks/README.md, session 6)."""
         return self._insert_eager_together([runs])[0]
 
     def _insert_eager_together(
