@@ -281,8 +281,8 @@ def test_a_call_written_alone_repeated_after_its_answer_was_lost_finds_its_run(
         new_runs('{"n": 1.5, "s": "z\u00fcrich"}', delay=timedelta(seconds=90)),
     ]
     for runs in cases:
-        first = storage._insert_lone(runs)  # type: ignore[attr-defined]
-        again = storage._insert_lone(runs)  # type: ignore[attr-defined]
+        first = storage._insert_one(runs)  # type: ignore[attr-defined]
+        again = storage._insert_one(runs)  # type: ignore[attr-defined]
         assert first == again == [InsertedRun(runs.ids[0], "default", True)]
     assert commits(db, schema) == len(cases)
     rows = [run_row(db, schema, runs.ids[0]) for runs in cases]
@@ -299,7 +299,7 @@ def test_a_call_written_alone_repeated_after_its_answer_was_lost_finds_its_run(
         timedelta(seconds=89) < rows[3]["due_at"] - rows[3]["created_at"] <= timedelta(seconds=91)
     )
     # the same key under a new id resolves to the stored run, not created
-    other = storage._insert_lone(new_runs(idempotency_keys=["k"]))  # type: ignore[attr-defined]
+    other = storage._insert_one(new_runs(idempotency_keys=["k"]))  # type: ignore[attr-defined]
     assert other == [InsertedRun(cases[1].ids[0], "default", False)]
 
 
@@ -316,7 +316,7 @@ def test_a_latin1_client_encoding_stores_text_as_a_cursor_does(
         payload = '{"s": "zürich"}'
         lone = new_runs(payload, idempotency_keys=["clé"])
         shared = [new_runs(payload), new_runs(payload, idempotency_keys=["schön"])]
-        assert storage._insert_lone(lone) == [InsertedRun(lone.ids[0], "default", True)]
+        assert storage._insert_one(lone) == [InsertedRun(lone.ids[0], "default", True)]
         storage._insert_together(shared)
         rows = [run_row(db, schema, r.ids[0]) for r in (lone, *shared)]
         assert [r["payload"] for r in rows] == [{"s": "zürich"}] * 3
@@ -330,7 +330,7 @@ def test_a_latin1_client_encoding_stores_text_as_a_cursor_does(
             (lone.ids[0], False),
             (shared[1].ids[0], False),
         ]
-        again = storage._insert_lone(new_runs(idempotency_keys=["schön"]))
+        again = storage._insert_one(new_runs(idempotency_keys=["schön"]))
         assert again == [InsertedRun(shared[1].ids[0], "default", False)]
     finally:
         storage.close()

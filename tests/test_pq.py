@@ -8,6 +8,8 @@ themselves are tested through group commit (test_group_commit.py).
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -39,6 +41,20 @@ def test_rows_come_back_as_text_with_null_as_none(db: psycopg.Connection[Any]) -
         ("7", "x", "y"),
     ]
     assert RawStatement("none", "select 1 where false").rows(db, {}) == []
+
+
+def test_python_values_are_sent_as_the_text_postgres_reads(db: psycopg.Connection[Any]) -> None:
+    run_id = uuid.UUID("0192f0c4-1c2a-7b3c-8d4e-5f6a7b8c9d0e")
+    at = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    statement = RawStatement(
+        "typed",
+        "select %(i)s::int + 1, %(f)s::float8 * 2, %(u)s::uuid, "
+        "%(t)s::timestamptz = '2031-05-06 07:08:09.123456+00', %(n)s::text is null",
+    )
+    values = {"i": 41, "f": 1e-06, "u": run_id, "t": at, "n": None}
+    assert statement.rows(db, values) == [("42", "2e-06", str(run_id), "t", "t")]
+    with pytest.raises(TypeError, match="got dict"):
+        statement.rows(db, {**values, "i": {"no": 1}})
 
 
 def test_a_statement_is_prepared_once_a_connection_and_again_after_the_server_dropped_it(

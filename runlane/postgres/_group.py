@@ -46,14 +46,7 @@ from collections.abc import Callable, Sequence
 
 from runlane.storage import InsertedRun, NewRuns
 
-__all__ = [
-    "GROUP_STATEMENTS",
-    "MAX_GROUP",
-    "GroupCommit",
-    "group_row",
-    "group_rows",
-    "groupable",
-]
+__all__ = ["MAX_GROUP", "GroupCommit", "group_row", "group_rows", "groupable"]
 
 log = logging.getLogger("runlane.postgres")
 
@@ -62,16 +55,6 @@ log = logging.getLogger("runlane.postgres")
 #: bytes a character); a larger payload is written alone, as before.
 GROUP_ROW_CHARS = 16 * 1024
 MAX_GROUP = 256
-#: The statements of group commit, sent through libpq directly (postgres/_pq.py): the
-#: shared ones (sql/group.sql) and those of a call written alone (sql/runs.sql)
-GROUP_STATEMENTS = (
-    "run_insert_group",
-    "run_insert_group_fresh",
-    "run_insert_group_claimed",
-    "run_insert_group_claimed_fresh",
-    "run_insert_one",
-    "run_insert_one_fresh",
-)
 #: How long the next statement waits for the calls of the one that just committed to come
 #: back (a thread that triggers in a loop calls again at once): COME_BACK_MARGIN times the
 #: calls awaited times the pace at which calls came back before (seconds a call, a moving

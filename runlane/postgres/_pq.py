@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 import weakref
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 import psycopg
 from psycopg import errors, generators, pq
@@ -68,14 +70,15 @@ class RawStatement:
         # live and die with it; DISCARD ALL or DEALLOCATE drop them: see rows())
         self._prepared: weakref.WeakSet[Conn] = weakref.WeakSet()
 
-    def rows(self, conn: Conn, values: Mapping[str, str | None]) -> list[tuple[str | None, ...]]:
-        """Execute with ``values`` (each parameter's text, None for NULL); the rows it
-        returned."""
+    def rows(self, conn: Conn, values: Mapping[str, object]) -> list[tuple[str | None, ...]]:
+        """Execute with ``values`` (by parameter name: None for NULL, or a str, int, float,
+        UUID or datetime, sent as its text); the rows it returned."""
         # in the connection's client encoding, which libpq tells the server the bytes are in
         encoding = conn.info.encoding
         try:
             args = [
-                None if (text := values[p]) is None else text.encode(encoding) for p in self.params
+                None if (text := _as_text(values[p])) is None else text.encode(encoding)
+                for p in self.params
             ]
         except UnicodeEncodeError as exc:
             raise psycopg.DataError(
@@ -118,6 +121,22 @@ class RawStatement:
         pgconn = conn.pgconn
         pgconn.send_query_prepared(self._prepared_name, args)
         return _last(conn.wait(generators.execute(pgconn)))
+
+
+def _as_text(value: object) -> str | None:
+    """A parameter's text, as Postgres reads it for the type it infers."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int | uuid.UUID):
+        return str(value)
+    raise TypeError(
+        "a statement parameter must be text, a number, a UUID or a datetime, "
+        f"got {type(value).__name__}"
+    )
 
 
 def _last(results: list[pq.abc.PGresult]) -> pq.abc.PGresult:

@@ -53,13 +53,7 @@ from runlane.postgres._connections import (
     storage_error,
 )
 from runlane.postgres._flow import FlowMethods
-from runlane.postgres._group import (
-    GROUP_STATEMENTS,
-    GroupCommit,
-    group_row,
-    group_rows,
-    groupable,
-)
+from runlane.postgres._group import GroupCommit, group_row, group_rows, groupable
 from runlane.postgres._inspect import InspectMethods
 from runlane.postgres._migrations import known_checksums
 from runlane.postgres._outbox import EagerPublisher, OutboxMethods
@@ -89,6 +83,17 @@ from runlane.storage import (
 )
 
 __all__ = ["PostgresStorage", "notify_channel"]
+
+#: Sent through libpq directly (postgres/_pq.py): group commit's shared inserts
+#: (sql/group.sql) and a single run's insert on a pool connection (sql/runs.sql)
+_RAW_STATEMENTS = (
+    "run_insert_group",
+    "run_insert_group_fresh",
+    "run_insert_group_claimed",
+    "run_insert_group_claimed_fresh",
+    "run_insert_one",
+    "run_insert_one_fresh",
+)
 
 log = logging.getLogger("runlane.postgres")
 
@@ -154,8 +159,8 @@ class PostgresStorage(
         self.schema = validate_schema_name(schema)
         check_conninfo(connection_string)
         self._sql = statements(schema)
-        # group commit's statements, shared and lone, past psycopg's cursor layer (_pq)
-        self._raw = {name: RawStatement(name, self._sql[name]) for name in GROUP_STATEMENTS}
+        # the trigger statements sent past psycopg's cursor layer (_pq)
+        self._raw = {name: RawStatement(name, self._sql[name]) for name in _RAW_STATEMENTS}
         self._conninfo = connection_string
         self._connect_timeout = connect_timeout
         # of dedicated views' statements: a statement blocked longer than this fails
@@ -171,7 +176,7 @@ class PostgresStorage(
         # a transport lane's publisher: triggers store their items claimed and hand them over
         self._eager: EagerPublisher | None = _eager
         self._owns_eager = False  # the storage it was attached to closes it
-        self._group = GroupCommit(self._insert_lone, self._insert_together)
+        self._group = GroupCommit(self._insert_direct, self._insert_together)
         self._eager_group = GroupCommit(self._insert_eager_alone, self._insert_eager_together)
         self._lock = threading.Lock()
         self._opened = False
@@ -444,33 +449,19 @@ class PostgresStorage(
 
         return self._with_conn(insert)
 
-    def _insert_lone(self, runs: NewRuns) -> list[InsertedRun]:
-        """One groupable call's run by itself (a lone caller, or a call of a group that
-        failed, writing its run alone): run_insert_one's statement, as _insert_direct sends
-        it, through libpq directly (postgres/_pq.py), which costs less Python."""
-        key = runs.idempotency_keys[0]
-        values: dict[str, str | None] = {
-            "id": str(runs.ids[0]),
-            "environment": runs.environment,
-            "task_id": runs.task_id,
-            "queue": runs.queue,
-            "priority": str(int(runs.priority)),
-            "payload": runs.payloads[0],
-            "max_attempts": str(int(runs.max_attempts)),
-            "idempotency_key": key,
-            "parent_run_id": None if runs.parent_run_id is None else str(runs.parent_run_id),
-            "run_at": None if runs.run_at is None else runs.run_at.isoformat(),
-            "delay_seconds": repr(runs.delay.total_seconds()),
-            "trace_context": runs.trace_context,
-            "concurrency_key": runs.concurrency_key,
-        }
+    def _insert_one(self, runs: NewRuns) -> list[InsertedRun]:
+        """One run on a pool connection (a lone trigger, a call of a failed group, a run too
+        large to group): run_insert_one's statement through libpq (postgres/_pq.py), which
+        costs less Python than a cursor."""
+        keyed = runs.idempotency_keys[0] is not None
+        params = self._insert_params(runs, one=True, keyed=keyed)
 
         def insert(conn: Conn) -> list[InsertedRun]:
-            if key is not None:
-                rows = self._raw["run_insert_one"].rows(conn, values)
+            if keyed:
+                rows = self._raw["run_insert_one"].rows(conn, params)
                 return self._resolve_inserted(conn, runs, {uuid.UUID(r[0]) for r in rows if r[0]})
             try:
-                self._raw["run_insert_one_fresh"].rows(conn, values)
+                self._raw["run_insert_one_fresh"].rows(conn, params)
             except psycopg.errors.UniqueViolation:
                 # retried after its first answer was lost: its run is there (autocommit, so
                 # this failure undid nothing); read it back
@@ -500,6 +491,8 @@ class PostgresStorage(
         if len(pieces) > 1:
             return self._insert_split(runs, pieces, connection)
         one = len(runs.ids) == 1
+        if one and connection is None:
+            return self._insert_one(runs)
         keyed = any(key is not None for key in runs.idempotency_keys)
         params = self._insert_params(runs, one=one, keyed=keyed)
         if keyed:
