@@ -24,6 +24,7 @@ __all__ = [
     "as_int32",
     "as_payload_list",
     "as_run_at",
+    "check_idempotency_key",
     "check_text",
     "run_key",
     "token_key",
@@ -31,6 +32,10 @@ __all__ = [
 ]
 
 DEFAULT_QUEUE = "default"
+
+# runlane's own keys (steps of sleeps, children's idempotency keys) start with this; names and
+# keys the user gives must not
+RESERVED_PREFIX = "runlane."
 
 _EARLIEST_RUN_AT = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -133,6 +138,21 @@ def check_text(name: str, value: object, max_chars: int = MAX_TEXT_CHARS) -> str
             f"hold: got {shown(value)}"
         )
     return value
+
+
+def check_idempotency_key(value: object) -> str:
+    """An idempotency key the user gives, at every entrance that takes one (``trigger``,
+    ``trigger_many``, ``context.trigger_child``, ``trigger_schedule_now`` and the console's
+    *Run now*, ``create_wait_token``): text Postgres can hold, outside runlane's key space (a
+    caller holding a child's derived key could pose as that child, or make its parent fail)."""
+    key = check_text("idempotency_key", value)
+    if key.startswith(RESERVED_PREFIX):
+        raise ConfigurationError(
+            f"idempotency keys starting with {RESERVED_PREFIX!r} are reserved for runlane's "
+            f"own keys (context.trigger_child derives them): got {shown(key)}; pick a key "
+            "without that prefix"
+        )
+    return key
 
 
 def as_payload_list(payloads: object) -> list[Any]:

@@ -23,7 +23,12 @@ from runlane._codec import OutputNotSerializable, converter, encode_output
 from runlane._limits import output_limit
 from runlane._progress import AttemptProgress, encode_progress
 from runlane._trigger_options import ChildTriggerOptions, TriggerOptions, child_options
-from runlane._validation import as_duration, check_text
+from runlane._validation import (
+    RESERVED_PREFIX,
+    as_duration,
+    check_idempotency_key,
+    check_text,
+)
 from runlane.errors import (
     ChildRunFailed,
     ConfigurationError,
@@ -42,7 +47,7 @@ from runlane.storage import LeaseRef, ProgressWrite, Storage
 if TYPE_CHECKING:
     from runlane.tasks import Task
 
-__all__ = ["RESERVED_PREFIX", "ContextBackend", "RunContext", "Suspended", "refuse_reserved_key"]
+__all__ = ["RESERVED_PREFIX", "ContextBackend", "RunContext", "Suspended"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,22 +101,7 @@ class ContextBackend(Protocol):
     ) -> RunHandle: ...
 
 
-# runlane's own keys (steps of sleeps, children's idempotency keys) start with this; names and
-# keys the user gives must not
-RESERVED_PREFIX = "runlane."
 _MAX_NAME_CHARS = 500
-
-
-def refuse_reserved_key(key: str) -> str:
-    """A run's idempotency key given by the user: runlane's key space is not theirs (a
-    producer holding a child's derived key could pose as that child)."""
-    if key.startswith(RESERVED_PREFIX):
-        raise ConfigurationError(
-            f"idempotency keys starting with {RESERVED_PREFIX!r} are reserved for runlane's "
-            f"own keys (context.trigger_child derives them): got {key[:100]!r}; pick a key "
-            "without that prefix"
-        )
-    return key
 
 
 def _check_step_name(name: object) -> str:
@@ -386,7 +376,7 @@ class RunContext:
         backend, _ = self._attached()
         given = options.pop("idempotency_key", None)
         if given is not None:
-            refuse_reserved_key(check_text("idempotency_key", given))
+            check_idempotency_key(given)
         self._children += 1
         key = (
             given if given is not None else f"{RESERVED_PREFIX}child:{self.run_id}:{self._children}"

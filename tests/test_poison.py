@@ -27,6 +27,7 @@ from runlane import (
     RunStatus,
     StopReason,
     WorkerFailed,
+    schedule,
     task,
 )
 from runlane.retry import next_retry_delay
@@ -377,6 +378,45 @@ def test_a_producer_cannot_take_a_child_runs_key(
                 attempt()
         conn.commit()
     assert count_runs(db, schema) == 1  # the parent only: nothing was written
+
+
+# a schedule of the child's task whose slot is months away
+forged_schedule = schedule(id="pay.forged", task=pay_child, cron="0 0 1 1 *", payload={"amount": 9})
+
+
+def test_run_now_cannot_take_a_child_runs_key(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Issue 37: an operator who knows a parent's id ran a schedule of the child's task now
+    under the parent's derived key first; the parent's trigger_child then failed on every
+    attempt. Both paths of trigger_schedule_now refuse the key and write nothing."""
+    app = make_runlane(tasks=[pay_parent, pay_child], schedules=[forged_schedule])
+    parent = app.trigger(pay_parent, {}).id
+    key = _forged_key(parent)
+    # defined by this runtime but not stored yet: triggered like any run
+    with pytest.raises(ConfigurationError, match="reserved for runlane's own keys"):
+        app.trigger_schedule_now("pay.forged", idempotency_key=key)
+    app.run_maintenance_once()  # stores the definition (fires nothing: the slot is months away)
+    operator = make_runlane()  # as the operator CLI builds it: a database URL and nothing else
+    for attempt in (key, "runlane."):
+        with pytest.raises(ConfigurationError, match="reserved for runlane's own keys"):
+            operator.trigger_schedule_now("pay.forged", idempotency_key=attempt)
+    assert count_runs(db, schema) == 1  # the parent only: nothing was written
+    app.drain()  # the parent waits for its child, the child runs, the parent re-runs
+    app.drain()
+    assert app.get_run(parent).output == {"charged": 10}
+    assert operator.trigger_schedule_now("pay.forged", idempotency_key="incident-7").created
+
+
+def test_create_wait_token_refuses_runlanes_keys(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    runlane = make_runlane()
+    for key in ("runlane.child:x:1", "runlane."):
+        with pytest.raises(ConfigurationError, match="reserved for runlane's own keys"):
+            runlane.create_wait_token(idempotency_key=key)
+    assert db.execute(q("select count(*) from {s}.wait_tokens", schema)).fetchone() == (0,)
+    assert runlane.create_wait_token(idempotency_key="runlane-mine").status.value == "pending"
 
 
 @pytest.mark.parametrize("forged_parent", ["none", "another run"])

@@ -38,12 +38,11 @@ from runlane._validation import (
     as_int32,
     as_payload_list,
     as_run_at,
-    check_text,
+    check_idempotency_key,
     run_key,
     token_key,
     with_default_queue,
 )
-from runlane.context import refuse_reserved_key
 from runlane.errors import (
     ConfigurationError,
     PayloadValidationError,
@@ -412,11 +411,9 @@ class Runlane:
                     f"got {len(keys)} idempotency keys for {len(encoded)} payloads; "
                     "give one per payload"
                 )
-            for key in keys:
-                if key is not None:
-                    check_text("idempotency_key", key)
-                    if options.parent_run_id is None:  # a producer's: not runlane's key space
-                        refuse_reserved_key(key)
+            for key in keys:  # a child's was checked by trigger_child, or is runlane's own
+                if key is not None and options.parent_run_id is None:
+                    check_idempotency_key(key)
         return NewRuns(
             environment=self.environment,
             task_id=resolved.id,
@@ -836,7 +833,7 @@ class Runlane:
         self._check_open()
         delta = None if timeout is None else as_duration("timeout", timeout)
         if idempotency_key is not None:
-            check_text("idempotency_key", idempotency_key)
+            check_idempotency_key(idempotency_key)
         self._ensure_started()
         return self._storage.wait_token_create(
             self.environment, new_run_id(), delta, idempotency_key

@@ -21,7 +21,7 @@ from runlane import _telemetry
 from runlane._display import shown
 from runlane._ids import new_run_id
 from runlane._limits import NAME_PATTERN
-from runlane._validation import check_text
+from runlane._validation import check_idempotency_key
 from runlane.errors import ConfigurationError
 from runlane.maintenance._pass import ScheduleEntry
 from runlane.maintenance._services import BANDS
@@ -199,7 +199,7 @@ def trigger_schedule_now(
     this runtime defines that is not stored yet is triggered like any run."""
     sid = _check_id(environment, schedule_id)
     if idempotency_key is not None:
-        check_text("idempotency_key", idempotency_key)
+        check_idempotency_key(idempotency_key)
     row = storage.schedule_get(environment, sid)
     entry = _defined(entries, sid)
     insert: Callable[[NewRuns], list[InsertedRun]]
