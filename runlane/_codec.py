@@ -34,6 +34,7 @@ __all__ = [
     "dump_json",
     "encode_output",
     "encode_payload",
+    "encode_plain",
 ]
 
 
@@ -267,19 +268,20 @@ def _all_plain(value: Any) -> bool:
         return False
 
 
-def _dump(value: Any, *, checked: bool = False) -> tuple[str, int]:
+def _dump(value: Any, *, checked: bool = False, hint: bool = True) -> tuple[str, int]:
     """``value`` as JSON text and the size of that text in UTF-8 bytes.
 
     NaN, infinities, the NUL character, lone surrogates, non-string object keys and values
     nested too deeply are refused (ValueError or TypeError), as Postgres ``jsonb`` would
-    refuse or JSON would change them; ``checked``: _all_plain said so already."""
+    refuse or JSON would change them; ``checked``: _all_plain said so already; ``hint``:
+    a value of another type says which to use (the caller says it otherwise)."""
     if not checked and not _check_plain(value):
         value = _plain_copy(value)
         _check_plain(value)
     try:
         text = _encode(value)
     except TypeError as exc:
-        if "is not JSON serializable" in str(exc):
+        if hint and "is not JSON serializable" in str(exc):
             raise TypeError(
                 f"{exc}; use JSON values (dicts with string keys, lists, strings, numbers, "
                 "booleans, None) or an attrs instance of the task's schema"
@@ -388,6 +390,25 @@ def decode_payload(task_id: str, schema: type[Any] | None, stored: Any) -> Any:
         return converter.structure(stored, schema)
     except Exception as exc:  # a schema changed since: whatever it raises fails the run
         raise PayloadValidationError(task_id, _problems(exc)) from exc
+
+
+def encode_plain(value: Any, max_bytes: int | None, *, what: str) -> str:
+    """Plain JSON values only, as a task without a schema takes its payload: dicts with
+    string keys, lists and tuples (JSON arrays), strings, numbers, booleans and None. Nothing
+    is converted: a set, bytes, a date or an attrs instance is refused, where encode_output
+    would store a list, base85 text, ISO text or a dict that reads back as something else.
+    OutputNotSerializable or OutputTooLarge as for encode_output."""
+    try:
+        text, size = _dump(value, hint=False)
+    except Exception as exc:  # user types: whatever encoding them raises refuses the value
+        raise OutputNotSerializable(
+            f"{what} (a {type(value).__name__}) cannot be stored as JSON ({_said(exc)}); use "
+            "dicts with string keys, lists, strings, numbers, booleans or None (nothing is "
+            "converted: pass list(...) of a set, attrs.asdict(...) of an attrs instance)"
+        ) from exc
+    if max_bytes is not None and size > max_bytes:
+        raise OutputTooLarge(describe_size(what, size, "max_output_bytes", max_bytes))
+    return text
 
 
 def encode_output(value: Any, max_bytes: int | None = None, *, what: str = "the output") -> str:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from runlane._codec import OutputNotSerializable, dump_json, encode_output
+from runlane._codec import OutputNotSerializable, dump_json, encode_plain
 from runlane._display import shown
 from runlane.errors import ConfigurationError
 from runlane.storage import LeaseRef
@@ -92,7 +92,7 @@ def encode_progress(fraction: object, message: object, data: object, max_bytes: 
     checked_fraction = _fraction(fraction)
     checked_message = _message(message)
     try:
-        data_text = encode_output(data, max_bytes, what="report_progress(data=...)")
+        data_text = encode_plain(data, max_bytes, what="report_progress(data=...)")
     except OutputNotSerializable as exc:
         raise ConfigurationError(f"{exc}; nothing was written") from exc
     head: dict[str, Any] = {"fraction": checked_fraction, "message": checked_message}

@@ -193,7 +193,8 @@ class RunContext:
         self, *, fraction: float | None = None, message: str | None = None, data: Any = None
     ) -> None:
         """Say how far the attempt got: ``fraction`` (0 to 1), a short ``message`` (at most
-        1,000 characters), ``data`` (JSON-compatible, within ``max_output_bytes``); shown as
+        1,000 characters), ``data`` (plain JSON values: dicts with string keys, lists or
+        tuples, strings, numbers, booleans, None; within ``max_output_bytes``); shown as
         ``RunSnapshot.progress`` (``{"fraction", "message", "data"}``) by ``get_run`` and
         ``runlane runs show``. Cheap to call often: it returns at once, and the worker
         writes at most one report a second per attempt, the last one reported, and the

@@ -5,12 +5,14 @@ bad values refused with nothing written. Through delivery workers and drain().""
 
 from __future__ import annotations
 
+import datetime
 import math
 import threading
 import time
 import uuid
 from typing import Any
 
+import attrs
 import pytest
 
 from runlane import (
@@ -24,6 +26,11 @@ from runlane import (
 from runlane.cli._runs import _show_text
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb, wait_until
+
+
+@attrs.frozen
+class Part:
+    number: int
 
 
 def _stored(db: Conn, schema: str, run_id: uuid.UUID) -> Any:
@@ -175,6 +182,12 @@ def test_a_stale_attempts_progress_changes_nothing_and_its_next_report_raises(
         ({"data": object()}, "cannot be stored as JSON"),
         ({"data": "x" * 5_000}, "max_output_bytes"),
         ({"data": {"n": math.nan}}, "NaN"),
+        # issue 37: nothing is converted (a set was stored as a list, silently)
+        ({"data": {1}}, "type set is not JSON serializable"),
+        ({"data": {"tags": frozenset({"a"})}}, "type frozenset is not JSON serializable"),
+        ({"data": b"raw"}, "type bytes is not JSON serializable"),
+        ({"data": [datetime.date(2024, 1, 1)]}, "type date is not JSON serializable"),
+        ({"data": Part(2)}, "type Part is not JSON serializable"),
     ],
 )
 def test_bad_values_are_refused_and_nothing_is_written(
@@ -199,6 +212,23 @@ def test_bad_values_are_refused_and_nothing_is_written(
     assert len(message) < 1_000
     done = rl.get_run(handle.id)
     assert (done.status, done.progress) == (RunStatus.COMPLETED, None)
+
+
+def test_data_of_plain_json_values_is_stored_as_given(make_runlane: RunlaneFactory) -> None:
+    """Tuples are JSON arrays (as in a payload of a task without a schema); nothing else is
+    converted."""
+    data = {"rows": (1, [2, 3.5], {"ok": True, "none": None}), "name": "x"}
+
+    @task(id="progress.plain")
+    def plain(payload: Any, context: RunContext) -> None:
+        context.report_progress(data=data)
+
+    rl = make_runlane(tasks=[plain])
+    handle = rl.trigger(plain, None)
+    rl.drain()
+    stored = rl.get_run(handle.id).progress
+    assert stored is not None
+    assert stored["data"] == {"rows": [1, [2, 3.5], {"ok": True, "none": None}], "name": "x"}
 
 
 def test_report_progress_needs_a_run_attempt() -> None:
