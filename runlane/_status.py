@@ -94,14 +94,14 @@ def format_report(report: StatusReport) -> list[str]:
         )
     lines.append("queues")
     lines.append(
-        f"  {'name':<20} {'queued':>8} {'running':>8} {'retrying':>9} {'waiting':>8} "
-        f"{'leases/limit':>13}"
+        f"  {'name':<20} {'queued':>8} {'running':>8} {'claimed':>8} {'retrying':>9} "
+        f"{'waiting':>8} {'leases/limit':>13}"
     )
     for q in report.queues:
         limit = "-" if q.concurrency_limit is None else str(q.concurrency_limit)
         lines.append(
-            f"  {q.name:<20} {q.queued:>8} {q.running:>8} {q.retrying:>9} {q.waiting:>8} "
-            f"{f'{q.live_leases}/{limit}':>13}" + ("  PAUSED" if q.paused else "")
+            f"  {q.name:<20} {q.queued:>8} {q.running:>8} {q.claimed:>8} {q.retrying:>9} "
+            f"{q.waiting:>8} {f'{q.live_leases}/{limit}':>13}" + ("  PAUSED" if q.paused else "")
         )
     if report.resolved_tokens:
         lines.append("resolved tokens with waiting runs (most first)")

@@ -105,6 +105,7 @@ def queue_statuses(
                 name=name,
                 queued=int(row.get("queued", 0)),
                 running=int(row.get("running", 0)),
+                claimed=int(row.get("claimed", 0)),
                 retrying=int(row.get("retrying", 0)),
                 waiting=int(row.get("waiting", 0)),
                 live_leases=int(row.get("live_leases", 0)),

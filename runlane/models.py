@@ -239,9 +239,14 @@ class ResolvedTokenStatus:
 
 @attrs.frozen
 class QueueStatus:
-    """One queue's runs in ``StatusReport.queues``: ``retrying`` counts retrying and released
-    runs, ``live_leases`` running attempts holding a lease (what ``concurrency_limit``, None
-    for an unbounded queue, caps)."""
+    """One queue's runs in ``StatusReport.queues``. ``running`` counts the runs whose
+    current attempt's handler has started (``RunSnapshot.executing``) and those being
+    cancelled (``cancellation_requested``); ``claimed`` the runs a worker holds whose handler
+    has not been seen to start (claimed ahead of a free slot, or started under a second ago:
+    ``RunSnapshot.claimed_not_started``), so ``running + claimed`` are the runs holding an
+    attempt. ``retrying`` counts retrying and released runs, ``live_leases`` attempts holding
+    a lease that has not lapsed (what ``concurrency_limit``, None for an unbounded queue,
+    caps)."""
 
     name: str
     queued: int
@@ -251,6 +256,7 @@ class QueueStatus:
     live_leases: int
     concurrency_limit: int | None
     paused: bool = False  # Runlane.pause_queue: its runs are not claimed until resumed
+    claimed: int = 0  # claimed, handler not started; not part of running
 
 
 # pending outbox items older than this mean nothing is publishing them (LaneStatus.problems)
@@ -342,7 +348,16 @@ class StatusReport:
 @attrs.frozen
 class QueueInfo:
     """One queue as ``Runlane.list_queues`` reports it: its definition (None where only the
-    database knows the queue), its operator state and its runs by status."""
+    database knows the queue), its operator state and its runs by status.
+
+    ``counts`` is by status value, so ``counts["running"]`` holds every run in status
+    ``running``, claimed ahead or executing. ``running`` and ``claimed`` split the runs
+    holding an attempt as ``QueueStatus`` does: ``running`` those whose handler started
+    (``RunSnapshot.executing``) plus the ``cancellation_requested`` ones, ``claimed`` those
+    a worker holds whose handler has not been seen to start
+    (``RunSnapshot.claimed_not_started``); ``running + claimed == counts["running"] +
+    counts["cancellation_requested"]``. The CLI's and the console's queue tables show these
+    two."""
 
     name: str
     paused: bool
@@ -354,6 +369,8 @@ class QueueInfo:
     counts: dict[str, int]  # runs by status value; statuses without runs are 0
     oldest_queued_age: float | None  # seconds since the oldest due queued run became due
     defined: bool  # False: a queue no code of this runtime defines (known from the database)
+    running: int = 0  # handler started, or being cancelled
+    claimed: int = 0  # claimed, handler not started (prefetched by a worker)
 
 
 class WorkerState(enum.StrEnum):

@@ -743,10 +743,12 @@ class Storage(Protocol):
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
         """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
         ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
-        its value, ``live_leases`` (running attempts whose lease has not lapsed: what
-        ``status()`` reports against a bounded queue's limit), and ``oldest_queued_age`` in
-        seconds of database time (None: none due). ``status()`` and ``list_queues()`` both
-        read it."""
+        its value, ``claimed`` (of the ``running`` runs, those whose current attempt's
+        handler has not been seen to start: claimed ahead by a worker, or started under a
+        second ago; 0 when absent), ``live_leases`` (running attempts whose lease has not
+        lapsed: what ``status()`` reports against a bounded queue's limit), and
+        ``oldest_queued_age`` in seconds of database time (None: none due). ``status()`` and
+        ``list_queues()`` both read it."""
 
     # -- schedules: definitions and operator actions ---------------------------------------
 

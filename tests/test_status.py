@@ -81,7 +81,7 @@ def test_status_counts_per_queue(make_runlane: RunlaneFactory, db: Any, schema: 
     sdb.run(
         "update {schema}.runs set status = 'running', attempt = 1, lease_token = "
         "gen_random_uuid(), lease_expires_at = now() + interval '1 minute', "
-        "attempt_started_at = now(), started_at = now() where id = %s",
+        "attempt_started_at = now(), started_at = now(), started_attempt = 1 where id = %s",
         handles[2].id,
     )
     sdb.run(

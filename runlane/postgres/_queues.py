@@ -91,8 +91,9 @@ class QueueMethods:
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
         """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
         ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
-        its value, ``live_leases``, and ``oldest_queued_age`` (seconds, None when none is
-        due). status_counts reads the same statement (see status_queues)."""
+        its value, ``claimed`` (running runs whose handler has not been seen to start),
+        ``live_leases``, and ``oldest_queued_age`` (seconds, None when none is due).
+        status_counts reads the same statement (see status_queues)."""
 
         def listed(conn: Conn) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
@@ -105,12 +106,15 @@ class QueueMethods:
 def status_queues(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``status_counts``' queues from ``queue_list``'s rows: the paused queues and those with
     unfinished runs (a queue with only an unpaused queue_states row is left out), with the
-    counts of QueueStatus (running counts cancellation_requested too, retrying released)."""
+    counts of QueueStatus: ``running`` the runs whose handler started (and the
+    cancellation_requested ones), ``claimed`` the running runs whose handler has not been
+    seen to start, ``retrying`` retrying and released runs."""
     return [
         {
             "queue": row["queue"],
             "queued": row["queued"],
-            "running": row["running"] + row["cancellation_requested"],
+            "running": row["running"] - row["claimed"] + row["cancellation_requested"],
+            "claimed": row["claimed"],
             "retrying": row["retrying"] + row["released"],
             "waiting": row["waiting"],
             "live_leases": row["live_leases"],

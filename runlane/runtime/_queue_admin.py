@@ -91,6 +91,8 @@ def list_queues(storage: Storage, environment: str, queues: Mapping[str, Queue])
         row: Mapping[str, Any] = rows.get(name, {})
         defined = queues.get(name)
         age = row.get("oldest_queued_age")
+        counts = {status: int(row.get(status, 0)) for status in _COUNTED}
+        claimed = int(row.get("claimed", 0))
         infos.append(
             QueueInfo(
                 name=name,
@@ -100,9 +102,11 @@ def list_queues(storage: Storage, environment: str, queues: Mapping[str, Queue])
                 concurrency_limit=None if defined is None else defined.concurrency_limit,
                 rate_limit=getattr(defined, "rate_limit", None),
                 key_concurrency_limit=getattr(defined, "key_concurrency_limit", None),
-                counts={status: int(row.get(status, 0)) for status in _COUNTED},
+                counts=counts,
                 oldest_queued_age=None if age is None else max(0.0, float(age)),
                 defined=defined is not None,
+                running=counts["running"] - claimed + counts["cancellation_requested"],
+                claimed=claimed,
             )
         )
     return infos

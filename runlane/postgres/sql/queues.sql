@@ -83,14 +83,19 @@ select exists (select from {schema}.queue_states
 
 -- name: queue_list
 -- Every queue with unfinished runs or a queue_states row: its state, its unfinished runs
--- by status (terminal runs are not read: that part of the table only grows), its live
--- leases (running attempts whose lease has not lapsed: the count a bounded queue's limit
--- applies to), and how long its oldest due queued run has been due. Serves list_queues
--- (queue_list) and status() (status_counts: the paused queues and those with runs).
+-- by status (terminal runs are not read: that part of the table only grows), of its
+-- running runs those claimed and not started (the current attempt's handler has not been
+-- seen to start: started_attempt is not attempt, as status_counts' claimed_not_started),
+-- its live leases (running attempts whose lease has not lapsed: the count a bounded
+-- queue's limit applies to), and how long its oldest due queued run has been due. Serves
+-- list_queues (queue_list) and status() (status_counts: the paused queues and those with
+-- runs). One pass over the unfinished runs, the same rows as without the split.
 with counts as (
     select queue,
            count(*) filter (where status = 'queued') as queued,
            count(*) filter (where status = 'running') as running,
+           count(*) filter (where status = 'running'
+                              and started_attempt is distinct from attempt) as claimed,
            count(*) filter (where status = 'retrying') as retrying,
            count(*) filter (where status = 'released') as released,
            count(*) filter (where status = 'waiting') as waiting,
@@ -115,6 +120,7 @@ select coalesce(c.queue, s.queue) as queue,
        s.paused_at,
        coalesce(c.queued, 0) as queued,
        coalesce(c.running, 0) as running,
+       coalesce(c.claimed, 0) as claimed,
        coalesce(c.retrying, 0) as retrying,
        coalesce(c.released, 0) as released,
        coalesce(c.waiting, 0) as waiting,
