@@ -402,7 +402,8 @@ _MESSAGES = {
     COMPLETED: "run %s completed in %.1f ms (task %s, attempt %d)",
     HANDED_BACK: "run %s handed back unspent after %.1f ms (task %s, attempt %d)",
     CANCELLED: "run %s cancelled after %.1f ms (task %s, attempt %d)",
-    TIMED_OUT: "run %s passed its timeout after %.1f ms (task %s, attempt %d)",
+    TIMED_OUT: "run %s timed out after %.1f ms; the attempt failed at its task timeout, a "
+    "late result is discarded (task %s, attempt %d)",
     LEASE_LOST: "run %s lost its lease after %.1f ms; nothing written (task %s, attempt %d)",
     DISCARDED: "run %s finished after %.1f ms, after it was handed back (task %s, attempt %d)",
     SUSPENDED: "run %s suspended after %.1f ms: waiting, sleeping or released "

@@ -208,3 +208,23 @@ def test_a_final_timeout_is_logged_once_at_error(
     assert failure.exc_info is not None
     assert type(failure.exc_info[1]).__name__ == "TaskTimeout"
     assert failure.outcome == "failed"  # type: ignore[attr-defined]
+
+    # issue 37: the handler returned after its timeout; its end reads as a timeout, not as
+    # a shutdown's hand-back ("finished after ... ms, after it was handed back")
+    def returned() -> list[str]:
+        found = [r for r in caplog.records if str(handle.id) in r.getMessage()]
+        return [r.getMessage() for r in found if r.name == "runlane.worker" and r.levelno == 20]
+
+    # the worker's line comes last, after the attempt's end record
+    wait_until(lambda: bool(returned()), timeout=10, what="the late return's line")
+    assert "returned after its task timeout; its result is discarded" in returned()[0]
+    ends = [
+        r for r in caplog.records if str(handle.id) in r.getMessage() and r.name == "runlane.runs"
+    ]
+    ended = ends[-1]
+    assert ended.outcome == "timed_out"  # type: ignore[attr-defined]
+    assert f"run {handle.id} timed out after " in ended.getMessage()
+    assert "failed at its task timeout" in ended.getMessage()
+    for record in caplog.records:
+        assert "handed back" not in record.getMessage()
+        assert "taken from this worker" not in record.getMessage()

@@ -135,7 +135,9 @@ class Attempts:
         if attempt is not None or self._drain:
             kind = _telemetry.outcome_kind(outcome, context)
             if not still_ours and outcome.write is not None:
-                kind = _telemetry.DISCARDED
+                # failed at its task timeout, or handed back by close: the result is dropped
+                timed_out = context.stop_reason is StopReason.TIMEOUT
+                kind = _telemetry.TIMED_OUT if timed_out else _telemetry.DISCARDED
             if self._drain:
                 drained = kind
                 if not still_ours and context.stop_reason is StopReason.TIMEOUT:
@@ -152,10 +154,12 @@ class Attempts:
             self._submit(outcome.write)
         else:
             log.info(
-                "run %s attempt %d finished after it was taken from this worker; "
-                "its result is discarded",
+                "run %s attempt %d returned after %s; its result is discarded",
                 claimed.id,
                 claimed.attempt,
+                "its task timeout"
+                if context.stop_reason is StopReason.TIMEOUT
+                else "it was taken from this worker",
             )
 
     def _submit(self, write: Write) -> None:
