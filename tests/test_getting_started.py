@@ -10,7 +10,8 @@ the venv is made ``--without-pip`` and its ``pip`` is this environment's pip, se
 same line (``ensurepip`` cost 6 CPU-s to install a pip and a setuptools too old to build
 runlane, which the test then removed); Flask's port 5000 becomes a free port; ``RUN_ID``
 becomes the id the app answered. ``HOME`` is a temporary directory, so
-``runlane dev-db`` keeps its data there."""
+``runlane dev-db`` keeps its data there (as root, whose default is /var/lib/runlane/dev-db,
+``RUNLANE_DEV_DB_DIR`` names the same place)."""
 
 from __future__ import annotations
 
@@ -179,6 +180,7 @@ def workspace() -> Iterator[Path]:
     may prune it, or reset /tmp/pytest-of-<user> to mode 0700 under the PostgreSQL server
     (which runs as another user when the tests run as root); removed afterwards."""
     path = Path(tempfile.mkdtemp(prefix="runlane-guide-"))
+    path.chmod(0o755)  # as root: dev-db refuses a data directory its server's user cannot reach
     try:
         yield path
     finally:
@@ -205,12 +207,14 @@ def shell(workspace: Path) -> Iterator[Shell]:
     keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "CI")
     env = {k: v for k, v in os.environ.items() if k in keep}
     env |= {"HOME": str(home), "PATH": os.pathsep.join([str(bin_dir), *path])}
+    data = home / ".local" / "share" / "runlane" / "dev-db"
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env["RUNLANE_DEV_DB_DIR"] = str(data)
     started = Shell(clone, env, tmp_path / "state")
     try:
         yield started
     finally:
         started.stop_background()
-        data = home / ".local" / "share" / "runlane" / "dev-db"
         main(["dev-db", "stop", "--dir", str(data)])  # in this process: no interpreter to start
 
 

@@ -77,17 +77,27 @@ def _url(args: argparse.Namespace) -> int:
 
 def _reset(args: argparse.Namespace) -> int:
     db = dev_database(args.dir)
-    if not args.yes:
-        # checked first, so a running server is reported before the confirmation is asked
-        if db.state().running:
-            db.reset()  # raises: held by a running server
+    # checked first, so a directory dev-db did not make or a running server is reported
+    # before the confirmation is asked
+    if db.check_reset() and not args.yes:
         raise ConfigurationError(
             f"reset deletes every database in {db.directory}: run it again with --yes"
         )
-    if db.reset():
+    done = db.reset()
+    if done is None:
+        _say(f"nothing to delete: {db.directory} does not exist")
+    elif done.removed:
         _say(f"deleted {db.directory}; `runlane dev-db start` creates a fresh database")
     else:
-        _say(f"nothing to delete: {db.directory} does not exist")
+        why = (
+            f"it holds {', '.join(done.kept)}, which dev-db did not make"
+            if done.kept
+            else "it was there before `runlane dev-db start`"
+        )
+        _say(
+            f"deleted the development database in {db.directory}; the directory stays: {why}. "
+            "`runlane dev-db start` creates a fresh database"
+        )
     return 0
 
 
@@ -98,7 +108,10 @@ def add_devdb_command(commands: Any, load_app: Any) -> None:
     where.add_argument(
         "--dir",
         default=None,
-        help=f"the data directory (default: $RUNLANE_DEV_DB_DIR, else {default_directory()})",
+        help=(
+            "the directory dev-db keeps the database in, which it creates (or an empty one); "
+            f"default: $RUNLANE_DEV_DB_DIR, else {default_directory()}"
+        ),
     )
     devdb = commands.add_parser(
         "dev-db",
@@ -116,7 +129,12 @@ def add_devdb_command(commands: Any, load_app: Any) -> None:
         ("stop", _stop, "stop it; the data stays"),
         ("status", _status, "directory, running or not, URL (exit 1 when not running)"),
         ("url", _url, "print the URL alone (exit 1 when not running)"),
-        ("reset", _reset, "delete its data (refused while it runs; needs --yes)"),
+        (
+            "reset",
+            _reset,
+            "delete its data and the directory dev-db made (refused while it runs, and for a "
+            "directory dev-db did not make; needs --yes)",
+        ),
     ):
         action = actions.add_parser(name, parents=[where], help=help_text, description=help_text)
         action.set_defaults(handler=handler)
