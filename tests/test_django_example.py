@@ -117,6 +117,10 @@ def test_the_management_command_runs_a_worker(site: dict[str, str]) -> None:
             if worker.poll() is None:
                 worker.kill()
     assert worker.returncode == 0, err
+    # issue 37: each line once (Django's LOGGING handler and the CLI's both wrote it)
+    ended = [line for line in err.splitlines() if f"run {run_id} completed in" in line]
+    assert len(ended) == 1, err
+    assert " INFO runlane.runs: " in ended[0]  # the CLI's format, with the time and level
     shown = client.get(f"/orders/{order_id}").json()
     assert shown == {"id": order_id, "status": "shipped", "run_status": "completed"}
     assert client.get("/orders/999999").status_code == 404

@@ -41,9 +41,13 @@ DATABASES = {
         "CONN_MAX_AGE": 60,
     }
 }
+# runlane's records, once each, in the web process and in `manage.py runlane_worker`: they do
+# not propagate to the root logger, where `runlane worker` (which the command runs) puts its
+# own handler, so the worker would write every line twice
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"runlane": {"handlers": ["console"], "level": "INFO"}},
+    "formatters": {"line": {"format": "{asctime} {levelname} {name}: {message}", "style": "{"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "loggers": {"runlane": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }
