@@ -5,13 +5,16 @@ three-node cluster per module)."""
 from __future__ import annotations
 
 import os
+import secrets
 import sys
+import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from runlane import Queue, Runlane, Task, create_runlane
 from runlane._rabbit_nodes import (
@@ -22,7 +25,11 @@ from runlane._rabbit_nodes import (
     start_rabbitmq_cluster,
     start_rabbitmq_node,
 )
-from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
+from runlane.postgres import (
+    apply_postgres_storage_migrations,
+    grant_postgres_role,
+    postgres_polling_lane,
+)
 from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
 from tests._bytecode import compile_checkout
 from tests._schemas import SchemaPool, new_schema_name
@@ -281,3 +288,50 @@ def rabbit_runtime(database_url: str, schema: str) -> Iterator[RabbitRuntimes]:
     yield make
     for runtime in made:
         runtime.close(timeout=10)
+
+
+# -- least-privilege roles (tests/test_grants.py, tests/test_grants_enforced.py) ------------
+
+
+@pytest.fixture
+def make_role(
+    database_url: str, db: psycopg.Connection[Any]
+) -> Iterator[Callable[[], tuple[str, str]]]:
+    """Create LOGIN roles with unique names and passwords; ``(name, conninfo)`` of each.
+    Dropped at teardown with what they were granted."""
+    made: list[str] = []
+
+    def make() -> tuple[str, str]:
+        name = f"rl_{uuid.uuid4().hex[:12]}"
+        password = secrets.token_urlsafe(16)
+        db.execute(
+            sql.SQL("create role {} login password {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
+        made.append(name)
+        return name, make_conninfo(database_url, user=name, password=password)
+
+    yield make
+    for name in made:
+        db.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity where usename = %s", (name,)
+        )
+        db.execute(sql.SQL("drop owned by {}").format(sql.Identifier(name)))
+        db.execute(sql.SQL("drop role {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def granted(
+    database_url: str, schema: str, make_role: Callable[[], tuple[str, str]]
+) -> Callable[..., str]:
+    """A fresh role granted ``job`` on this test's schema (by the owner); its conninfo."""
+
+    def grant(job: str, lane: str = "polling") -> str:
+        name, conninfo = make_role()
+        grant_postgres_role(
+            connection_string=database_url, schema=schema, job=job, role=name, lane=lane
+        )
+        return conninfo
+
+    return grant

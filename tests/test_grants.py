@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import secrets
 import threading
 import time
 import uuid
@@ -22,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from runlane import (
     ConfigurationError,
@@ -58,46 +57,6 @@ from tests.helpers import Conn, SchemaDb, elapse, wait_until
 RoleMaker = Callable[..., str]
 
 DENIED = psycopg.errors.InsufficientPrivilege
-
-
-@pytest.fixture
-def make_role(database_url: str, db: Conn) -> Iterator[Callable[[], tuple[str, str]]]:
-    """Create LOGIN roles with unique names and passwords; ``(name, conninfo)`` of each.
-    Dropped at teardown with what they were granted."""
-    made: list[str] = []
-
-    def make() -> tuple[str, str]:
-        name = f"rl_{uuid.uuid4().hex[:12]}"
-        password = secrets.token_urlsafe(16)
-        db.execute(
-            sql.SQL("create role {} login password {}").format(
-                sql.Identifier(name), sql.Literal(password)
-            )
-        )
-        made.append(name)
-        return name, make_conninfo(database_url, user=name, password=password)
-
-    yield make
-    for name in made:
-        db.execute(
-            "select pg_terminate_backend(pid) from pg_stat_activity where usename = %s", (name,)
-        )
-        db.execute(sql.SQL("drop owned by {}").format(sql.Identifier(name)))
-        db.execute(sql.SQL("drop role {}").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def granted(database_url: str, schema: str, make_role: Callable[[], tuple[str, str]]) -> RoleMaker:
-    """A fresh role granted ``job`` on this test's schema (by the owner); its conninfo."""
-
-    def grant(job: str, lane: str = "polling") -> str:
-        name, conninfo = make_role()
-        grant_postgres_role(
-            connection_string=database_url, schema=schema, job=job, role=name, lane=lane
-        )
-        return conninfo
-
-    return grant
 
 
 @pytest.fixture
@@ -207,6 +166,14 @@ def test_the_sql_only_grants(job: str, lane: str) -> None:
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
     statements_ = [s.strip() for s in code.split(";") if s.strip()]
     assert statements_
+    # what earlier releases granted and no job holds now is taken back first
+    revokes = [s for s in statements_ if s.startswith("revoke ")]
+    assert revokes == [
+        'revoke delete on "rl_app".runs from "App-Role"',
+        'revoke delete on "rl_app".attempts from "App-Role"',
+        'revoke update (payload, pruned_at, remaining_children) on "rl_app".runs from "App-Role"',
+    ]
+    statements_ = [s for s in statements_ if s not in revokes]
     for statement in statements_:
         assert statement.startswith("grant "), statement
         assert statement.endswith(' to "App-Role"'), statement
@@ -219,10 +186,11 @@ def test_the_sql_only_grants(job: str, lane: str) -> None:
         return any(re.match(r"grant [^(]*\bdelete\b", s) and target in s for s in statements_)
 
     assert deletes("outbox") is (lane == "rabbitmq")
-    # cleanup, and the operator's delete_runs, delete a run's attempts with it (schema
-    # version 5 has no cascading key there)
-    assert deletes("runs") is (job in ("maintenance", "operator"))
-    assert deletes("attempts") is (job in ("maintenance", "operator"))
+    # cleanup and the operator's delete_runs delete runs (and their attempts) only through
+    # runlane_delete_runs, which takes finished runs alone: no job deletes them directly
+    assert not deletes("runs")
+    assert not deletes("attempts")
+    assert ("runlane_delete_runs" in code) is (job in ("maintenance", "operator"))
     assert deletes("workers") is (job == "maintenance")
     assert not deletes("queue_states")
     assert not any(deletes(t) for t in ("steps", "wait_tokens", "schedules"))
@@ -644,7 +612,7 @@ def test_triggers_write_outbox_items_under_the_producer_role(
     storage = PostgresStorage(connection_string=polling_producer, schema=schema)
     try:
         with pytest.raises(ConfigurationError, match="lacks a privilege"):
-            storage.outbox_claim_page(10, timedelta(seconds=30))
+            storage.outbox_claim_page("default", 10, timedelta(seconds=30))
     finally:
         storage.close()
     publisher = PostgresStorage(
@@ -652,12 +620,12 @@ def test_triggers_write_outbox_items_under_the_producer_role(
     )
     try:
         publisher.outbox_enable("default", timedelta(seconds=60))
-        page = publisher.outbox_claim_page(10, timedelta(seconds=30))
+        page = publisher.outbox_claim_page("default", 10, timedelta(seconds=30))
         assert {item.run_id for item in page} == {handle.id, inside.id}
         first, second = page
         assert publisher.outbox_published([first]) == {first.id}
         assert publisher.outbox_failed([second], "broker down", timedelta(0)) == {second.id}
-        assert publisher.outbox_next_due() is not None
+        assert publisher.outbox_next_due("default") is not None
     finally:
         publisher.close()
 

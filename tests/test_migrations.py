@@ -230,7 +230,11 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         (fresh_schema,),
     ).fetchall()
     assert triggers == [
+        ("runlane_attempts_guard_delete",),
         ("runlane_runs_ended",),
+        ("runlane_runs_guard_delete",),
+        ("runlane_runs_guard_tombstone",),
+        ("runlane_runs_guard_transition",),
         ("runlane_runs_inserted",),
         ("runlane_runs_updated",),
     ]

@@ -1,9 +1,10 @@
 """The Postgres storage's bulk actions (retry, cancel, delete by filter) and attempt progress.
 Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in ``sql/bulk.sql``.
 
-A batch is two statements in one transaction: ``run_bulk_pick`` locks the batch, then the
-single-run action's own statement, keyed by ids, changes it (``run_retry`` of retry_run,
-``run_cancel`` of cancel, ``run_prune_ids`` of cleanup), so each transition is written once.
+A batch is two statements in one transaction: ``run_bulk_pick`` picks the batch, then the
+single-run action's own statement, keyed by ids, locks what no one else holds and changes
+it (``run_retry`` of retry_run, ``run_cancel`` of cancel, ``run_prune_ids`` of cleanup:
+migration 14's SECURITY DEFINER functions), so each transition is written once.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class BulkMethods:
         ]
 
         def batch(conn: Conn) -> BulkBatch:
-            # the batch is its own transaction: the pick's row locks hold through the action
+            # the batch is its own transaction: the action's row locks hold until it commits
             with self._transaction(conn):
                 picked = conn.execute(self._sql["run_bulk_pick"], params).fetchall()
                 changed = act(conn, runs.environment, [row[0] for row in picked])
@@ -150,30 +151,36 @@ class BulkMethods:
         return conn.transaction() if own else contextlib.nullcontext()
 
     def _retry_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
-        """retry_run's run_retry on locked runs; how many were retried."""
+        """retry_run's run_retry on the picked runs no one holds; how many were retried."""
         if not ids:
             return 0
-        rows = conn.execute(self._sql["run_retry"], {"environment": environment, "ids": ids})
+        params = {"environment": environment, "ids": ids, "skip_locked": True}
+        rows = conn.execute(self._sql["run_retry"], params)
         return sum(1 for _, _, _, retried in rows if retried)
 
     def _cancel_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
-        """cancel's run_cancel on locked runs; how many were cancelled or asked to stop."""
+        """cancel's run_cancel on the picked runs no one holds; how many were cancelled or
+        asked to stop."""
         if not ids:
             return 0
-        rows = conn.execute(self._sql["run_cancel"], {"environment": environment, "ids": ids})
+        params = {"environment": environment, "ids": ids, "skip_locked": True}
+        rows = conn.execute(self._sql["run_cancel"], params)
         return sum(1 for _, _, current in rows if current is not None)
 
     def _delete_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
-        """Cleanup's run_prune_ids on locked runs; how many were deleted or tombstoned."""
-        return sum(self._prune_ids(conn, environment, ids))
+        """Cleanup's run_prune_ids on the picked runs no one holds; how many were deleted or
+        tombstoned."""
+        return sum(self._prune_ids(conn, environment, ids, skip_locked=True))
 
-    def _prune_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> tuple[int, int]:
-        """run_prune_ids on runs locked in this transaction: (deleted, tombstoned)."""
+    def _prune_ids(
+        self, conn: Conn, environment: str, ids: list[uuid.UUID], *, skip_locked: bool
+    ) -> tuple[int, int]:
+        """run_prune_ids on these runs (those another transaction holds left alone with
+        skip_locked, else waited for): (deleted, tombstoned)."""
         if not ids:
             return 0, 0
-        row = conn.execute(
-            self._sql["run_prune_ids"], {"environment": environment, "ids": ids}
-        ).fetchone()
+        params = {"environment": environment, "ids": ids, "skip_locked": skip_locked}
+        row = conn.execute(self._sql["run_prune_ids"], params).fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
 

@@ -97,6 +97,13 @@ def postgres_grant_sql(
     name raises :class:`~runlane.ConfigurationError`. The role must exist when the SQL
     runs, and the schema must be migrated.
     """
+    grants, revokes = _grant_parts(job=job, role=role, schema=schema, lane=lane)
+    header = f"-- runlane: the {job} job in schema {schema} ({lane} lane)"
+    return "\n\n".join([header, grants, revokes]) + "\n"
+
+
+def _grant_parts(*, job: str, role: str, schema: str, lane: str) -> tuple[str, str]:
+    """The job's grants, and the revokes of what earlier releases granted and no job holds."""
     _check_job(job)
     _check_lane(lane)
     validate_role_name(role)
@@ -105,9 +112,8 @@ def postgres_grant_sql(
     names = ["grant_common", f"grant_{job}"]
     if lane == "rabbitmq":
         names.append("grant_publisher")
-    header = f"-- runlane: the {job} job in schema {schema} ({lane} lane)"
-    parts = [header, *(render(blocks[name], schema, role=role) for name in names)]
-    return "\n\n".join(parts) + "\n"
+    grants = "\n\n".join(render(blocks[name], schema, role=role) for name in names)
+    return grants, render(blocks["revoke_stale"], schema, role=role)
 
 
 def grant_postgres_role(
@@ -130,6 +136,7 @@ def grant_postgres_role(
     several jobs. Run it again after a migration to a new schema version.
     """
     text = postgres_grant_sql(job=job, role=role, schema=schema, lane=lane)
+    grants, revokes = _grant_parts(job=job, role=role, schema=schema, lane=lane)
     params = check_conninfo(connection_string)
     # libpq waits forever for an unreachable host unless told otherwise
     timeout: dict[str, Any] = (
@@ -149,7 +156,7 @@ def grant_postgres_role(
             )
             with conn.transaction():
                 _check_target(conn, role, schema)
-                conn.execute(text.encode("utf-8"))
+                conn.execute(grants.encode("utf-8"))
                 if skipped:
                     raise ConfigurationError(
                         f"the connected role may not grant everything the {job} job needs on "
@@ -157,6 +164,7 @@ def grant_postgres_role(
                         "nothing was granted: connect as the schema's owner (the role that "
                         "ran `runlane migrate`) or a superuser"
                     )
+                conn.execute(revokes.encode("utf-8"))
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ConfigurationError(
             f"the connected role may not grant on schema {schema!r} "

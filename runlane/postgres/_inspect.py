@@ -99,7 +99,7 @@ class InspectMethods:
 
     def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
         # run_retry is keyed by ids: retry_runs passes it a batch (see _bulk.py)
-        params: dict[str, Any] = {"environment": environment, "ids": [run_id]}
+        params: dict[str, Any] = {"environment": environment, "ids": [run_id], "skip_locked": False}
 
         def retry(conn: Conn) -> RetryOutcome:
             # one transaction: the run read as the retry left it, before a worker can claim it

@@ -844,7 +844,7 @@ class PostgresStorage(
             # picked in the same transaction (the fence's when fenced), so the locks hold
             with self._transaction(conn):
                 ids = [row[0] for row in conn.execute(self._sql["run_prune"], params)]
-                deleted, tombstoned = self._prune_ids(conn, environment, ids)
+                deleted, tombstoned = self._prune_ids(conn, environment, ids, skip_locked=False)
             return PruneResult(deleted=deleted, tombstoned=tombstoned)
 
         return self._fenced(fence, prune)
@@ -1053,7 +1053,7 @@ class PostgresStorage(
 
     def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
         # run_cancel is keyed by ids: cancel_runs passes it a batch (see _bulk.py)
-        params = {"environment": environment, "ids": [run_id]}
+        params = {"environment": environment, "ids": [run_id], "skip_locked": False}
 
         def cancel(conn: Conn) -> tuple[RunStatus, RunStatus] | None:
             row = conn.execute(self._sql["run_cancel"], params).fetchone()

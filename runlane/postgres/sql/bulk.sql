@@ -6,9 +6,9 @@
 --
 -- A bulk action walks one status at a time down runs_listing_by_status (environment,
 -- status, created_at desc, id desc) from a keyset cursor, one batch per transaction: each
--- batch's run_bulk_pick locks its rows with SKIP LOCKED (a run a worker or another action
--- holds is left to it, never waited for), and the single-run action's statement, keyed by
--- ids, changes them. The created_at bounds are index conditions; the task and queue
+-- batch's run_bulk_pick picks its rows and the single-run action's statement, keyed by ids,
+-- locks them with SKIP LOCKED (a run a worker or another action holds is left to it, never
+-- waited for) and changes them. The created_at bounds are index conditions; the task and queue
 -- filters are checked on the rows the walk meets. A batch that returns fewer rows than
 -- asked ended its status's walk. Every change re-checks the status it was selected for, so
 -- a re-run (or the rest of an interrupted run) finds only what is left to do.
@@ -31,10 +31,11 @@ from (
 
 -- name: run_bulk_pick
 -- One batch of a bulk action: up to batch runs of one status below the cursor, newest
--- first, locked (SKIP LOCKED: a run a worker or another action holds is left to it). The
--- caller then runs the action's single-run statement on their ids in the same transaction
--- (retry: sql/inspect.sql run_retry; cancel: sql/cancel.sql run_cancel; delete:
--- sql/maintenance.sql run_prune_ids), which re-checks the status it applies to; the last
+-- first. The caller then runs the action's single-run statement on their ids in the same
+-- transaction (retry: sql/inspect.sql run_retry; cancel: sql/cancel.sql run_cancel;
+-- delete: sql/maintenance.sql run_prune_ids) with skip_locked, so a run a worker or another
+-- action holds is left to it; the action locks (the operator role may not: it changes runs
+-- only through migration 14's functions) and re-checks the status it applies to. The last
 -- row is the cursor of the next batch.
 select id, created_at
 from {schema}.runs
@@ -47,8 +48,7 @@ where environment = %(environment)s
   and (%(task_id)s::text is null or task_id = %(task_id)s::text)
   and (%(queue)s::text is null or queue = %(queue)s::text)
 order by created_at desc, id desc
-limit %(batch)s
-for update skip locked;
+limit %(batch)s;
 
 -- name: runs_analyze
 -- Fresh statistics for runs after a bulk retry moved many runs into queued. Statistics

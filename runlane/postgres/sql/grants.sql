@@ -94,17 +94,18 @@ grant insert (worker_id) on {schema}.attempts to {role};
 -- name: grant_maintenance
 -- run_maintenance_once and start_services: maintenance leases (bands and fences),
 -- schedules and their runs, due delivery, wait token timeouts and resumes, attempt expiry,
--- delivery recovery, cleanup (deleting runs past retention with their attempts, and their
--- steps through the foreign key, and tombstoning parents).
-grant select, delete on {schema}.runs to {role};
+-- delivery recovery, cleanup (runlane_delete_runs deletes runs past retention with their
+-- attempts, and their steps through the foreign key, and tombstones parents). Attempts
+-- end here only when their lease lapsed, and never completed (the update trigger).
+grant select on {schema}.runs to {role};
 grant insert (id, environment, task_id, queue, status, priority, payload, max_attempts,
               idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
     on {schema}.runs to {role};
-grant update (status, due_at, error, output, payload, lease_token, lease_expires_at,
-              finished_at, updated_at, wait_kind, wait_token_id, wait_run_id, pruned_at,
-              remaining_children)
+grant update (status, due_at, error, lease_token, lease_expires_at, finished_at, updated_at,
+              wait_kind, wait_token_id, wait_run_id)
     on {schema}.runs to {role};
-grant select, delete on {schema}.attempts to {role};
+grant execute on function {schema}.runlane_delete_runs(text, uuid[], boolean) to {role};
+grant select on {schema}.attempts to {role};
 grant insert (run_id, attempt, lease_token, outcome, error, started_at)
     on {schema}.attempts to {role};
 grant select on {schema}.wait_tokens to {role};
@@ -131,14 +132,14 @@ grant select, delete on {schema}.workers to {role};
 -- list_runs, get_run, get_run_history, status (and `runlane status`, `runlane runs ...`),
 -- retry_run, cancel, and the bulk retry_runs, cancel_runs and delete_runs (deleting
 -- terminal runs with their attempts, and their steps through the foreign key, and
--- tombstoning parents, as cleanup does). Not: triggering, claiming, completing.
+-- tombstoning parents, as cleanup does): no UPDATE or DELETE on runs or attempts, only the
+-- SECURITY DEFINER functions that apply the API's rules. Not: triggering, claiming,
+-- completing, deleting live runs.
 grant select on {schema}.runs to {role};
-grant update (status, due_at, releases, error, output, finished_at, lease_token,
-              lease_expires_at, wait_kind, wait_token_id, wait_run_id, updated_at)
-    on {schema}.runs to {role};
-grant delete on {schema}.runs to {role};
-grant update (payload, pruned_at, remaining_children) on {schema}.runs to {role};
-grant select, delete on {schema}.attempts to {role};
+grant execute on function {schema}.runlane_retry_runs(text, uuid[], boolean) to {role};
+grant execute on function {schema}.runlane_cancel_runs(text, uuid[], boolean) to {role};
+grant execute on function {schema}.runlane_delete_runs(text, uuid[], boolean) to {role};
+grant select on {schema}.attempts to {role};
 grant select on {schema}.steps to {role};
 grant select on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};
@@ -166,3 +167,12 @@ grant update (claim_seconds) on {schema}.outbox_environments to {role};
 grant update (claim_token, claim_expires_at, failures, last_error, available_at)
     on {schema}.outbox to {role};
 grant delete on {schema}.outbox to {role};
+
+-- name: revoke_stale
+-- Last, for every job: what no job holds since version 14, taken back from a role granted
+-- by an earlier release. Runs and attempts are deleted, and payloads and tombstones
+-- written, only by runlane_delete_runs (the triggers of migration 14 refuse them to every
+-- other role anyway).
+revoke delete on {schema}.runs from {role};
+revoke delete on {schema}.attempts from {role};
+revoke update (payload, pruned_at, remaining_children) on {schema}.runs from {role};

@@ -72,40 +72,11 @@ where s.run_id = %(id)s and r.environment = %(environment)s
 order by s.created_at, s.name;
 
 -- name: run_retry
--- A failed or cancelled run becomes queued, due now, with a fresh attempt budget: the
--- attempts spent so far are counted as handed back (releases = attempt), so the next claim
--- is attempt number attempt + 1 (numbers only grow: fencing and the attempts history stay
--- intact) and max_attempts more attempts may follow. Its error, output and finish time are
--- cleared; its steps are kept (a retried handler gets their stored outputs). The runs
--- update trigger announces it, and writes its outbox item in outbox environments, as for
--- every transition into queued. Any other run, and a pruned tombstone, is left alone.
--- Keyed by ids: retry_run passes one, retry_runs a batch its run_bulk_pick locked (in the
--- same transaction). One row per run found: its status before, whether it is a tombstone,
--- whether it was retried.
-with target as (
-    select id, status, pruned_at is not null as pruned
-    from {schema}.runs
-    where id = any(%(ids)s::uuid[]) and environment = %(environment)s
-    for update
-), retried as (
-    update {schema}.runs as r
-    set status = 'queued',
-        due_at = now(),
-        releases = r.attempt,
-        error = null,
-        output = null,
-        finished_at = null,
-        lease_token = null,
-        lease_expires_at = null,
-        wait_kind = null,
-        wait_token_id = null,
-        wait_run_id = null,
-        updated_at = now()
-    from target as t
-    where r.id = t.id
-      and t.status in ('failed', 'cancelled')
-      and not t.pruned
-    returning r.id
-)
-select t.id, t.status, t.pruned, t.id in (select id from retried) as retried
-from target as t;
+-- A failed or cancelled run becomes queued, due now, with a fresh attempt budget; any other
+-- run, and a pruned tombstone, is left alone (migration 14's runlane_retry_runs holds the
+-- statement: the operator role may retry only through it). Keyed by ids: retry_run passes
+-- one (waiting for its lock), retry_runs a batch its run_bulk_pick picked (skip_locked).
+-- One row per run found: its status before, whether it is a tombstone, whether it was
+-- retried.
+select id, status, pruned, retried
+from {schema}.runlane_retry_runs(%(environment)s, %(ids)s::uuid[], %(skip_locked)s);

@@ -211,59 +211,9 @@ limit %(limit)s
 for update of r skip locked;
 
 -- name: run_prune_ids
--- Deletes terminal runs by id: cleanup's (run_prune picks them) and delete_runs' (a batch
--- its run_bulk_pick picked), their rows locked by that pick in the same transaction. One
--- that still has children becomes a tombstone counting them, and each deleted child lowers
--- its tombstoned parent's count. A tombstone given here (cleanup gives those whose count
--- reached zero) is deleted, never tombstoned again. A run that is not terminal is left
--- alone.
-with doomed as materialized (
-    select id, parent_run_id, pruned_at is not null as was_tombstone
-    from {schema}.runs
-    where id = any(%(ids)s::uuid[])
-      and environment = %(environment)s
-      and status in ('completed', 'failed', 'cancelled')
-    for update
-), child_counts as (
-    select c.parent_run_id as id, count(*) as n
-    from {schema}.runs as c
-    where c.parent_run_id in (select id from doomed)
-    group by c.parent_run_id
-), surviving as (
-    -- children that outlive this statement: not doomed, or doomed but tombstoned themselves
-    select c.parent_run_id as id, count(*) as n
-    from {schema}.runs as c
-    where c.parent_run_id in (select id from child_counts)
-      and (c.id not in (select id from doomed) or c.id in (select id from child_counts))
-    group by c.parent_run_id
-), tombstoned as (
-    update {schema}.runs as r
-    set pruned_at = now(), remaining_children = coalesce(s.n, 0), payload = 'null'::jsonb,
-        output = null, updated_at = now()
-    from child_counts as cc
-    join doomed as d on d.id = cc.id
-    left join surviving as s on s.id = cc.id
-    where r.id = cc.id and not d.was_tombstone
-    returning r.id
-), deleted as (
-    delete from {schema}.runs as r
-    using doomed as d
-    where r.id = d.id and d.id not in (select id from child_counts)
-    returning r.id, r.parent_run_id
-), attempts_deleted as (
-    -- a deleted run's finished attempts go with it (in this statement since version 5
-    -- dropped the key that cascaded); its steps go through their foreign key
-    delete from {schema}.attempts as a
-    using deleted as d
-    where a.run_id = d.id
-), parents as (
-    update {schema}.runs as p
-    set remaining_children = p.remaining_children - g.n, updated_at = now()
-    from (select parent_run_id, count(*) as n from deleted
-          where parent_run_id is not null group by parent_run_id) as g
-    where p.id = g.parent_run_id and p.pruned_at is not null
-    returning p.id
-)
-select (select count(*) from deleted) as deleted,
-       (select count(*) from tombstoned) as tombstoned,
-       (select count(*) from parents) as parents_updated;
+-- Deletes finished runs by id, tombstoning those that still have children (migration 14's
+-- runlane_delete_runs holds the statement: no role deletes runs but through it): cleanup's
+-- (run_prune picked and locked them in this transaction) and delete_runs' (a batch its
+-- run_bulk_pick picked, skip_locked). A run that is not finished is left alone.
+select deleted, tombstoned, parents_updated
+from {schema}.runlane_delete_runs(%(environment)s, %(ids)s::uuid[], %(skip_locked)s);

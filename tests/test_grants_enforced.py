@@ -1,0 +1,371 @@
+"""Least privilege held by the database, not only by the API: a role logged in with raw SQL
+can take none of the actions ``docs/security.md`` says its job may not take.
+
+Each role is created and granted as ``test_grants.py`` does (``runlane grant``); the runs it
+tries to change are written by the owner in every status. A statement a role may not run
+fails with ``InsufficientPrivilege`` (a missing grant, or migration 14's guard triggers) or a
+table check, and every row is left as it was. A property test (hypothesis) then tries every
+status change with the columns it needs, as each job and as an operator role still holding
+the grants of releases before schema version 14.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from tests.helpers import Conn, SchemaDb
+
+RoleMaker = Callable[..., str]
+STATUSES = (
+    "queued",
+    "running",
+    "retrying",
+    "released",
+    "waiting",
+    "cancellation_requested",
+    "completed",
+    "failed",
+    "cancelled",
+)
+TERMINAL = ("completed", "failed", "cancelled")
+LEASED = ("running", "cancellation_requested")
+REFUSED = (
+    psycopg.errors.InsufficientPrivilege,
+    psycopg.errors.CheckViolation,
+    psycopg.errors.NotNullViolation,
+)
+
+# what an operator role was granted on runs and attempts before schema version 14
+OLD_OPERATOR_GRANTS = """
+grant update (status, due_at, releases, error, output, finished_at, lease_token,
+              lease_expires_at, wait_kind, wait_token_id, wait_run_id, updated_at)
+    on {schema}.runs to {role};
+grant delete on {schema}.runs to {role};
+grant update (payload, pruned_at, remaining_children) on {schema}.runs to {role};
+grant delete on {schema}.attempts to {role};
+"""
+
+
+class Runs(SchemaDb):
+    """One run in each status (and one running whose lease lapsed), written by the owner."""
+
+    def make(self, status: str, *, lapsed: bool = False) -> uuid.UUID:
+        run_id = uuid.uuid4()
+        leased = status in LEASED
+        self.run(
+            "insert into {schema}.runs (id, environment, task_id, queue, status, payload, "
+            "output, max_attempts, due_at, attempt, lease_token, lease_expires_at, "
+            "finished_at, wait_kind) "
+            "values (%s, 'default', 'grants.leaf', 'default', %s, '{{\"n\": 1}}', %s, 3, now(), "
+            "%s, %s, now() + %s * interval '1 minute', %s, %s)",
+            run_id,
+            status,
+            '"real"' if status == "completed" else None,
+            1 if leased or status in TERMINAL else 0,
+            uuid.uuid4() if leased else None,
+            (-1 if lapsed else 5) if leased else None,
+            "2026-01-01" if status in TERMINAL else None,
+            "sleep" if status == "waiting" else None,
+        )
+        self.run(
+            "insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at) "
+            "select id, 1, gen_random_uuid(), 'failed', now() from {schema}.runs "
+            "where id = %s and status in ('completed', 'failed', 'cancelled')",
+            run_id,
+        )
+        return run_id
+
+    def snapshot(self) -> list[tuple[Any, ...]]:
+        return self.all(
+            "select r::text from {schema}.runs as r "
+            "union all select a::text from {schema}.attempts as a order by 1"
+        )
+
+
+@pytest.fixture
+def runs(db: Conn, schema: str) -> Runs:
+    return Runs(db, schema)
+
+
+def refused(conninfo: str, schema: str, statement: str, *params: Any) -> None:
+    """The role's statement fails for lack of a privilege or on a table check."""
+    text = sql.SQL(statement).format(schema=sql.Identifier(schema))
+    with psycopg.connect(conninfo, autocommit=True) as conn, pytest.raises(REFUSED):
+        conn.execute(text, params)
+
+
+def function_call(conninfo: str, schema: str, function: str, run_id: uuid.UUID) -> list[Any]:
+    text = sql.SQL("select * from {}.{}('default', %s, false)").format(
+        sql.Identifier(schema), sql.Identifier(function)
+    )
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return conn.execute(text, ([run_id],)).fetchall()
+
+
+FORGE = "update {schema}.runs set status = 'completed', output = '\"forged\"', "
+FINISH = "finished_at = now(), lease_token = null, lease_expires_at = null where id = %s"
+
+
+@pytest.mark.parametrize("job", ["producer", "worker", "maintenance", "operator"])
+def test_no_role_forges_cancels_retries_or_deletes_through_sql(
+    job: str, schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    conninfo = granted(job)
+    queued = runs.make("queued")
+    running = runs.make("running")
+    waiting = runs.make("waiting")
+    failed = runs.make("failed")
+    completed = runs.make("completed")
+    before = runs.snapshot()
+
+    # complete a run that nobody claimed, with an output of its choosing
+    refused(conninfo, schema, FORGE + FINISH, queued)
+    # rewrite a completed run's output, or a queued run's payload
+    refused(
+        conninfo, schema, "update {schema}.runs set output = '\"forged\"' where id = %s", completed
+    )
+    refused(
+        conninfo, schema, "update {schema}.runs set payload = '{{\"n\": 2}}' where id = %s", queued
+    )
+    # cancel a run, or ask a running one to stop: the operator's, through its function
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set status = 'cancelled', finished_at = now() where id = %s",
+        queued,
+    )
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set status = 'cancelled', finished_at = now(), wait_kind = null "
+        "where id = %s",
+        waiting,
+    )
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set status = 'cancellation_requested' where id = %s",
+        running,
+    )
+    # retry a failed run (or bring a completed one back)
+    for finished in (failed, completed):
+        refused(
+            conninfo,
+            schema,
+            "update {schema}.runs set status = 'queued', finished_at = null, error = null, "
+            "output = null where id = %s",
+            finished,
+        )
+    # start a run that is not queued (a claim of a failed run would re-run it)
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set status = 'running', attempt = attempt + 1, "
+        "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute', "
+        "finished_at = null where id = %s",
+        failed,
+    )
+    # delete runs, live or finished, or their attempts; tombstone a live run
+    for doomed in (queued, running, completed):
+        refused(conninfo, schema, "delete from {schema}.runs where id = %s", doomed)
+    refused(conninfo, schema, "delete from {schema}.attempts where run_id = %s", completed)
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set pruned_at = now(), remaining_children = 0, "
+        "payload = 'null' where id = %s",
+        queued,
+    )
+    if job != "worker":
+        # complete or fail an attempt whose lease is live: only the worker job's (it claims)
+        refused(conninfo, schema, FORGE + FINISH, running)
+        refused(
+            conninfo,
+            schema,
+            "update {schema}.runs set status = 'failed', error = '{{}}', " + FINISH,
+            running,
+        )
+        # claim a queued run
+        refused(
+            conninfo,
+            schema,
+            "update {schema}.runs set status = 'running', attempt = attempt + 1, "
+            "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute' "
+            "where id = %s",
+            queued,
+        )
+    # the operator's functions: not for the producer and the worker; maintenance may only
+    # delete (cleanup), and no caller deletes a live run or retries a completed one
+    for function in ("runlane_cancel_runs", "runlane_retry_runs", "runlane_delete_runs"):
+        allowed = job == "operator" or (job == "maintenance" and function == "runlane_delete_runs")
+        if not allowed:
+            refused(
+                conninfo,
+                schema,
+                "select * from {schema}." + function + "('default', %s, false)",
+                [queued],
+            )
+    if job in ("operator", "maintenance"):
+        assert function_call(conninfo, schema, "runlane_delete_runs", queued) == [(0, 0, 0)]
+        assert function_call(conninfo, schema, "runlane_delete_runs", running) == [(0, 0, 0)]
+    if job == "operator":
+        assert function_call(conninfo, schema, "runlane_retry_runs", completed) == [
+            (completed, "completed", False, False)
+        ]
+    assert runs.snapshot() == before
+
+
+def test_maintenance_ends_only_attempts_whose_lease_lapsed(
+    schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """Expiry is maintenance's: an attempt whose lease lapsed may end (failed, retrying);
+    one whose lease is live may not, and no attempt completes."""
+    conninfo = granted("maintenance")
+    lapsed = runs.make("running", lapsed=True)
+    refused(conninfo, schema, FORGE + FINISH, lapsed)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "update {}.runs set status = 'failed', error = '{{}}', finished_at = now(), "
+                "lease_token = null, lease_expires_at = null where id = %s"
+            ).format(sql.Identifier(schema)),
+            (lapsed,),
+        )
+    assert runs.one("select status from {schema}.runs where id = %s", lapsed) == ("failed",)
+
+
+def test_an_operator_role_still_holding_old_grants_can_do_no_harm(
+    schema: str, make_role: Callable[[], tuple[str, str]], granted: RoleMaker, runs: Runs, db: Conn
+) -> None:
+    """A role granted the operator job by a release before schema version 14 kept UPDATE and
+    DELETE on runs until it is granted again: the guard triggers refuse what they allowed."""
+    name, conninfo = make_role()
+    SchemaDb(db, schema).conn.execute(
+        sql.SQL(OLD_OPERATOR_GRANTS.replace("{schema}", "{s}").replace("{role}", "{r}")).format(
+            s=sql.Identifier(schema), r=sql.Identifier(name)
+        )
+    )
+    db.execute(
+        sql.SQL("grant usage on schema {} to {}").format(
+            sql.Identifier(schema), sql.Identifier(name)
+        )
+    )
+    db.execute(
+        sql.SQL("grant select on {}.runs to {}").format(
+            sql.Identifier(schema), sql.Identifier(name)
+        )
+    )
+    queued = runs.make("queued")
+    completed = runs.make("completed")
+    before = runs.snapshot()
+    refused(conninfo, schema, FORGE + FINISH, queued)
+    refused(conninfo, schema, "delete from {schema}.runs where id = %s", queued)
+    refused(conninfo, schema, "delete from {schema}.runs where id = %s", completed)
+    refused(conninfo, schema, "delete from {schema}.attempts where run_id = %s", completed)
+    refused(conninfo, schema, "update {schema}.runs set payload = 'null' where id = %s", queued)
+    assert runs.snapshot() == before
+
+
+def _statement(target: str, output: bool) -> str:
+    """An UPDATE moving a run to ``target`` with the columns its table checks want."""
+    sets = [f"status = '{target}'"]
+    sets.append("finished_at = now()" if target in TERMINAL else "finished_at = null")
+    if target in LEASED:
+        sets.append("lease_token = gen_random_uuid()")
+        sets.append("lease_expires_at = now() + interval '1 minute'")
+    else:
+        sets.append("lease_token = null, lease_expires_at = null")
+    sets.append("wait_kind = 'sleep'" if target == "waiting" else "wait_kind = null")
+    if target == "running":
+        sets.append("attempt = attempt + 1")
+    if output:
+        sets.append("output = '\"forged\"'")
+    return "update {schema}.runs set " + ", ".join(sets) + " where id = %s"
+
+
+def forbidden(source: str, target: str, *, live: bool, claims: bool, output: bool) -> bool:
+    """What migration 14 refuses a role that is not the owner (claims: the worker job)."""
+    completes = target == "completed" and source in LEASED
+    return (
+        (target == "completed" != source and (source not in LEASED or not claims))
+        or (target == "running" != source and (source != "queued" or not claims))
+        or (source in LEASED and target not in LEASED and live and not claims)
+        or (source in TERMINAL and target != source)
+        or (target == "cancelled" and source not in ("cancellation_requested", "cancelled"))
+        or (target == "cancellation_requested" and source != target)
+        or (output and not completes)
+    )
+
+
+@pytest.fixture
+def role_conns(
+    schema: str, granted: RoleMaker, make_role: Callable[[], tuple[str, str]], db: Conn
+) -> Iterator[dict[str, psycopg.Connection[Any]]]:
+    conninfos = {job: granted(job) for job in ("producer", "worker", "maintenance")}
+    name, stale = make_role()
+    grant_text = OLD_OPERATOR_GRANTS.replace("{schema}", "{s}").replace("{role}", "{r}")
+    db.execute(
+        sql.SQL(
+            grant_text + "grant usage on schema {s} to {r}; grant select on {s}.runs to {r};"
+        ).format(s=sql.Identifier(schema), r=sql.Identifier(name))
+    )
+    conninfos["stale operator"] = stale
+    conns = {job: psycopg.connect(info) for job, info in conninfos.items()}
+    yield conns
+    for conn in conns.values():
+        conn.close()
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    job=st.sampled_from(["producer", "worker", "maintenance", "stale operator"]),
+    source=st.sampled_from(STATUSES),
+    target=st.sampled_from(STATUSES),
+    lapsed=st.booleans(),
+    output=st.booleans(),
+)
+def test_every_status_change_a_role_makes_is_one_its_job_may_make(
+    schema: str,
+    runs: Runs,
+    role_conns: dict[str, psycopg.Connection[Any]],
+    *,
+    job: str,
+    source: str,
+    target: str,
+    lapsed: bool,
+    output: bool,
+) -> None:
+    run_id = runs.make(source, lapsed=lapsed)
+    conn = role_conns[job]
+    text = sql.SQL(_statement(target, output)).format(schema=sql.Identifier(schema))
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute(text, (run_id,))
+            (after,) = conn.execute(
+                sql.SQL("select status from {}.runs where id = %s").format(sql.Identifier(schema)),
+                (run_id,),
+            ).fetchone() or (None,)
+            assert after == target
+    except REFUSED:
+        changed = False
+    else:
+        changed = True
+    if changed:
+        live = source in LEASED and not lapsed
+        assert not forbidden(source, target, live=live, claims=job == "worker", output=output), (
+            job,
+            source,
+            target,
+        )
