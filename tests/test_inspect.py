@@ -593,7 +593,7 @@ def test_retry_keeps_fencing_and_writes_an_outbox_item_on_transport_lanes(
                 run_at=None,
             )
         )
-        page = storage.outbox_claim_page(10, timedelta(minutes=5))
+        page = storage.outbox_claim_page("env", 10, timedelta(minutes=5))
         storage.outbox_published(page)
         (claimed,) = storage.run_claim_ids("env", [run_id], timedelta(minutes=1))
         old = LeaseRef(run_id, claimed.attempt, claimed.lease_token)

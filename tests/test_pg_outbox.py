@@ -120,7 +120,7 @@ def test_an_eager_trigger_stores_its_items_claimed_under_ids_the_producer_knows(
     assert by_run[later.ids[0]][1] is None  # the delayed run's item waits, unclaimed
     assert [n.payload for n in listener.notifies(timeout=0.3)] == [f"{ENV}|q"]
     # a live claim keeps the eager items from other publishers
-    assert storage.outbox_claim_page(10, CLAIM) == []
+    assert storage.outbox_claim_page(ENV, 10, CLAIM) == []
     assert storage.outbox_published(collector.items) == {i.id for i in collector.items}
     assert [r[0] for r in items(dbx)] == later.ids
 
@@ -154,7 +154,7 @@ def test_every_transition_into_queued_writes_an_item(
 ) -> None:
     runs = new_runs(5)
     storage.run_insert_many(runs)
-    published = storage.outbox_claim_page(10, CLAIM)
+    published = storage.outbox_claim_page(ENV, 10, CLAIM)
     assert storage.outbox_published(published) == {i.id for i in published}
     a, b, c, d, waiter = runs.ids
     # a run waiting on another (suspended: waiting is not queued)
@@ -188,7 +188,7 @@ def test_published_and_failed_are_fenced_by_the_claim_token(
 ) -> None:
     runs = new_runs(2)
     storage.run_insert_many(runs)
-    page = storage.outbox_claim_page(10, CLAIM)
+    page = storage.outbox_claim_page(ENV, 10, CLAIM)
     assert len(page) == 2
     assert len({i.claim_token for i in page}) == 2  # a fresh token per item
     stale = [OutboxItem(i.id, i.run_id, i.environment, i.queue, uuid.uuid4()) for i in page]
@@ -199,9 +199,9 @@ def test_published_and_failed_are_fenced_by_the_claim_token(
         "select failures, last_error, claim_token from {schema}.outbox where id = %s", page[0].id
     )
     assert row == (1, "broker down", None)
-    assert storage.outbox_claim_page(10, CLAIM) == []  # backed off, the other still claimed
+    assert storage.outbox_claim_page(ENV, 10, CLAIM) == []  # backed off, the other still claimed
     assert storage.outbox_published(page[1:]) == {page[1].id}
-    next_due = storage.outbox_next_due()
+    next_due = storage.outbox_next_due(ENV)
     assert next_due is not None
     assert 3500 < next_due <= 3600
 
@@ -209,7 +209,7 @@ def test_published_and_failed_are_fenced_by_the_claim_token(
 def test_deferring_and_recovering(storage: PostgresStorage, dbx: SchemaDb, listener: Conn) -> None:
     runs = new_runs(2)
     storage.run_insert_many(runs)
-    storage.outbox_published(storage.outbox_claim_page(10, CLAIM))
+    storage.outbox_published(storage.outbox_claim_page(ENV, 10, CLAIM))
     listener.notifies(timeout=0.2)
     assert storage.outbox_defer(ENV, runs.ids[:1], timedelta(seconds=30)) == 1
     assert f"{ENV}|outbox|q" in [n.payload for n in listener.notifies(timeout=0.3)]
@@ -235,18 +235,18 @@ def test_unclaim_releases_only_under_the_current_claim_and_counts_no_failure(
     """A publisher that will not publish under a claim about to expire gives the items back
     for a sweep at once; a claim already lost changes nothing."""
     storage.run_insert_many(new_runs(2))
-    first = storage.outbox_claim_page(10, CLAIM)
+    first = storage.outbox_claim_page(ENV, 10, CLAIM)
     assert len(first) == 2
     dbx.run("update {schema}.outbox set claim_expires_at = now() - interval '1 second'")
-    second = storage.outbox_claim_page(10, CLAIM)  # another publisher, after expiry
+    second = storage.outbox_claim_page(ENV, 10, CLAIM)  # another publisher, after expiry
     assert storage.outbox_unclaim(first) == set()  # the first publisher's claim is gone
-    assert storage.outbox_claim_page(10, CLAIM) == []  # still the second's
+    assert storage.outbox_claim_page(ENV, 10, CLAIM) == []  # still the second's
     assert storage.outbox_unclaim(second[:1]) == {second[0].id}
     rows = dbx.all("select id, claim_token, failures, last_error from {schema}.outbox")
     by_id = {row[0]: row[1:] for row in rows}
     assert by_id[second[0].id] == (None, 0, None)
     assert by_id[second[1].id] == (second[1].claim_token, 0, None)
-    assert [i.id for i in storage.outbox_claim_page(10, CLAIM)] == [second[0].id]
+    assert [i.id for i in storage.outbox_claim_page(ENV, 10, CLAIM)] == [second[0].id]
 
 
 def test_failing_queues_are_read_from_the_failing_index(
@@ -280,3 +280,84 @@ def test_failing_queues_are_read_from_the_failing_index(
         )
     )
     assert "outbox_failing" in plan, plan
+
+
+def test_a_publisher_claims_and_reads_only_its_own_environments_items(
+    storage: PostgresStorage, dbx: SchemaDb
+) -> None:
+    """SPEC section 2: an environment never sees another's runs. Claims and the next due
+    time are read per environment, and a write naming an item under another environment
+    than its own changes nothing."""
+    other = "other"
+    storage.outbox_enable(other, CLAIM)
+    mine, theirs = new_runs(2), new_runs(3, environment=other)
+    storage.run_insert_many(theirs)
+    storage.run_insert_many(mine)
+    page = storage.outbox_claim_page(ENV, 10, CLAIM)
+    assert sorted(i.run_id for i in page) == sorted(mine.ids)
+    assert {i.environment for i in page} == {ENV}
+    assert storage.outbox_published(page) == {i.id for i in page}
+    assert storage.outbox_next_due(ENV) is None  # the other environment's are due
+    due = storage.outbox_next_due(other)
+    assert due is not None
+    assert due <= 0
+    taken = storage.outbox_claim_page(other, 10, CLAIM)
+    assert sorted(i.run_id for i in taken) == sorted(theirs.ids)
+    forged = [OutboxItem(i.id, i.run_id, ENV, i.queue, i.claim_token) for i in taken]
+    assert storage.outbox_extend(forged, CLAIM) == set()
+    assert storage.outbox_published(forged) == set()
+    assert storage.outbox_unclaim(forged) == set()
+    assert storage.outbox_failed(forged, "nope", timedelta(0)) == set()
+    assert dbx.all("select count(*) from {schema}.outbox where claim_token is not null") == [(3,)]
+
+
+def test_extending_keeps_only_claims_still_held_in_database_time(
+    storage: PostgresStorage, dbx: SchemaDb
+) -> None:
+    """outbox_extend renews, from database now, the claims still the publisher's and
+    unexpired; an expired one (not taken yet) and one another publisher took are left out
+    and unchanged."""
+    storage.run_insert_many(new_runs(3))
+    held, expired, taken = storage.outbox_claim_page(ENV, 10, timedelta(seconds=30))
+    expire = (
+        "update {schema}.outbox set claim_expires_at = now() - interval '1 second' where id = %s"
+    )
+    dbx.run(expire, taken.id)
+    (retaken,) = storage.outbox_claim_page(ENV, 10, CLAIM)  # another publisher's claim
+    assert retaken.id == taken.id
+    dbx.run(expire, expired.id)
+    assert storage.outbox_extend([held, expired, taken], CLAIM) == {held.id}
+    rows = dbx.all(
+        "select id, claim_token, extract(epoch from claim_expires_at - now()) from {schema}.outbox"
+    )
+    by_id = {row[0]: (row[1], float(row[2])) for row in rows}
+    assert by_id[held.id][0] == held.claim_token
+    assert CLAIM.total_seconds() - 5 < by_id[held.id][1] <= CLAIM.total_seconds()  # renewed
+    assert by_id[expired.id][0] == expired.claim_token
+    assert by_id[expired.id][1] < 0  # still expired: a sweep takes it
+    assert by_id[taken.id][0] == retaken.claim_token
+    assert storage.outbox_extend([], CLAIM) == set()
+
+
+def test_the_next_due_time_counts_claims_that_expire(
+    storage: PostgresStorage, dbx: SchemaDb
+) -> None:
+    """An item claimed by a producer that died is publishable once its claim expires:
+    outbox_next_due says when, so an idle publisher sweeps then."""
+    collector = Collector()
+    storage.attach_eager_publisher(collector)
+    storage.run_insert_many(new_runs(1))
+    due = storage.outbox_next_due(ENV)
+    assert due is not None
+    assert CLAIM.total_seconds() - 5 < due <= CLAIM.total_seconds()
+    storage.run_insert_many(new_runs(1, delay=timedelta(hours=1)))
+    due = storage.outbox_next_due(ENV)
+    assert due is not None
+    assert due <= CLAIM.total_seconds()  # the claim expires before the delayed run is due
+    dbx.run(
+        "update {schema}.outbox set claim_expires_at = now() - interval '1 second' "
+        "where claim_token is not null"
+    )
+    due = storage.outbox_next_due(ENV)
+    assert due is not None
+    assert due < 0

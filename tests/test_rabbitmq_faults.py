@@ -315,11 +315,11 @@ def test_a_stale_publisher_changes_nothing(
 ) -> None:
     rl, storage = _outbox_storage(make_runlane)
     run_id = rl.trigger("faults.outboxed", None).id
-    (first,) = storage.outbox_claim_page(10, timedelta(seconds=30))
+    (first,) = storage.outbox_claim_page("default", 10, timedelta(seconds=30))
     assert first.run_id == run_id
-    assert storage.outbox_claim_page(10, timedelta(seconds=30)) == []  # a live claim
+    assert storage.outbox_claim_page("default", 10, timedelta(seconds=30)) == []  # a live claim
     _expire_claim(db, schema, first.id)  # the first publisher paused past its claim
-    (second,) = storage.outbox_claim_page(10, timedelta(seconds=30))
+    (second,) = storage.outbox_claim_page("default", 10, timedelta(seconds=30))
     assert second.id == first.id
     assert second.claim_token != first.claim_token
     held = _item_row(db, schema, first.id)
@@ -365,7 +365,7 @@ class _ClaimMachine(RuleBasedStateMachine):
     def claim(self, publisher: int) -> None:
         page = [
             i
-            for i in self.storage.outbox_claim_page(50, timedelta(minutes=5))
+            for i in self.storage.outbox_claim_page("default", 50, timedelta(minutes=5))
             if i.id == self.item_id
         ]
         if self.deleted or not self.claimable:

@@ -36,6 +36,16 @@ __all__ = ["EagerPublisher", "OutboxMethods", "eager_item_id"]
 T = TypeVar("T")
 
 
+def _fenced(items: Sequence[OutboxItem]) -> dict[str, list[Any]]:
+    """The parameters naming items under their claims: id, claim token and environment
+    (a write applies to an item of that environment under that claim only)."""
+    return {
+        "ids": [i.id for i in items],
+        "tokens": [i.claim_token for i in items],
+        "environments": [i.environment for i in items],
+    }
+
+
 def eager_item_id(claim: uuid.UUID, run_id: uuid.UUID) -> uuid.UUID:
     """The id the insert trigger gives an eagerly claimed item: md5(claim || run id)."""
     return uuid.UUID(hashlib.md5(f"{claim}{run_id}".encode(), usedforsecurity=False).hexdigest())
@@ -188,10 +198,12 @@ class OutboxMethods:
 
     # -- publishers ----------------------------------------------------------------------
 
-    def outbox_claim_page(self, limit: int, claim: timedelta) -> list[OutboxItem]:
-        """Claim up to ``limit`` publishable items of any environment, each under a fresh
-        token that expires ``claim`` after database now."""
+    def outbox_claim_page(self, environment: str, limit: int, claim: timedelta) -> list[OutboxItem]:
+        """Claim up to ``limit`` publishable items of ``environment`` (never another's: its
+        items may belong to a broker this publisher may not use), each under a fresh token
+        that expires ``claim`` after database now."""
         params = {
+            "environment": environment,
             "limit": limit,
             "claim_seconds": claim.total_seconds(),
         }
@@ -201,11 +213,22 @@ class OutboxMethods:
             ]
         )
 
+    def outbox_extend(self, items: Sequence[OutboxItem], claim: timedelta) -> set[uuid.UUID]:
+        """Extend to ``claim`` from database now the claims of the items that still hold
+        theirs, unexpired; returns their ids. The others must not be published under it."""
+        if not items:
+            return set()
+        params = {**_fenced(items), "claim_seconds": claim.total_seconds()}
+        return self._with_conn(
+            lambda conn: {row[0] for row in conn.execute(self._sql["outbox_extend"], params)},
+            draining=True,  # the publisher's eager items, published while the storage closes
+        )
+
     def outbox_published(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]:
         """Delete the items whose claim is still theirs; returns the ids deleted."""
         if not items:
             return set()
-        params = {"ids": [i.id for i in items], "tokens": [i.claim_token for i in items]}
+        params = _fenced(items)
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["outbox_published"], params)},
             draining=True,  # the publisher's record, let through while the storage closes
@@ -217,7 +240,7 @@ class OutboxMethods:
         expire); returns the ids released."""
         if not items:
             return set()
-        params = {"ids": [i.id for i in items], "tokens": [i.claim_token for i in items]}
+        params = _fenced(items)
         return self._with_conn(
             lambda conn: {row[0] for row in conn.execute(self._sql["outbox_unclaim"], params)},
             draining=True,  # the publisher's record, let through while the storage closes
@@ -230,8 +253,7 @@ class OutboxMethods:
         if not items:
             return set()
         params = {
-            "ids": [i.id for i in items],
-            "tokens": [i.claim_token for i in items],
+            **_fenced(items),
             "errors": [error[:2000]] * len(items),
             "delay_seconds": [delay.total_seconds()] * len(items),
         }
@@ -240,11 +262,14 @@ class OutboxMethods:
             draining=True,  # the publisher's record, let through while the storage closes
         )
 
-    def outbox_next_due(self) -> float | None:
-        """Seconds until the next item becomes publishable (<= 0: now), None when none."""
+    def outbox_next_due(self, environment: str) -> float | None:
+        """Seconds until the next item of ``environment`` becomes publishable (<= 0: now),
+        None when none: unclaimed items when available, claimed ones when their claim
+        expires."""
+        params = {"environment": environment}
 
         def next_due(conn: Conn) -> float | None:
-            row = conn.execute(self._sql["outbox_next_due"]).fetchone()
+            row = conn.execute(self._sql["outbox_next_due"], params).fetchone()
             return None if row is None or row[0] is None else float(row[0])
 
         return self._with_conn(next_due)

@@ -8,9 +8,10 @@ the Postgres storage and carries deliveries elsewhere. It needs, all public in
   seen as an :class:`Outbox`, through :func:`outbox_of`: every transition of a run into
   ``queued`` writes an outbox item in the same transaction once ``outbox_enable`` was
   called for the environment; publishers claim items (a fresh fencing token per item,
-  expiry by database time), record each result presenting that token (a stale publisher's
-  write changes nothing), and consumers claim the runs a delivery names by id with the
-  polling lane's fenced claim;
+  expiry by database time) of their own environment only, extend the claim before each
+  chunk they publish (publishing nothing whose claim was lost), record each result
+  presenting that token (a stale publisher's write changes nothing), and consumers claim
+  the runs a delivery names by id with the polling lane's fenced claim;
 - an :class:`EagerPublisher` attached to the storage: a trigger without ``connection=``
   stores its items already claimed and hands them over after its commit;
 - the announcement listener (:class:`~runlane.postgres.PostgresListener`) on the schema's
@@ -72,10 +73,17 @@ class Outbox(Protocol):
 
     # -- publishers ----------------------------------------------------------------------
 
-    def outbox_claim_page(self, limit: int, claim: timedelta) -> list[OutboxItem]:
-        """Claim up to ``limit`` publishable items of any environment, each under a fresh
-        token that expires ``claim`` after database now (an expired claim may be taken
-        again by any publisher)."""
+    def outbox_claim_page(self, environment: str, limit: int, claim: timedelta) -> list[OutboxItem]:
+        """Claim up to ``limit`` publishable items of ``environment`` (never another
+        environment's: its items may belong to a broker or virtual host this publisher may
+        not use), each under a fresh token that expires ``claim`` after database now (an
+        expired claim may be taken again by any publisher of the environment)."""
+
+    def outbox_extend(self, items: Sequence[OutboxItem], claim: timedelta) -> set[uuid.UUID]:
+        """Before publishing items under their claim: extend it to ``claim`` after database
+        now for those whose claim is still theirs and unexpired, and return their ids; the
+        others lost their claim (it expired, or another publisher took them) and must not
+        be published under it."""
 
     def outbox_published(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]:
         """Delete the items whose claim is still theirs (published and confirmed)."""
@@ -90,8 +98,10 @@ class Outbox(Protocol):
         """Give up the claim on the items still under it, for another claim now (not a
         failure: e.g. too little of the claim was left to publish under it)."""
 
-    def outbox_next_due(self) -> float | None:
-        """Seconds until the next item becomes publishable (<= 0: now), None when none."""
+    def outbox_next_due(self, environment: str) -> float | None:
+        """Seconds until the next item of ``environment`` becomes publishable (<= 0: now),
+        None when none: unclaimed items when available, claimed ones when their claim
+        expires (a producer that died after an eager trigger)."""
 
     # -- consumers -----------------------------------------------------------------------
 

@@ -151,6 +151,7 @@ class RabbitMQLane:
             )
         outbox_of(storage).outbox_enable(environment, self.claim_duration)
         publisher = _publisher_of(storage)
+        publisher.serve(environment)  # its environment's items only
         listener = PostgresListener(
             connection_string=self.connection_string,
             channel=notify_channel(self.schema),
@@ -206,9 +207,10 @@ class RabbitMQLane:
         limits: MaintenanceLimits,
         fence: MaintenanceFence | None,
     ) -> LaneMaintenance:
-        """Publish one page of pending outbox items, then re-announce runs queued past the
-        recovery threshold with no item (a purged queue, a dead-lettered message). Outbox
-        writes are fenced by their claim tokens, so replicas may do this at once."""
+        """Publish one page of the environment's pending outbox items, then re-announce runs
+        queued past the recovery threshold with no item (a purged queue, a dead-lettered
+        message). Outbox writes are fenced by their claim tokens, so replicas may do this at
+        once."""
         publisher = _publisher_of(storage)
         timeout = 2 * self.publish_timeout.total_seconds() + 5.0
         published = publisher.publish_pending(limits.outbox_publish_limit, timeout)

@@ -1,10 +1,18 @@
 """The outbox publisher of one runtime: one thread owning one AMQP connection.
 
-Work reaches it three ways: an eager trigger hands over its items (already claimed by the
+A publisher serves its runtime's environment only (``serve``): it claims, publishes and
+records that environment's items and no other's, whose broker or virtual host it may not be
+allowed to use (SPEC section 2: an environment never sees another's runs).
+
+Work reaches it four ways: an eager trigger hands over its items (already claimed by the
 trigger's transaction) right after commit; a notification ``outbox|<queue>`` (items stored
 unclaimed, e.g. by ``trigger(connection=...)`` or a hand-back) or a due back-off asks it to
 sweep, that is to claim a bounded page (fresh token per item, expiry by the database) and
-publish it; maintenance asks for one page synchronously (``publish_pending``). Every
+publish it; maintenance asks for one page synchronously (``publish_pending``); and while
+idle it asks the outbox, every few seconds, when its next item becomes publishable
+(``outbox_next_due``, which counts an item claimed by a producer that died after its
+trigger as publishable once that claim expires) and sweeps then, so a stalled item is
+published as its claim expires rather than at maintenance's recovery threshold. Every
 message is published with publisher confirms and ``mandatory`` (an unroutable message is a
 failure), then its result is recorded fenced by the item's claim token: success deletes
 the item, failure releases it with a back-off. A result written under a lost claim changes
@@ -12,12 +20,17 @@ nothing and is counted as stale. While the broker is gone (no connection could b
 eager items are not tried one by one until the back-off has passed: they wait with the
 failed ones, due at the next try.
 
-Items are published and recorded in chunks of at most a page, and none is published once
-its claim is about to expire (less than ``publish_timeout`` plus a recording allowance
-left, told by this process's monotonic clock from before the statement that claimed them,
-never by a stored time): those are released for a sweep to claim afresh. A backlog larger
-than one claim can cover is therefore published once, not once by this thread and again
-by the sweeps that take its expired claims.
+Items are published and recorded in chunks of at most a page, each under a claim the
+database says is still held: before a chunk is published its claims are extended, fenced
+by their tokens and in database time (``outbox_extend``), and an item whose claim was lost
+(expired, or taken by another publisher) is not published at all; only the first chunk of
+a page this thread has just claimed goes without, its claim being that fresh. Within a
+chunk, none is published once its claim is about to expire (less than ``publish_timeout``
+plus a recording allowance left, told by this process's monotonic clock from before the
+statement that claimed or extended it): those are released for a sweep to claim afresh. A
+backlog larger than one claim can cover is therefore published once, not once by this
+thread and again by the sweeps that take its expired claims, and neither a process clock
+nor a claim length this process assumes decides alone whether a claim is still held.
 
 A connection belongs to one thread (pika); other threads only queue requests.
 """
@@ -40,7 +53,7 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 
 from runlane._backoff import Backoff
 from runlane._closing import Closing, Deadline
-from runlane.errors import RunlaneClosed, RunlaneError
+from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError
 from runlane.postgres import PostgresListener
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
@@ -60,7 +73,11 @@ __all__ = ["OutboxPublisher", "OutboxStorage", "PublisherStats"]
 class OutboxStorage(Protocol):
     """The part of :class:`runlane.postgres.Outbox` a publisher uses."""
 
-    def outbox_claim_page(self, limit: int, claim: timedelta) -> list[OutboxItem]: ...
+    def outbox_claim_page(
+        self, environment: str, limit: int, claim: timedelta
+    ) -> list[OutboxItem]: ...
+
+    def outbox_extend(self, items: Sequence[OutboxItem], claim: timedelta) -> set[uuid.UUID]: ...
 
     def outbox_published(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]: ...
 
@@ -70,7 +87,7 @@ class OutboxStorage(Protocol):
 
     def outbox_unclaim(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]: ...
 
-    def outbox_next_due(self) -> float | None: ...
+    def outbox_next_due(self, environment: str) -> float | None: ...
 
 
 log = logging.getLogger("runlane.rabbitmq.publisher")
@@ -86,6 +103,10 @@ _RESWEEP_MAX = 60.0
 # never checked it: an older runlane, a polling-lane runtime of the environment) is tried
 # again this late, with that reason as its error: the broker is not asked and not blamed
 _REFUSED_DELAY = 60.0
+# while idle, the outbox is asked when its next item becomes publishable this often (at most
+# half a claim apart, so an item claimed by a producer that died is seen before its claim
+# expires, and swept as it does)
+_IDLE_POLL = 5.0
 # what a claim must still have left, past one publish's timeout, for an item to be published
 # under it: time to record the chunk's results (at most half of what the claim leaves past
 # the publish timeout, so that a short claim still publishes)
@@ -98,14 +119,18 @@ class PublisherStats:
     failed: int = 0  # not confirmed (broker down, unroutable, nacked); released to retry
     stale: int = 0  # results written under a lost claim: changed nothing
     unclaimed: int = 0  # not published under a claim about to expire: left to a sweep
+    lost: int = 0  # not published: their claim was lost (expired or taken) before their chunk
+    foreign: int = 0  # eager items of another environment: released, never published here
 
 
 @attrs.frozen
 class _Claimed:
-    """Items under one claim, and the monotonic time after which none is published."""
+    """Items under a claim. ``deadline``: for a page this thread has just claimed, the
+    monotonic time after which none of its first chunk is published; None for items
+    claimed elsewhere (an eager trigger's), whose every chunk is extended first."""
 
     items: list[OutboxItem]
-    deadline: float
+    deadline: float | None = None
 
 
 @attrs.define(eq=False)
@@ -131,6 +156,7 @@ class OutboxPublisher:
         max_backoff: float = 5.0,
     ) -> None:
         self._storage = storage
+        self._environment: str | None = None  # the environment served (``serve``)
         self._params = params
         self._schema = schema
         self._claim = claim
@@ -145,6 +171,8 @@ class OutboxPublisher:
         self._margin = publish_timeout + min(
             _RECORD_ALLOWANCE, max(0.0, claim_s - publish_timeout) / 2
         )
+        self._poll_interval = min(_IDLE_POLL, claim_s / 2)
+        self._next_poll = time.monotonic() + self._poll_interval
         self._cond = threading.Condition()
         self._eager: list[_Claimed] = []
         self._requests: list[_Request] = []
@@ -172,6 +200,22 @@ class OutboxPublisher:
 
     # -- other threads -------------------------------------------------------------------
 
+    @property
+    def environment(self) -> str | None:
+        """The environment served (None until ``serve``)."""
+        return self._environment
+
+    def serve(self, environment: str) -> None:
+        """Publish ``environment``'s items only (the lane's ``prepare``, before its listener
+        starts). A publisher serves one environment: another raises ConfigurationError."""
+        with self._cond:
+            if self._environment is not None and self._environment != environment:
+                raise ConfigurationError(
+                    f"{self.name} publishes environment {self._environment!r}; it cannot "
+                    f"serve {environment!r} too (one publisher per runtime and environment)"
+                )
+            self._environment = environment
+
     def _ensure_thread(self) -> None:
         """Start the thread on first use (under the lock)."""
         if self._closing:
@@ -182,13 +226,14 @@ class OutboxPublisher:
 
     def submit(self, items: Sequence[OutboxItem], claimed_at: float | None = None) -> None:
         """Publish an eager trigger's items (asynchronously; the caller has committed).
-        ``claimed_at``: ``time.monotonic()`` before the statement that claimed them."""
-        start = time.monotonic() if claimed_at is None else claimed_at
+        ``claimed_at`` (``time.monotonic()`` before the statement that claimed them) is not
+        relied on: their claims are extended, and checked, in database time before they
+        are published."""
         with self._cond:
             if self._closing:
                 return  # their claim expires and another publisher takes them
             self._ensure_thread()
-            self._eager.append(_Claimed(list(items), self._deadline_of(start)))
+            self._eager.append(_Claimed(list(items)))
             self._cond.notify_all()
 
     def _deadline_of(self, claimed_at: float) -> float:
@@ -273,20 +318,26 @@ class OutboxPublisher:
             self._serve(requests)
             if sweep and not closing:
                 self._sweep_pages()
+            elif not closing and time.monotonic() >= self._next_poll:
+                self._poll_due()
             if closing:
                 self._finish_closing()
                 return
 
     def _next_work(self) -> tuple[list[_Claimed], list[_Request], bool, bool]:
-        """Wait for work (serving heartbeats meanwhile), then take all of it."""
+        """Wait for work (serving heartbeats meanwhile), then take all of it; returns with
+        none when the outbox is due to be asked when its next item is publishable."""
         with self._cond:
             while not (self._eager or self._requests or self._sweep or self._closing):
-                wait = _IDLE_SLICE
+                now = time.monotonic()
+                wait = min(_IDLE_SLICE, max(0.0, self._next_poll - now))
                 if self._next_sweep is not None:
-                    wait = min(wait, max(0.0, self._next_sweep - time.monotonic()))
-                    if wait <= 0:
+                    wait = min(wait, max(0.0, self._next_sweep - now))
+                    if self._next_sweep <= now:
                         self._sweep, self._next_sweep = True, None
                         break
+                if self._next_poll <= now:
+                    break
                 self._cond.wait(wait)
                 if not (self._eager or self._requests or self._sweep or self._closing):
                     self._serve_heartbeats()
@@ -296,24 +347,22 @@ class OutboxPublisher:
             return eager, requests, sweep, self._closing
 
     def _publish_eager(self, eager: list[_Claimed], closing: bool) -> None:
-        """Publish what eager triggers handed over. While the broker is gone (see
+        """Publish what eager triggers handed over, together (one claim extension per
+        chunk, however many triggers they came from). While the broker is gone (see
         ``_down``), their items wait with those that failed, released in one write with the
         same error and due at the next try, when a sweep is scheduled: a trigger made
         during an outage costs no connection attempt, and maintenance's request, served
         after these, is not held up by one attempt per trigger."""
-        waiting: list[OutboxItem] = []
-        held: tuple[float, str] | None = None  # the outage they wait out
-        for claimed in eager:
-            if closing:
-                self._flush_on_close(claimed)
-            elif self._down is not None and time.monotonic() < self._down[0]:
-                held = self._down
-                waiting += claimed.items
-            else:
-                self._publish_and_record(claimed)
-        if waiting and held is not None:
-            retry_at, error = held
-            self._record_failure(waiting, error, max(0.0, retry_at - time.monotonic()))
+        items = [item for claimed in eager for item in claimed.items]
+        if not items:
+            return
+        if closing:
+            self._flush_on_close(_Claimed(items))
+        elif self._down is not None and time.monotonic() < self._down[0]:
+            retry_at, error = self._down
+            self._record_failure(items, error, max(0.0, retry_at - time.monotonic()))
+        else:
+            self._publish_and_record(_Claimed(items))
 
     def _serve(self, requests: list[_Request]) -> None:
         for request in requests:
@@ -331,8 +380,9 @@ class OutboxPublisher:
         for request in waiting:
             request.error = RunlaneClosed(f"{self.name} is closed")
             request.done.set()
-        for claimed in rest:
-            self._flush_on_close(claimed)
+        items = [item for claimed in rest for item in claimed.items]
+        if items:
+            self._flush_on_close(_Claimed(items))
 
     def _serve_heartbeats(self) -> None:
         conn = self._conn
@@ -369,19 +419,35 @@ class OutboxPublisher:
             with self._cond:
                 self._sweep = True  # more to do: go on after serving other work
             return
+        self._poll_due(sweep_now=False)
+
+    def _poll_due(self, *, sweep_now: bool = True) -> None:
+        """Ask the outbox when its next item becomes publishable and sweep then (at once,
+        when ``sweep_now`` and one is publishable now): an item claimed by a producer that
+        died after its trigger is swept as its claim expires."""
+        self._next_poll = time.monotonic() + self._poll_interval
+        if self._environment is None:
+            return
         try:
-            wait = self._storage.outbox_next_due()
+            wait = self._storage.outbox_next_due(self._environment)
         except RunlaneError:
             wait = _RESWEEP_MAX
-        if wait is not None:
-            with self._cond:
-                due = time.monotonic() + min(_RESWEEP_MAX, max(_RESWEEP_MIN, wait))
-                if self._next_sweep is None or due < self._next_sweep:
-                    self._next_sweep = due
+        if wait is None:
+            return
+        with self._cond:
+            if sweep_now and wait <= 0:
+                self._sweep = True
+                return
+            due = time.monotonic() + min(_RESWEEP_MAX, max(_RESWEEP_MIN, wait))
+            if self._next_sweep is None or due < self._next_sweep:
+                self._next_sweep = due
 
     def _claim_page(self, limit: int) -> _Claimed:
+        environment = self._environment
+        if environment is None:  # not prepared yet: nothing of any environment is taken
+            return _Claimed([], time.monotonic())
         start = time.monotonic()  # the claims start after this
-        items = self._storage.outbox_claim_page(limit, self._claim)
+        items = self._storage.outbox_claim_page(environment, limit, self._claim)
         return _Claimed(items, self._deadline_of(start))
 
     def _schedule_sweep(self, delay: float | None = None) -> None:
@@ -428,20 +494,31 @@ class OutboxPublisher:
                 log.debug("closing a broken broker connection failed", exc_info=True)
 
     def _publish_and_record(self, claimed: _Claimed) -> int:
-        """Publish with confirms and record the results, a page at a time, while the claim
-        has time left: what is left when it is about to expire is released for a sweep,
-        and what is left when the broker is gone is released with the failure. Returns the
-        items recorded as published."""
-        items = self._refuse_unnameable(claimed.items)
+        """Publish with confirms and record the results, a chunk (at most a page) at a time,
+        each chunk only under claims the database has just extended (see the module
+        docstring): an item whose claim was lost is not published; what is left when the
+        claim is about to expire is released for a sweep, and what is left when the broker
+        is gone is released with the failure. Returns the items recorded as published."""
+        items = self._refuse_unnameable(self._own(claimed.items))
         recorded = 0
+        deadline = claimed.deadline  # a page just claimed: its first chunk needs no extension
         for start in range(0, len(items), self._page_size):
+            chunk = items[start : start + self._page_size]
             rest = items[start + self._page_size :]
-            done, failed, error, late = self._publish(
-                items[start : start + self._page_size], claimed.deadline
-            )
+            if deadline is None:
+                held = self._hold(chunk)
+                if held is None:  # not known to be held: left to expire, and to a sweep
+                    return recorded
+                chunk, deadline = held
+            done, failed, error, late = self._publish(chunk, deadline)
+            deadline = None  # the next chunk is extended first
             if failed and not done and self._conn is None and self._cut_queue is None:
-                # the connection may have died since its last use: one fresh try
-                done, failed, error, later = self._publish(failed, claimed.deadline)
+                # the connection may have died since its last use: one fresh try, under the
+                # claims extended again
+                held = self._hold(failed)
+                if held is None:
+                    return recorded
+                done, failed, error, later = self._publish(*held)
                 late += later
             recorded += self._record_success(done)
             if self._cut_queue is not None:
@@ -463,6 +540,64 @@ class OutboxPublisher:
             else:
                 self._backoff.reset()
         return recorded
+
+    def _own(self, items: list[OutboxItem]) -> list[OutboxItem]:
+        """The items of the environment served. Another environment's (never claimed by
+        this publisher; an eager trigger of a storage shared across environments) are
+        released at once for that environment's publishers, never published here: its
+        runs may belong to a broker or virtual host this one may not use."""
+        environment = self._environment
+        if environment is None:
+            return items
+        foreign = [item for item in items if item.environment != environment]
+        if not foreign:
+            return items
+        self.stats.foreign += len(foreign)
+        log.error(
+            "runlane: %s publishes environment %r and was handed %d item(s) of another; "
+            "released for that environment's publishers",
+            self.name,
+            environment,
+            len(foreign),
+        )
+        try:
+            self._storage.outbox_unclaim(foreign)
+        except RunlaneError as exc:
+            log.warning("runlane: %s could not release them (%s)", self.name, exc)
+        return [item for item in items if item.environment == environment]
+
+    def _hold(self, items: list[OutboxItem]) -> tuple[list[OutboxItem], float] | None:
+        """Extend the items' claims in database time, fenced by their tokens: the items
+        still held and the monotonic time after which none of them is published; None when
+        the database could not say (nothing is published: the claims expire and a sweep
+        takes them). Items whose claim was lost are dropped, and a sweep is asked for:
+        a claim that expired unclaimed is taken afresh there."""
+        start = time.monotonic()  # the extended claims start after this
+        try:
+            kept = self._storage.outbox_extend(items, self._claim)
+        except RunlaneError as exc:
+            log.warning(
+                "runlane: %s could not extend the claims of %d item(s) (%s); they are "
+                "published after their claims expire",
+                self.name,
+                len(items),
+                exc,
+            )
+            self._schedule_sweep()
+            return None
+        held = [item for item in items if item.id in kept]
+        lost = len(items) - len(held)
+        if lost:
+            self.stats.lost += lost
+            log.info(
+                "runlane: %s: %d item(s) had lost their claim before publishing; not published "
+                "under it",
+                self.name,
+                lost,
+            )
+            with self._cond:
+                self._sweep = True
+        return held, self._deadline_of(start)
 
     def _refuse_unnameable(self, items: list[OutboxItem]) -> list[OutboxItem]:
         """The items whose broker queue can exist; the others are released for a late try

@@ -2,7 +2,8 @@
 --
 -- Named statements of the Postgres storage. Each block starts with "-- name: <name>";
 -- {schema} is replaced by the quoted schema name once, when the storage is created.
--- Every publisher write is fenced by the item's claim token.
+-- Every publisher read and write is scoped to the publisher's environment, and every
+-- publisher write is fenced by the item's claim token.
 
 -- name: outbox_enable
 -- Runs of the environment becoming queued get outbox items from now on.
@@ -33,13 +34,16 @@ on conflict do nothing
 returning r.id, r.due_at <= now() as due_now;
 
 -- name: outbox_claim_page
--- One bounded page of publishable items (of every environment: each is published to its
--- own environment's queue), each under a fresh claim token expiring at a database time;
--- items claimed by a live claim or not yet available are skipped.
+-- One bounded page of publishable items of the publisher's environment (SPEC section 2:
+-- an environment never sees another's runs, and another environment's items may belong to
+-- a broker or virtual host this publisher may not use), each under a fresh claim token
+-- expiring at a database time; items claimed by a live claim or not yet available are
+-- skipped. An ordered scan of outbox_claimable (migration 15).
 with page as materialized (
     select id
     from {schema}.outbox
-    where available_at <= now()
+    where environment = %(environment)s
+      and available_at <= now()
       and (claim_token is null or claim_expires_at < now())
     order by available_at, id
     limit %(limit)s
@@ -52,11 +56,25 @@ from page
 where o.id = page.id
 returning o.id, o.run_id, o.environment, o.queue, o.claim_token;
 
+-- name: outbox_extend
+-- Before publishing a chunk: the items whose claim is still the publisher's and has not
+-- expired (database time) get it extended to a full claim from now; the others (expired,
+-- taken by another publisher, published, the run gone) are left out of the answer and
+-- must not be published under this claim.
+update {schema}.outbox as o
+set claim_expires_at = now() + %(claim_seconds)s * interval '1 second'
+from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[])
+    as i(id, token, environment)
+where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
+  and o.claim_expires_at > now()
+returning o.id;
+
 -- name: outbox_published
 -- Confirmed by the broker: the items go, if the claim is still the publisher's.
 delete from {schema}.outbox as o
-using unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as i(id, token)
-where o.id = i.id and o.claim_token = i.token
+using unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[])
+    as i(id, token, environment)
+where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
 returning o.id;
 
 -- name: outbox_unclaim
@@ -65,8 +83,9 @@ returning o.id;
 update {schema}.outbox as o
 set claim_token = null,
     claim_expires_at = null
-from unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) as i(id, token)
-where o.id = i.id and o.claim_token = i.token
+from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[])
+    as i(id, token, environment)
+where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
 returning o.id;
 
 -- name: outbox_failed
@@ -78,9 +97,10 @@ set claim_token = null,
     failures = o.failures + 1,
     last_error = i.error,
     available_at = now() + i.delay_seconds * interval '1 second'
-from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(errors)s::text[],
-            %(delay_seconds)s::float8[]) as i(id, token, error, delay_seconds)
-where o.id = i.id and o.claim_token = i.token
+from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[],
+            %(errors)s::text[], %(delay_seconds)s::float8[])
+    as i(id, token, environment, error, delay_seconds)
+where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
 returning o.id;
 
 -- name: outbox_defer
@@ -106,12 +126,27 @@ with deferred as (
 select run_id from deferred where (select count(*) from told) >= 0;
 
 -- name: outbox_next_due
--- Seconds until the next item becomes publishable (negative: one is now; null: none):
--- available unclaimed items, and claimed ones whose claim expires.
-select extract(epoch from min(case when claim_token is null then available_at
-                                   else greatest(available_at, claim_expires_at) end)
-                          - now())::float8
-from {schema}.outbox;
+-- Seconds until the next item of the environment becomes publishable (negative: one is
+-- now; null: none): the first unclaimed item by availability, and the claimed items whose
+-- claim expires first (a producer that died after its eager trigger leaves its items
+-- claimed: they are taken once that claim expires). A claimed item is publishable already
+-- (claims take only those), so the claims are looked for among the environment's first
+-- 1,000 publishable items; past that many a sweep is due anyway. Both reads are ordered
+-- scans of outbox_claimable (migration 15).
+select extract(epoch from least(
+    (select available_at
+     from {schema}.outbox
+     where environment = %(environment)s and claim_token is null
+     order by available_at, id
+     limit 1),
+    (select min(due.claim_expires_at)
+     from (select claim_token, claim_expires_at
+           from {schema}.outbox
+           where environment = %(environment)s and available_at <= now()
+           order by available_at, id
+           limit 1000) as due
+     where due.claim_token is not null)
+) - now())::float8;
 
 -- name: outbox_recover
 -- Delivery recovery: runs queued and due for longer than the threshold, untouched for as
