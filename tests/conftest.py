@@ -26,6 +26,7 @@ from runlane._rabbit_nodes import (
     start_rabbitmq_node,
 )
 from runlane.postgres import (
+    _pq,
     apply_postgres_storage_migrations,
     grant_postgres_role,
     postgres_polling_lane,
@@ -335,3 +336,20 @@ def granted(
         return conninfo
 
     return grant
+
+
+# -- the two paths of postgres/_pq.py (libpq directly; psycopg's public cursor API) ---------
+
+
+@pytest.fixture(params=["libpq", "cursor"])
+def statement_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the trigger statements sent through libpq directly (where this
+    psycopg is a release that path was tested with) and through psycopg's public cursor
+    API (every other release): runlane chooses one when it loads (postgres/_pq.py)."""
+    if request.param == "libpq" and not _pq.RAW_PATH:
+        pytest.skip(
+            f"psycopg {psycopg.__version__} is not a release the libpq path was tested with "
+            f"({_pq.TESTED_PSYCOPG}), or RUNLANE_PSYCOPG_LIBPQ=0: the cursor path runs"
+        )
+    monkeypatch.setattr(_pq, "RAW_PATH", request.param == "libpq")
+    return str(request.param)

@@ -32,6 +32,9 @@ from runlane.storage import InsertedRun, NewRuns, OutboxItem
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, Greet, q, run_row, run_together, storage_of, wait_until
 
+# every test runs with the statements sent through libpq and through the cursor API
+pytestmark = pytest.mark.usefixtures("statement_path")
+
 
 @task(id="greet", schema=Greet)
 def greet(payload: Greet, context: RunContext) -> None:

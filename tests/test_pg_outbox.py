@@ -23,6 +23,9 @@ from runlane.postgres._outbox import eager_item_id
 from runlane.storage import ClaimedRun, Failure, LeaseRef, NewRuns, OutboxItem
 from tests.helpers import Conn, SchemaDb
 
+# every test runs with the statements sent through libpq and through the cursor API
+pytestmark = pytest.mark.usefixtures("statement_path")
+
 ENV = "env"
 LEASE = timedelta(seconds=60)
 CLAIM = timedelta(minutes=5)

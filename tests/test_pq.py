@@ -1,4 +1,5 @@
-"""Statements sent through libpq directly (postgres/_pq.py): group commit's shared insert.
+"""Statements sent through libpq directly (postgres/_pq.py): group commit's shared insert,
+and the same statements through psycopg's cursor API where the libpq path is not used.
 
 Against a real server: the placeholders, the text values, one preparation a connection
 (and again after the server dropped it), the error a cursor would have raised with the
@@ -17,6 +18,9 @@ import pytest
 from psycopg import pq
 
 from runlane.postgres._pq import RawStatement
+
+# every test runs with the statements sent through libpq and through the cursor API
+pytestmark = pytest.mark.usefixtures("statement_path")
 
 
 def prepared_names(conn: psycopg.Connection[Any]) -> list[str]:
@@ -58,8 +62,10 @@ def test_python_values_are_sent_as_the_text_postgres_reads(db: psycopg.Connectio
 
 
 def test_a_statement_is_prepared_once_a_connection_and_again_after_the_server_dropped_it(
-    db: psycopg.Connection[Any], database_url: str
+    db: psycopg.Connection[Any], database_url: str, statement_path: str
 ) -> None:
+    if statement_path == "cursor":
+        pytest.skip("the libpq path's own preparation (the cursor path leaves it to psycopg)")
     statement = RawStatement("twice", "select %(x)s::int * 2")
     for x in range(3):
         assert statement.rows(db, {"x": str(x)}) == [(str(2 * x),)]

@@ -30,6 +30,9 @@ from runlane.storage import NewRuns
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, Greet, count_runs, race_keyed_batches, run_row, storage_of
 
+# every test runs with the statements sent through libpq and through the cursor API
+pytestmark = pytest.mark.usefixtures("statement_path")
+
 
 @attrs.frozen
 class Other:

@@ -14,25 +14,68 @@ the psycopg error a cursor would have (``UniqueViolation``, ...), so callers han
 paths alike; a connection that broke is left broken for its pool to discard.
 
 ``generators.execute``, ``Connection.wait`` and ``errors.error_from_result`` are psycopg's
-own machinery rather than its documented API (``pq`` is documented): tests/test_pq.py
-checks what runlane relies on.
+own machinery rather than its documented API (``pq`` is documented). They are used only
+with the psycopg releases this path was tested against (``TESTED_PSYCOPG``, checked when
+this module loads; no upper bound is forced on users): with any other release, or with
+``RUNLANE_PSYCOPG_LIBPQ=0`` in the environment, the same statements go through psycopg's
+public cursor API and come back as the same text (``RAW_PATH`` says which is in use). The
+trigger tests run both ways (tests/test_pq.py, test_group_commit.py, test_trigger.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg import errors, generators, pq
+from psycopg.adapt import Buffer, Loader
 
 from runlane.postgres._connections import Conn
 
-__all__ = ["RawStatement"]
+__all__ = ["RAW_PATH", "TESTED_PSYCOPG", "RawStatement"]
+
+#: The psycopg releases (major, minor) whose internals the libpq path was tested against.
+TESTED_PSYCOPG = ((3, 3),)
+
+
+def _raw_path_usable() -> bool:
+    """Whether this psycopg is one the libpq path was tested with, and has what it uses."""
+    if os.environ.get("RUNLANE_PSYCOPG_LIBPQ", "1") == "0":
+        return False
+    release = tuple(int(part) for part in re.findall(r"\d+", psycopg.__version__)[:2])
+    return (
+        release in TESTED_PSYCOPG
+        and callable(getattr(generators, "execute", None))
+        and callable(getattr(psycopg.Connection, "wait", None))
+        and callable(getattr(errors, "error_from_result", None))
+    )
+
+
+#: True: statements go through libpq directly; False: through psycopg's public cursor API.
+RAW_PATH = _raw_path_usable()
+
+# the result types the cursor path reads back as the server's text, as the libpq path does
+_TEXT_TYPES = (
+    "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "text", "varchar",
+    "bpchar", "name", "uuid", "json", "jsonb", "date", "time", "timetz", "timestamp",
+    "timestamptz", "interval",
+)  # fmt: skip
+
+
+class _AsText(Loader):
+    """A value as the text the server sent."""
+
+    def load(self, data: Buffer) -> str:
+        encoding = self.connection.info.encoding if self.connection is not None else "utf-8"
+        return bytes(data).decode(encoding)
+
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 _FATAL = pq.ExecStatus.FATAL_ERROR
@@ -64,6 +107,7 @@ class RawStatement:
         digest = hashlib.md5(converted.encode(), usedforsecurity=False).hexdigest()[:12]
         self.name = name
         self.params = tuple(params)
+        self._source = text
         self._prepared_name = f"runlane_{name}_{digest}".encode()
         self._text = converted
         # the connections this statement is prepared on (a connection's prepared statements
@@ -73,22 +117,10 @@ class RawStatement:
     def rows(self, conn: Conn, values: Mapping[str, object]) -> list[tuple[str | None, ...]]:
         """Execute with ``values`` (by parameter name: None for NULL, or a str, int, float,
         UUID or datetime, sent as its text); the rows it returned."""
-        # in the connection's client encoding, which libpq tells the server the bytes are in
+        args = self._encoded(conn, values)
+        if not RAW_PATH:
+            return self._cursor_rows(conn, values)
         encoding = conn.info.encoding
-        try:
-            args = [
-                None if (text := _as_text(values[p])) is None else text.encode(encoding)
-                for p in self.params
-            ]
-        except UnicodeEncodeError as exc:
-            raise psycopg.DataError(
-                f"a value cannot be written in the connection's client encoding "
-                f"{encoding!r}: {exc.reason} ({exc.object[exc.start : exc.end]!r})"
-            ) from exc
-        if any(arg is not None and b"\x00" in arg for arg in args):
-            # libpq reads a text parameter up to its first NUL: refuse it, as psycopg does,
-            # rather than send a value cut short (runlane's validation refuses it earlier)
-            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
         with conn.lock:
             if conn not in self._prepared:
                 self._prepare(conn)
@@ -106,6 +138,41 @@ class RawStatement:
             )
             for row in range(result.ntuples)
         ]
+
+    def _encoded(self, conn: Conn, values: Mapping[str, object]) -> list[bytes | None]:
+        """The parameters' text in the connection's client encoding (which libpq tells the
+        server the bytes are in); a value it cannot hold, or one holding NUL, is refused
+        with psycopg's DataError on both paths."""
+        encoding = conn.info.encoding
+        try:
+            args = [
+                None if (text := _as_text(values[p])) is None else text.encode(encoding)
+                for p in self.params
+            ]
+        except UnicodeEncodeError as exc:
+            raise psycopg.DataError(
+                f"a value cannot be written in the connection's client encoding "
+                f"{encoding!r}: {exc.reason} ({exc.object[exc.start : exc.end]!r})"
+            ) from exc
+        if any(arg is not None and b"\x00" in arg for arg in args):
+            # libpq reads a text parameter up to its first NUL: refuse it, as psycopg does,
+            # rather than send a value cut short (runlane's validation refuses it earlier)
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return args
+
+    def _cursor_rows(
+        self, conn: Conn, values: Mapping[str, object]
+    ) -> list[tuple[str | None, ...]]:
+        """The same statement and rows through psycopg's public API (a psycopg release the
+        libpq path was not tested with)."""
+        params: dict[str, Any] = {p: values[p] for p in self.params}
+        with conn.cursor() as cur:
+            for name in _TEXT_TYPES:
+                cur.adapters.register_loader(name, _AsText)
+            cur.execute(self._source, params)
+            if cur.description is None:
+                return []
+            return [tuple(row) for row in cur.fetchall()]
 
     def _prepare(self, conn: Conn) -> None:
         pgconn = conn.pgconn
