@@ -7,7 +7,7 @@ even raise while the error is being built.
 
 from __future__ import annotations
 
-__all__ = ["MAX_SHOWN_CHARS", "clipped", "shown"]
+__all__ = ["MAX_SHOWN_CHARS", "clipped", "count_of", "noun_for", "shown"]
 
 MAX_SHOWN_CHARS = 100
 
@@ -35,3 +35,14 @@ def clipped(text: str, limit: int = 300) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def count_of(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` agreeing in number, as the CLI and the console print counts:
+    ``1 run``, ``0 runs``, ``20,000 runs`` (``plural`` when not ``noun + "s"``)."""
+    return f"{n:,} {noun_for(n, noun, plural)}"
+
+
+def noun_for(n: int, noun: str, plural: str | None = None) -> str:
+    """``noun`` when ``n`` is 1, else its plural (``plural``, or ``noun + "s"``)."""
+    return noun if n == 1 else plural or noun + "s"

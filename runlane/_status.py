@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from runlane._display import count_of
 from runlane.models import StatusReport
 
 __all__ = ["format_report", "report_document", "unhealthy"]
@@ -16,48 +17,65 @@ def unhealthy(report: StatusReport) -> list[str]:
     problems: list[str] = []
     if report.expired_leases:
         problems.append(
-            f"{report.expired_leases} running attempts hold expired leases "
+            f"{count_of(report.expired_leases, 'running attempt')} "
+            f"{_verb(report.expired_leases, 'holds an expired lease', 'hold expired leases')} "
             "(their workers died or stalled; maintenance recovers them)"
         )
     if report.deferred_past_due:
         problems.append(
-            f"{report.deferred_past_due} retrying or released runs are past due "
+            f"{count_of(report.deferred_past_due, 'retrying or released run')} "
+            f"{_verb(report.deferred_past_due, 'is', 'are')} past due "
             "(maintenance makes them queued again)"
         )
     if report.tokens_past_timeout:
-        problems.append(f"{report.tokens_past_timeout} pending wait tokens are past their timeout")
+        problems.append(
+            f"{count_of(report.tokens_past_timeout, 'pending wait token')} "
+            f"{_verb(report.tokens_past_timeout, 'is', 'are')} past "
+            f"{_verb(report.tokens_past_timeout, 'its', 'their')} timeout"
+        )
     if report.resolved_tokens_with_waiting_runs:
         most = report.resolved_tokens[0] if report.resolved_tokens else None
         problems.append(
-            f"{report.resolved_tokens_with_waiting_runs} resolved wait tokens still have "
-            f"{report.runs_waiting_on_resolved_tokens} waiting runs"
+            f"{count_of(report.resolved_tokens_with_waiting_runs, 'resolved wait token')} still "
+            f"{_verb(report.resolved_tokens_with_waiting_runs, 'has', 'have')} "
+            f"{count_of(report.runs_waiting_on_resolved_tokens, 'waiting run')}"
             + (
                 ""
                 if most is None
-                else f" (most: token {most.token_id}, {most.waiting_runs} runs, resolved "
-                f"{most.resolved_age_seconds:.0f}s ago)"
+                else f" (most: token {most.token_id}, {count_of(most.waiting_runs, 'run')}, "
+                f"resolved {most.resolved_age_seconds:.0f}s ago)"
             )
             + "; maintenance resumes them (wait_token_resume_limit a pass): a count that "
             "does not fall between looks is stuck"
         )
     if report.stuck_cancellations:
-        problems.append(f"{report.stuck_cancellations} runs are stuck in cancellation_requested")
+        problems.append(
+            f"{count_of(report.stuck_cancellations, 'run')} "
+            f"{_verb(report.stuck_cancellations, 'is', 'are')} stuck in cancellation_requested"
+        )
     deferred = sum(q.retrying for q in report.queues) + report.waiting
     if deferred and not any(lease.live for lease in report.maintenance_leases):
         problems.append(
-            f"{deferred} runs wait for maintenance (retries, releases, sleeps, tokens) and "
+            f"{count_of(deferred, 'run')} {_verb(deferred, 'waits', 'wait')} for maintenance "
+            "(retries, releases, sleeps, tokens) and "
             "no maintenance band has a live owner: run `runlane maintenance APP` or "
             "`runlane worker APP --with-maintenance`"
         )
     problems.extend(report.lane.problems())
     if report.late_schedules:
         problems.append(
-            f"{len(report.late_schedules)} schedules are late, their next fire time long past "
+            f"{count_of(len(report.late_schedules), 'schedule')} "
+            f"{_verb(len(report.late_schedules), 'is', 'are')} late, "
+            f"{_verb(len(report.late_schedules), 'its', 'their')} next fire time long past "
             f"({_listed(report.late_schedules)}): is maintenance running with the application "
             "that defines them? A schedule no application defines any more stays late until "
             "paused (`runlane schedules pause ID`)"
         )
     return problems
+
+
+def _verb(n: int, one: str, more: str) -> str:
+    return one if n == 1 else more
 
 
 def _listed(names: tuple[str, ...], shown: int = 5) -> str:

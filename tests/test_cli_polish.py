@@ -100,7 +100,7 @@ def test_drain_reports_counts_and_progress_on_a_terminal(
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert run("drain", "cliapp:runlane") == 0
-    assert "\rrunlane: drain: 1 runs (1 completed, 0 failed, 0 retried)\n" in terminal.getvalue()
+    assert "\rrunlane: drain: 1 run (1 completed, 0 failed, 0 retried)\n" in terminal.getvalue()
 
 
 @pytest.mark.parametrize("watch", [False, True])

@@ -128,7 +128,7 @@ def test_flask_runlane_commands_run_the_example_inside_its_app(shop: Any) -> Non
 
         drained = flask_runlane(shop, "drain")
         assert drained.returncode == 0, drained.stderr
-        assert "Executed 1 runs" in drained.stdout
+        assert "Executed 1 run:" in drained.stdout
         assert client.get(f"/orders/{order_id}").get_json()["run_status"] == "waiting"
 
         client.post(f"/orders/{order_id}/approve", json={"approved_by": "ada"})

@@ -135,7 +135,7 @@ def test_status_command_exits_non_zero_and_names_the_check(
     )
     assert status() == EXIT_FAILURE
     err = capsys.readouterr().err
-    assert "runlane: unhealthy: 1 retrying or released runs are past due" in err
+    assert "runlane: unhealthy: 1 retrying or released run is past due" in err
     assert "no maintenance band has a live owner" in err
     assert status("--json") == EXIT_FAILURE
     printed = capsys.readouterr().out

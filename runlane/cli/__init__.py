@@ -29,7 +29,7 @@ import attrs
 
 from runlane._closing import Deadline
 from runlane._codec import exception_text
-from runlane._display import clipped, shown
+from runlane._display import clipped, count_of, shown
 from runlane._limits import as_int, as_wait_timeout
 from runlane._status import format_report, report_document, unhealthy
 from runlane._waits import wait_event, wait_in_slices
@@ -204,7 +204,7 @@ def _cmd_drain(args: argparse.Namespace) -> int:
             progress.finish()
         runlane.close()
     summary = (
-        f"Executed {result.runs_executed} runs: {result.completed} completed, "
+        f"Executed {count_of(result.runs_executed, 'run')}: {result.completed} completed, "
         f"{result.failed} failed, {result.retried} retried"
     )
     if json_lines():  # every line is JSON: the summary is a record with the counts
@@ -222,8 +222,8 @@ class _DrainProgress:
 
     def __call__(self, result: DrainResult) -> None:
         self._line.show(
-            f"runlane: drain: {result.runs_executed} runs ({result.completed} completed, "
-            f"{result.failed} failed, {result.retried} retried)"
+            f"runlane: drain: {count_of(result.runs_executed, 'run')} ({result.completed} "
+            f"completed, {result.failed} failed, {result.retried} retried)"
         )
 
     def finish(self) -> None:
@@ -297,7 +297,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                     else ""
                 )
                 say(
-                    f"{worker.name} running {args.concurrency} slots{beside} "
+                    f"{worker.name} running {count_of(args.concurrency, 'slot')}{beside} "
                     f"(environment {runlane.environment!r}); SIGTERM or Ctrl-C stops it",
                     worker=worker.name,
                     concurrency=args.concurrency,

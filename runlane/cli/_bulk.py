@@ -18,8 +18,9 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from runlane._display import shown
+from runlane._display import count_of, shown
 from runlane._limits import as_int
+from runlane._times import parse_filter_time
 from runlane.cli._line import ProgressLine
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult
@@ -33,18 +34,11 @@ _VERB = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}
 
 
 def _timestamp(text: str) -> datetime:
+    # the console's time filters are read by the same function (naive ones as UTC there)
     try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an ISO 8601 time with its offset (e.g. 2026-12-01T09:00:00+00:00), "
-            f"got {shown(text)}"
-        ) from None
-    if value.utcoffset() is None:
-        raise argparse.ArgumentTypeError(
-            f"{shown(text)} has no UTC offset: add one (e.g. +00:00 or Z)"
-        )
-    return value
+        return parse_filter_time("TIME", text, naive_is_utc=False)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count(text: str) -> int:
@@ -147,16 +141,16 @@ def run_bulk(runlane: Runlane, action: str, args: argparse.Namespace) -> int:
     """Count, confirm, then act in batches; returns the exit code."""
     filters = _filters(args)
     counted = _act(runlane, action, dry_run=True, **filters)
-    print(f"{counted.matched:,} runs match")
+    print(f"{count_of(counted.matched, 'run')} match{'es' if counted.matched == 1 else ''}")
     if args.dry_run or counted.matched == 0:
         return 0
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigurationError(
-                f"runs {action} by filter changes {counted.matched:,} runs: pass --yes to "
-                "confirm (or --dry-run to count only)"
+                f"runs {action} by filter changes {count_of(counted.matched, 'run')}: pass --yes "
+                "to confirm (or --dry-run to count only)"
             )
-        answer = input(f"{action} {counted.matched:,} runs? [y/N] ")
+        answer = input(f"{action} {count_of(counted.matched, 'run')}? [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:
             print("nothing changed")
             return 0
@@ -168,11 +162,11 @@ def run_bulk(runlane: Runlane, action: str, args: argparse.Namespace) -> int:
         progress.finish()
         done = f"at least {progress.done:,}" if progress.forced else f"{progress.done:,}"
         print(
-            f"interrupted: {done} of {progress.matched or counted.matched:,} runs "
+            f"interrupted: {done} of {count_of(progress.matched or counted.matched, 'run')} "
             f"{_VERB[action]}; every finished batch is committed; run the same command again "
             "to finish"
         )
         return EXIT_INTERRUPTED
     progress.finish()
-    print(f"{result.changed:,} of {result.matched:,} matching runs {_VERB[action]}")
+    print(f"{result.changed:,} of {count_of(result.matched, 'matching run')} {_VERB[action]}")
     return 0

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import attrs
 
-from runlane._display import shown
+from runlane._display import count_of, shown
 from runlane._rabbit_nodes import RabbitNode, rabbitmq_available, start_rabbitmq_node
 from runlane.context import RunContext
 from runlane.errors import ConfigurationError, NonRetryableError
@@ -96,9 +96,9 @@ def _polling(database_url: str, schema: str, count: int) -> None:
     with runlane:
         handles = runlane.trigger_many(square, [Square(n=n) for n in range(count)])
         refused = runlane.trigger(square, {"n": -1})
-        print(f"triggered {len(handles) + 1} runs")
+        print(f"triggered {count_of(len(handles) + 1, 'run')}")
         drained = runlane.drain()
-        print(f"drain executed {drained.runs_executed} runs")
+        print(f"drain executed {count_of(drained.runs_executed, 'run')}")
         _print_runs(runlane, [*handles, refused])
 
 
@@ -115,12 +115,15 @@ def _rabbitmq(database_url: str, schema: str, count: int, amqp_url: str) -> None
         try:
             handles = runlane.trigger_many(square, [Square(n=n) for n in range(count)])
             refused = runlane.trigger(square, {"n": -1})
-            print(f"triggered {len(handles) + 1} runs; publishing them to {lane.broker}")
+            print(
+                f"triggered {count_of(len(handles) + 1, 'run')}; publishing them to {lane.broker}"
+            )
             all_handles = [*handles, refused]
             for handle in all_handles:
                 runlane.wait_for_run(handle.id, timeout=WAIT_SECONDS)
             print(
-                f"a worker consuming runlane.{schema}.default.demo executed {len(all_handles)} runs"
+                f"a worker consuming runlane.{schema}.default.demo executed "
+                f"{count_of(len(all_handles), 'run')}"
             )
         finally:
             worker.close(timeout=10)

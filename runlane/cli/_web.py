@@ -11,9 +11,12 @@ read-only from this command (no ``authorize``), and still shows payloads and err
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from runlane._display import shown
 from runlane._limits import as_int
@@ -26,6 +29,8 @@ __all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind", "serve_until"]
 DEFAULT_BIND = "127.0.0.1:8080"
 
 log = logging.getLogger("runlane.web")
+
+T = TypeVar("T")
 
 _MAX_THREADS = 256  # the console's request threads
 _TURN_SECONDS = 0.5  # the longest a turn of the server's loop waits for a socket
@@ -61,8 +66,13 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
         app = create_app(runlane)
         shown_host = f"[{host}]" if ":" in host else host
         sockets: dict[int, Any] = {}
-        server = create_server(
-            app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
+        server = _listening(
+            lambda: create_server(
+                app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
+            ),
+            args.bind,
+            host,
+            port,
         )
         print(
             f"runlane web console on http://{shown_host}:{port}/ "
@@ -73,6 +83,39 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     finally:
         runlane.close()
     return 0
+
+
+def _listening(create: Callable[[], T], bind: str, host: str, port: int) -> T:
+    """``create()``, waitress's server bound to ``bind`` (``host``, ``port``); a
+    ConfigurationError (one ``runlane: error:`` line, exit 2, like a malformed ``--bind``)
+    when it cannot listen there: a host that does not resolve, an address in use, one this
+    machine does not have or may not bind. Each address is tried on a socket of its own
+    first (waitress leaves its half-made server's sockets open when its bind fails)."""
+    where = f"--bind {shown(bind, 80)}"
+    try:
+        found = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+        for family, kind, proto, _, address in found:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress
+                probe.bind(address)
+        return create()
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        # ValueError: waitress's "Invalid host/port specified." for getaddrinfo's error
+        cause = exc.__cause__ or exc.__context__ or exc
+        raise ConfigurationError(
+            f"{where}: the host does not resolve to an address ({cause}); give a name or "
+            "address of this machine, e.g. 127.0.0.1:8080, [::1]:8080 or 0.0.0.0:8080"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigurationError(
+                f"{where}: the address is in use (another process listens on it): stop that "
+                "process or choose another port"
+            ) from None
+        raise ConfigurationError(
+            f"{where}: cannot listen there ({exc.strerror or exc}): give an address of this "
+            "machine and a port this user may bind (ports below 1024 need privileges)"
+        ) from None
 
 
 def serve_until(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from runlane._display import count_of
 from runlane.errors import ConfigurationError
 from runlane.lanes import LaneStatus
 from runlane.models import StatusReport
@@ -52,7 +53,8 @@ def queue_problems(schema: str, environment: str, rows: Sequence[FailingQueue]) 
             )
         problems.append(
             f"RabbitMQ queue {name} (runlane queue {row.queue!r}) cannot be served: {cause}"
-            f"{row.items} runs wait to be published, one failed {row.failures} times "
+            f"{count_of(row.items, 'run')} {'waits' if row.items == 1 else 'wait'} to be "
+            f"published, one failed {count_of(row.failures, 'time')} "
             f"(last error: {row.last_error}); its runs are safe in Postgres. {remedy}"
         )
     return problems

@@ -13,7 +13,7 @@ import logging
 import re
 import secrets
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 import attrs
@@ -31,9 +31,10 @@ from flask import (
 from werkzeug.exceptions import HTTPException
 
 from runlane._bulk import BulkFilters, bulk_filter
-from runlane._display import shown
+from runlane._display import noun_for, shown
 from runlane._inspect import encode_cursor
 from runlane._status import unhealthy
+from runlane._times import filter_time_field, filter_time_text, parse_filter_time
 from runlane.errors import (
     ConfigurationError,
     RunlaneClosed,
@@ -75,6 +76,7 @@ NOTICES = {
     "schedule_paused": "The schedule is paused.",
     "schedule_resumed": "The schedule is running again.",
     "triggered": "The schedule's run was created.",
+    "triggered_before": "This form was sent before: the run it created then is shown.",
 }
 
 _NONCE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
@@ -112,9 +114,14 @@ class RunFilters:
         }
         return {k: v for k, v in pairs.items() if v is not None}
 
+    def field(self, name: str) -> str:
+        """The value of the form's ``datetime-local`` input for ``name`` (a time filter)."""
+        value = getattr(self, name)
+        return "" if value is None else filter_time_field(value)
+
 
 def _time_arg(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return None if value is None else filter_time_text(value)
 
 
 def _text(source: Any, name: str) -> str | None:
@@ -129,14 +136,7 @@ def _time(source: Any, name: str) -> datetime | None:
     value = _text(source, name)
     if value is None:
         return None
-    try:
-        parsed = datetime.fromisoformat(value.replace(" ", "T", 1))
-    except ValueError:
-        raise ConfigurationError(
-            f"{name.replace('_', ' ')} must be a time like 2024-05-01T13:30 (UTC unless it "
-            f"gives an offset), got {shown(value, 40)}"
-        ) from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+    return parse_filter_time(name.replace("_", " "), value, naive_is_utc=True)
 
 
 def _filters(source: Any) -> RunFilters:
@@ -239,6 +239,7 @@ class _Console:
             "ago": ago,
             "pretty": pretty,
             "cut": cut,
+            "plural": noun_for,
             "notice": NOTICES.get(request.args.get("done", "")),
             "environment": self.runlane.environment,
             "statuses": [s.value for s in RunStatus],
@@ -465,11 +466,16 @@ class _Console:
 
     def trigger_schedule(self) -> Response:
         self.allowed("trigger_schedule")
+        schedule_id = self.named("id")
         nonce = request.form.get("nonce", "")
-        # the form's nonce makes a double submit (or a retried request) one run, not two
-        key = f"console-{nonce}" if _NONCE.match(nonce) else None
-        handle = self.runlane.trigger_schedule_now(self.named("id"), idempotency_key=key)
-        return self.done("runlane.run", "triggered", run_id=str(handle.id))
+        # the form's nonce makes a double submit (or a retried request) one run, not two;
+        # bound to the schedule, so a nonce sent again for another schedule of the same task
+        # makes that schedule's run instead of finding the first one (keys are per task).
+        # The nonce holds no ':', so (nonce, schedule) pairs never share a key.
+        key = f"console-{nonce}:{schedule_id}" if _NONCE.match(nonce) else None
+        handle = self.runlane.trigger_schedule_now(schedule_id, idempotency_key=key)
+        notice = "triggered" if handle.created else "triggered_before"
+        return self.done("runlane.run", notice, run_id=str(handle.id))
 
 
 def _error_page(error: Exception) -> tuple[str, int]:

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import threading
 from collections.abc import Callable
 
 from flask import Request, Response, current_app, g, request
@@ -79,14 +80,22 @@ class Guard:
 
     def allows(self, action: str) -> bool:
         """Whether this request may take ``action`` (answered once per request and action).
-        An authorize callable that raises denies, and is logged."""
+        An authorize callable that raises denies, and is logged with its traceback: any
+        exception, also ``SystemExit``, ``GeneratorExit`` and a ``KeyboardInterrupt`` raised
+        on a request thread (signals reach only the main thread, so that one is the hook's
+        own), which would otherwise escape the request and leave its client without an
+        answer. A ``KeyboardInterrupt`` on the main thread, a Ctrl-C under a single-threaded
+        server, goes on: it stops the server."""
         if self._authorize is None:
             return False
         asked: dict[str, bool] = g.setdefault("runlane_allowed", {})
         if action not in asked:
             try:
                 asked[action] = self._authorize(request, action) is True
-            except Exception:
+            except BaseException as exc:
+                ctrl_c = isinstance(exc, KeyboardInterrupt)
+                if ctrl_c and threading.current_thread() is threading.main_thread():
+                    raise
                 log.exception("authorize(request, %r) raised: the action is refused", action)
                 asked[action] = False
         return asked[action]
