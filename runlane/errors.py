@@ -110,7 +110,15 @@ class StorageUnavailable(RunlaneError):
     """The database refused, timed out or broke the connection and retries are spent.
 
     The message names the host and port (never the password) and what to check.
+    ``transient`` is True when waiting may fix it: the server is restarting, starting up,
+    refusing connections or out of connection slots, or dropped the connection (what a
+    service's ``wait_for_database`` waits out); False when no wait can (a host name that
+    does not resolve, a refused password, a missing database) or runlane cannot tell.
     """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class RunStateConflict(RunlaneError):

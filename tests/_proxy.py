@@ -18,7 +18,9 @@ __all__ = ["TcpProxy", "tcp_proxy"]
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, port: int = 0) -> None:
+        """A proxy to the target on 127.0.0.1, on ``port`` (0: any free port); down until
+        ``up()``."""
         # a host starting with "/" is libpq's unix-socket directory
         self._target = (target_host, target_port)
         self._lock = threading.Lock()
@@ -26,7 +28,7 @@ class TcpProxy:
         self._stalled = threading.Event()  # connections stay open, nothing is forwarded
         self._stop = threading.Event()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = socket.create_server(("127.0.0.1", port))
         self._server.settimeout(0.05)
         self.port = int(self._server.getsockname()[1])
         self._thread = threading.Thread(target=self._accept, name="test-proxy", daemon=True)

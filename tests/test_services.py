@@ -588,7 +588,9 @@ def test_missing_schema_stops_the_services_with_the_migrate_hint(
     make_runlane: RunlaneFactory, dbx: Db, how: str
 ) -> None:
     """Retrying cannot create tables: a schema error is reported once, every band stops
-    (releasing its lease), and wait_until_closed() raises ServiceFailed chained to it."""
+    (releasing its lease), and wait_until_closed() raises ServiceFailed chained to it. A
+    schema never migrated fails start_services() itself, at once (its start's first
+    statement checks the schema; no wait_for_database waits for a migration)."""
     observed = Observed()
     if how == "dropped":
         runtime = make_runlane(tasks=[ok])
@@ -598,7 +600,12 @@ def test_missing_schema_stops_the_services_with_the_migrate_hint(
     else:
         never_migrated = f"t_{uuid.uuid4().hex[:16]}"  # no such schema exists
         runtime = make_runlane(tasks=[ok], schema=never_migrated)
-        running = runtime.start_services(lease_duration=SHORT, on_service_error=observed)
+        started = time.monotonic()
+        with pytest.raises(SchemaNotMigrated, match="runlane migrate"):
+            runtime.start_services(lease_duration=SHORT, on_service_error=observed)
+        assert time.monotonic() - started < 5
+        assert observed.seen == []
+        return
     try:
         with pytest.raises(ServiceFailed, match="runlane migrate") as failed:
             running.wait_until_closed(timeout=10)

@@ -51,7 +51,13 @@ from runlane.cli._runs import add_run_commands
 from runlane.cli._signals import Stopper, stop_requested
 from runlane.cli._target import TARGET_HELP, Target, add_target_options, target_runtime
 from runlane.cli._web import add_web_command
-from runlane.errors import ConfigurationError, RunlaneError, ServiceFailed, WorkerFailed
+from runlane.errors import (
+    ConfigurationError,
+    RunlaneClosed,
+    RunlaneError,
+    ServiceFailed,
+    WorkerFailed,
+)
 from runlane.maintenance import MaintenanceResult, ServiceErrorInfo, Services
 from runlane.models import DrainResult
 from runlane.postgres import (
@@ -62,6 +68,7 @@ from runlane.postgres import (
     postgres_grant_sql,
 )
 from runlane.runtime import Runlane
+from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE
 
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FAILURE", "EXIT_FORCED", "EXIT_PIPE", "load_app", "main"]
 
@@ -86,6 +93,9 @@ Errors are printed as one line, `runlane: error: <message>`, without a traceback
 """
 
 log = logging.getLogger("runlane.cli")
+
+# how long the main thread gives the closer a stop signal started while the start waited
+_WAIT_CLOSE_SECONDS = 10.0
 
 
 def load_app(spec: str) -> Runlane:
@@ -267,20 +277,29 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     stopper = Stopper()
     try:
         with stopper.installed():
-            # status() reads every table: an unmigrated schema fails here, with the migrate
-            # hint, before any thread starts
-            runlane.status()
-            worker = runlane.create_delivery_worker(
-                concurrency=args.concurrency,
-                queues=_queues(args.queues),
-                claim_batch=args.claim_batch,
-            )
+            # a stop signal while the start waits for the database ends the wait
+            stopper.attach("runlane worker", runlane.close)
+            try:
+                # connects and checks the schema before any thread starts: an unmigrated
+                # schema fails here, with the migrate hint
+                worker = runlane.create_delivery_worker(
+                    concurrency=args.concurrency,
+                    queues=_queues(args.queues),
+                    claim_batch=args.claim_batch,
+                    wait_for_database=args.wait_for_database,
+                )
+            except RunlaneClosed:
+                if not stopper.requested.is_set():
+                    raise
+                return _stopped_while_waiting(stopper)
             services: Services | None = None
             limits = limits_of(args)
             try:
                 if args.with_maintenance:
                     services = runlane.start_services(
-                        on_service_error=_report_service_error, limits=limits
+                        on_service_error=_report_service_error,
+                        limits=limits,
+                        wait_for_database=args.wait_for_database,
                     )
 
                 def close() -> None:
@@ -317,6 +336,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         runlane.close()
 
 
+def _stopped_while_waiting(stopper: Stopper) -> int:
+    """A stop signal closed the runtime while the start waited for the database: a clean
+    stop (0), nothing had started."""
+    stopper.wait_for_closer(_WAIT_CLOSE_SECONDS)
+    say("stopped while waiting for the database", exit_code=0)
+    return 0
+
+
 def _report_service_error(error: BaseException, info: ServiceErrorInfo) -> None:
     say(
         f"{info.phase} ({info.operation}): {_one_line(error)}",
@@ -343,6 +370,13 @@ def _wait_for_both(worker: Any, services: Services | None) -> None:
 
 def _cmd_maintenance(args: argparse.Namespace) -> int:
     limits = limits_of(args)
+    if args.once and args.wait_for_database is not None:
+        raise ConfigurationError(
+            "--wait-for-database is for the long-running services: `maintenance --once` is "
+            "a one-shot pass and fails at once when the database is unavailable"
+        )
+    if args.wait_for_database is None:
+        args.wait_for_database = DEFAULT_WAIT_FOR_DATABASE
     runlane = load_app(args.app)
 
     stopper = Stopper()
@@ -355,8 +389,19 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
                 print(_describe(result))
             return 0
         with stopper.installed():
-            runlane.status()  # an unmigrated schema fails here, with the migrate hint
-            services = runlane.start_services(on_service_error=_report_service_error, limits=limits)
+            # a stop signal while the start waits for the database ends the wait
+            stopper.attach("runlane maintenance", runlane.close)
+            try:
+                # an unmigrated schema fails here, with the migrate hint
+                services = runlane.start_services(
+                    on_service_error=_report_service_error,
+                    limits=limits,
+                    wait_for_database=args.wait_for_database,
+                )
+            except RunlaneClosed:
+                if not stopper.requested.is_set():
+                    raise
+                return _stopped_while_waiting(stopper)
             try:
                 stopper.attach(services.name, lambda: services.close(timeout=args.shutdown_timeout))
                 changed = non_default_limits(limits)
@@ -455,6 +500,35 @@ def _positive_seconds(value: str) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
     return seconds
+
+
+def _wait_seconds(value: str) -> float:
+    """--wait-for-database: seconds >= 0 (0: fail at once), ``inf`` for as long as it takes
+    (as_wait_timeout's 100 years)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    try:
+        limit = as_wait_timeout("--wait-for-database", seconds, unbounded="inf")
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    assert limit is not None  # a float is never None
+    return limit
+
+
+def _add_wait_option(parser: argparse.ArgumentParser, default: float | None) -> None:
+    parser.add_argument(
+        "--wait-for-database",
+        type=_wait_seconds,
+        default=default,
+        metavar="SECONDS",
+        help="how long the start waits for a database that is restarting, starting up, "
+        "refusing connections or out of connection slots, logging a line per retry "
+        f"(default {DEFAULT_WAIT_FOR_DATABASE:g}; 0 fails at once; inf waits as long as it "
+        "takes); a host that does not resolve, a refused password, a missing database or "
+        "schema fail at once",
+    )
 
 
 def _shutdown_seconds(value: str) -> float:
@@ -563,6 +637,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the maintenance services in this process, closed with the worker",
     )
+    _add_wait_option(worker, DEFAULT_WAIT_FOR_DATABASE)
     add_limit_option(worker, "for the services of --with-maintenance")
     worker.set_defaults(handler=_cmd_worker)
 
@@ -636,6 +711,7 @@ def _add_maintenance_command(
         default=30.0,
         help="seconds to wait for the bands",
     )
+    _add_wait_option(maintenance, None)  # None: the default, refused with --once
     add_limit_option(maintenance)
     maintenance.set_defaults(handler=_cmd_maintenance)
 
@@ -678,6 +754,7 @@ def _run(args: argparse.Namespace) -> int:
                 "error: %s", _one_line(exc), exc_info=info, extra={"exit_code": code}
             )
             return code
+        flush_logging()  # the lines logged before the error are written before it
         if getattr(args, "traceback", False):
             traceback.print_exception(exc, file=sys.stderr)
         say(f"error: {_one_line(exc)}")

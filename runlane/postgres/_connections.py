@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool
 
 from runlane._display import shown
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError, StorageUnavailable
-from runlane.postgres._connect_errors import connect_cause, establishing
+from runlane.postgres._connect_errors import connect_cause, establishing, waiting_helps
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -166,14 +166,17 @@ def storage_error(
         cause = connect_cause(exc, describe_target(connection_string), timeout)
         if cause is not None:
             said = _scrubbed(cause, connection_string)
-            return StorageUnavailable(f"runlane could not {what}: {said}")
+            return StorageUnavailable(
+                f"runlane could not {what}: {said}", transient=waiting_helps(exc)
+            )
     if connection_failed(exc):
         target = describe_target(connection_string)
         cause = f"{type(exc).__name__}: {detail}"
         return StorageUnavailable(
             f"runlane could not {what}: the database at {target} is unavailable ({cause}). "
             f"Is PostgreSQL running at {target} and reachable from here? Check the "
-            "connection string, the firewall, and max_connections"
+            "connection string, the firewall, and max_connections",
+            transient=waiting_helps(exc),
         )
     return RunlaneError(
         f"unexpected database error while trying to {what} ({type(exc).__name__}: {detail})"

@@ -75,6 +75,7 @@ from runlane.models import (
 )
 from runlane.runtime import _queue_admin, _schedule_admin
 from runlane.runtime._backend import Backend
+from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE, DatabaseWait
 from runlane.runtime._reads import PointReads
 from runlane.schedules import Schedule
 from runlane.storage import NewRuns, Storage
@@ -150,6 +151,8 @@ class Runlane:
         """A fresh storage (and what reads through it) for a new or reopened runtime."""
         storage = self._lane.create_storage()
         self._storage = storage
+        # a service's start waits for the database; close() ends the wait
+        self._database_wait = DatabaseWait(self._ensure_started, storage, self._closed_error)
         # concurrent get_run calls share one query (see _reads.py)
         self._point_reads: PointReads[uuid.UUID, RunSnapshot] = PointReads(
             lambda ids: storage.run_get_many(self.environment, ids)
@@ -248,6 +251,7 @@ class Runlane:
             _telemetry.unregister_runtime(self)
             owned, self._owned = self._owned, []
             run_ends, self._run_ends = self._run_ends, False
+        self._database_wait.end()
         # every part runs even when one raises; the first error is raised at the end
         closing = Closing(f"the runtime of environment {self.environment!r}")
         for item in owned:
@@ -968,6 +972,7 @@ class Runlane:
         concurrency: int,
         queues: Sequence[str | Queue] | None = None,
         claim_batch: int | None = None,
+        wait_for_database: float | None = DEFAULT_WAIT_FOR_DATABASE,
     ) -> Worker:
         """Start a worker executing runs of ``queues`` (default: every registered queue) in
         ``concurrency`` threads. Close it with ``close()`` or use it as a context manager;
@@ -978,12 +983,18 @@ class Runlane:
         keeps runs claimed ahead of free slots, claiming the next batch once fewer than
         ``claim_batch - concurrency`` wait (at most about two batches, under half a second
         of work), so slots do not wait on claims; their leases are kept alive, a run that
-        waited a second for a slot is handed back, and bounded queues never claim ahead."""
+        waited a second for a slot is handed back, and bounded queues never claim ahead.
+
+        ``wait_for_database`` (seconds, default 120; None: no limit; 0: fail at once): how
+        long the start waits for a database that is restarting, starting up, refusing
+        connections or out of connection slots, logging a line per retry; what no wait fixes
+        (a host that does not resolve, a refused password, a missing database or schema)
+        raises at once. ``close()`` from another thread ends the wait."""
         self._check_open()
         polled = check_worker_arguments(concurrency, queues, self._queues)
         batch = _default_claim_batch(concurrency) if claim_batch is None else claim_batch
         as_int("claim_batch", batch, 1, MAX_CLAIM_BATCH)
-        self._ensure_started()
+        self._database_wait.until_ready(wait_for_database, "starting a worker")
         worker = self._new_worker(
             polled,
             WorkerOptions(
@@ -1028,15 +1039,17 @@ class Runlane:
         on_service_error: ServiceErrorCallback | None = None,
         limits: MaintenanceLimits | None = None,
         lease_duration: timedelta = timedelta(seconds=30),
+        wait_for_database: float | None = DEFAULT_WAIT_FOR_DATABASE,
     ) -> Services:
         """Run maintenance as supervised loops in background threads, one per band; each band
         is owned by one replica at a time through a durable lease. ``on_service_error(error,
-        info)`` receives every failed pass (``info.phase``); without it failures are logged."""
+        info)`` receives every failed pass (``info.phase``); without it failures are logged.
+        ``wait_for_database``: as ``create_delivery_worker``'s."""
         self._check_open()
         if limits is not None and not isinstance(limits, MaintenanceLimits):
             raise ConfigurationError(f"limits must be MaintenanceLimits, got {shown(limits)}")
         as_timedelta("lease_duration", lease_duration, MIN_LEASE, MAX_LEASE)
-        self._ensure_started()
+        self._database_wait.until_ready(wait_for_database, "starting the maintenance services")
         services = Services(
             self._scope,
             limits=limits or MaintenanceLimits(),
