@@ -251,6 +251,50 @@ def test_second_signal_stops_maintenance_at_once(
             blocker.rollback()
 
 
+# the app holds the process after the command returned, as a thread of its own still running
+# (or a log thread draining) would: the exit waits for this non-daemon thread
+LINGERING_APP = APP + textwrap.dedent(
+    """
+    def linger():
+        threading.main_thread().join()  # returns once the command returned and Python exits
+        print("lingering", file=sys.stderr, flush=True)
+        threading.Event().wait(60)
+
+    threading.Thread(target=linger, name="app-linger").start()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "log_format"), [("worker", "text"), ("maintenance", "text"), ("worker", "json")]
+)
+def test_a_second_ctrl_c_after_the_close_finished_exits_3(
+    tmp_path: Path, database_url: str, schema: str, command: str, log_format: str
+) -> None:
+    """Issue 37: once the first Ctrl-C's graceful close had finished, the command put back
+    Python's own handlers, and a second Ctrl-C while the process exited did not exit with
+    the documented code 3 (a KeyboardInterrupt, or the signal's own end). The main thread
+    then waits for the app's thread without a timeout: the kernel may hand the signal to
+    either thread."""
+    args = (command, "cliapp:runlane", "--log-format", log_format)
+    with cli_process(tmp_path, LINGERING_APP, database_url, schema, *args) as proc:
+        _wait_for_line(proc, "SIGTERM or Ctrl-C stops it")
+        proc.send_signal(signal.SIGINT)
+        _wait_for_line(proc, " stopped")  # the graceful close finished
+        _wait_for_line(proc, "lingering")  # the command returned: the process is exiting
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == EXIT_FORCED
+        assert proc.stderr is not None
+        rest = proc.stderr.read()
+    assert "second signal: exiting now" in rest
+    assert "lease expiry" not in rest  # nothing was left running
+    assert "Traceback" not in rest
+    if log_format == "json":  # after the log thread stopped, still one JSON object
+        (line,) = rest.splitlines()
+        record = json.loads(line)
+        assert (record["level"], record["exit_code"]) == ("WARNING", EXIT_FORCED)
+
+
 def test_configuration_errors_are_one_line_and_exit_2(
     tmp_path: Path, database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -110,6 +110,9 @@ class _CliLogListener(logging.handlers.QueueListener):
 _log_listener: _CliLogListener | None = None
 # --log-format json is in effect: the CLI's own lines are log records too (see _print)
 _json_lines = False
+# --log-format json was in effect until stop_logging: a line said later (a second stop
+# signal while the process exits) is still one JSON object
+_json_ended = False
 _previous_thread_hook = threading.excepthook
 
 
@@ -134,10 +137,10 @@ def flush_logging(timeout: float = 1.0) -> None:
 
 def stop_logging() -> None:
     """Write every queued record, stop the log thread and take the CLI's handler off."""
-    global _log_listener, _json_lines  # noqa: PLW0603 - see _configure_logging
+    global _log_listener, _json_lines, _json_ended
     listener, _log_listener = _log_listener, None
     if _json_lines:
-        _json_lines = False
+        _json_lines, _json_ended = False, True
         logging.captureWarnings(False)
         threading.excepthook = _previous_thread_hook
     root = logging.getLogger()
@@ -148,8 +151,9 @@ def stop_logging() -> None:
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    global _log_listener, _json_lines  # noqa: PLW0603 - one per process, like the root logger
+    global _log_listener, _json_lines, _json_ended  # noqa: PLW0603 - one per process
     stop_logging()
+    _json_ended = False
     handler = _CliHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -177,5 +181,9 @@ def say(message: str, level: int = logging.INFO, **fields: Any) -> None:
     so that every line the process writes is JSON."""
     if _json_lines:
         log.log(level, message, extra=fields)
+        return
+    if _json_ended:  # logging stopped: formatted here, as its thread would have
+        record = log.makeRecord(log.name, level, __file__, 0, message, (), None, extra=fields)
+        print(JsonFormatter().format(record), file=sys.stderr, flush=True)
         return
     print(f"runlane: {message}", file=sys.stderr, flush=True)

@@ -36,7 +36,10 @@ class Stopper:
     The first signal closes gracefully in a fresh thread (the main thread keeps observing);
     a second one exits at once with ``EXIT_FORCED``, leaving runs still executing to lease
     expiry. Installed before the worker or services start, so no signal finds a gap; a
-    signal that arrives before ``attach`` closes what is attached as soon as it is."""
+    signal that arrives before ``attach`` closes what is attached as soon as it is. Once a
+    signal arrived the handler stays installed after the command returns: the process is
+    on its way out, and a second signal while it exits (its log thread draining, a thread
+    of the app's still running) exits with ``EXIT_FORCED`` too, never by the signal."""
 
     def __init__(self) -> None:
         self.name = "runlane"
@@ -44,6 +47,7 @@ class Stopper:
         self.requested = threading.Event()
         self.close_error: BaseException | None = None
         self._closer: threading.Thread | None = None
+        self._exiting = threading.Lock()
 
     def attach(self, name: str, close: Callable[[], None]) -> None:
         self.name = name
@@ -53,9 +57,11 @@ class Stopper:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested.is_set():
+            self._exiting.acquire()  # once, from the main thread or the late watcher
+            closed = self._closer is not None and not self._closer.is_alive()
+            left = "" if closed else "; runs still executing are left to lease expiry"
             say(
-                f"{self.name}: second signal: exiting now; runs still executing are left to "
-                "lease expiry",
+                f"{self.name}: second signal: exiting now{left}",
                 logging.WARNING,
                 signal=signal.Signals(signum).name,
                 exit_code=EXIT_FORCED,
@@ -101,21 +107,49 @@ class Stopper:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        with _handling(self.handle):
-            yield
+        try:
+            with _handling(self.handle, keep=self.requested.is_set):
+                yield
+        finally:
+            if self.requested.is_set():
+                _handle_from_any_thread(self.handle)
+
+
+def _handle_from_any_thread(handler: Callable[[int, FrameType | None], None]) -> None:
+    """Once the command returned after a stop signal, the main thread may block without a
+    timeout (Python's exit joining a thread of the app's), where a signal the kernel hands
+    to another thread never runs ``handler``. The signals' C handler also writes their
+    numbers to a pipe (``set_wakeup_fd``): a daemon thread reading it calls ``handler``."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # set_wakeup_fd is the main thread's (and so are signal handlers)
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while data := os.read(read, 64):
+            for signum in data:
+                if signum in (signal.SIGTERM, signal.SIGINT):
+                    handler(signum, None)
+
+    threading.Thread(target=watch, name="runlane-cli-signals", daemon=True).start()
 
 
 @contextmanager
-def _handling(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """``handler`` for SIGTERM and SIGINT while the block runs; the previous ones after it."""
+def _handling(
+    handler: Callable[[int, FrameType | None], None], keep: Callable[[], bool] = lambda: False
+) -> Iterator[None]:
+    """``handler`` for SIGTERM and SIGINT while the block runs; the previous ones after it,
+    unless ``keep()`` says then that ``handler`` stays."""
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
         signal.signal(sig, handler)
     try:
         yield
     finally:
-        for sig, former in previous.items():
-            signal.signal(sig, former)
+        if not keep():
+            for sig, former in previous.items():
+                signal.signal(sig, former)
 
 
 @contextmanager
