@@ -408,6 +408,26 @@ def test_run_now_cannot_take_a_child_runs_key(
     assert operator.trigger_schedule_now("pay.forged", idempotency_key="incident-7").created
 
 
+def test_the_run_now_function_refuses_a_child_runs_key_through_raw_sql(
+    make_runlane: RunlaneFactory,
+    db: psycopg.Connection[Any],
+    schema: str,
+    granted: Callable[[str], str],
+) -> None:
+    """The operator role may execute runlane_run_schedule itself (schema version 14)."""
+    app = make_runlane(tasks=[pay_parent, pay_child], schedules=[forged_schedule])
+    parent = app.trigger(pay_parent, {}, delay=3600).id
+    app.run_maintenance_once()
+    run_now = q("select * from {s}.runlane_run_schedule('default', %s, %s, %s, null)", schema)
+    with psycopg.connect(granted("operator"), autocommit=True) as conn:
+        for key in (_forged_key(parent), "runlane."):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="reserved"):
+                conn.execute(run_now, ("pay.forged", uuid.uuid4(), key))
+        assert count_runs(db, schema) == 1  # the parent only: nothing was written
+        made = conn.execute(run_now, ("pay.forged", uuid.uuid4(), "incident-8")).fetchall()
+    assert [row[1:] for row in made] == [("pay.child", "default", True)]
+
+
 def test_create_wait_token_refuses_runlanes_keys(
     make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
 ) -> None:
