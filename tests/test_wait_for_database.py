@@ -406,6 +406,14 @@ def test_one_shot_commands_still_fail_fast(
     assert took < 5, took
 
 
+@pytest.mark.parametrize("bad", ["-1", "nan", "soon"])
+def test_a_bad_wait_is_a_usage_error(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["worker", "cliapp:runlane", "--wait-for-database", bad])
+    assert exited.value.code == 2
+    assert "--wait-for-database" in capsys.readouterr().err
+
+
 def test_maintenance_once_takes_no_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -441,6 +441,11 @@ def _recovery(db: Reader, report: Report, events: list[Event], deaths: dict[str,
             {
                 "down (s)": round((event.until - event.at).total_seconds(), 2),
                 **({"long outage": True} if event.detail.get("long") else {}),
+                **(
+                    {"started while down": event.detail["started while down"]}
+                    if event.detail.get("started while down")
+                    else {}
+                ),
                 "first completion after (s)": _seconds(first, event.until),
                 "every worker running handlers after (s)": _round(all_back),
                 "workers without a handler since": never,

@@ -92,30 +92,17 @@ def _stop_event() -> threading.Event:
     return stop
 
 
-def _patiently(what: str, fn: Any, stop: threading.Event, patience: float = 120.0) -> Any:
-    """``fn()``, repeated while storage is unavailable (a Postgres restart in progress)."""
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            return fn()
-        except RunlaneError as exc:
-            if time.monotonic() > deadline or stop.is_set():
-                raise
-            log.warning("%s failed, retrying: %r", what, exc)
-            time.sleep(0.5)
-
-
 def run_worker(settings: Settings, proc: str, url: str | None) -> int:
     stop = _stop_event()
     recorder = Recorder(settings.url, settings.side, proc, size=settings.concurrency + 2)
     install_recorder(recorder)
-    _register(recorder)
     runtime = build_runtime(settings, url)
-    worker: Worker = _patiently(
-        "starting the worker",
-        lambda: runtime.create_delivery_worker(concurrency=settings.concurrency),
-        stop,
-    )
+    # started during a Postgres restart, it waits for the database (wait_for_database's
+    # default, 120 s) and logs a line per retry; it exits (and the soak fails) otherwise.
+    # Registered once up: the recorder's own writes wait out an outage, so a registration
+    # first would have kept the start out of it
+    worker: Worker = runtime.create_delivery_worker(concurrency=settings.concurrency)
+    _register(recorder)
     code = _supervise(proc, "the worker", worker, stop)
     log.info("%s: closing", proc)
     worker.close(timeout=20)
@@ -133,13 +120,8 @@ def run_maintenance(settings: Settings, proc: str) -> int:
     def on_error(error: BaseException, info: Any) -> None:
         log.warning("%s: maintenance %s (%s) failed: %r", proc, info.phase, info.operation, error)
 
-    services = _patiently(
-        "starting the services",
-        lambda: runtime.start_services(
-            lease_duration=timedelta(seconds=settings.maintenance_lease),
-            on_service_error=on_error,
-        ),
-        stop,
+    services = runtime.start_services(  # waits for the database, as the worker's start
+        lease_duration=timedelta(seconds=settings.maintenance_lease), on_service_error=on_error
     )
     _register(recorder, services.owner)
     code = _supervise(proc, "the services", services, stop)

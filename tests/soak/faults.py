@@ -413,9 +413,35 @@ class Soak:
             user=self.server.system_user,
             timeout=60,
         )
+        # a worker and a maintenance replica killed and started again while the server is
+        # down: each start waits for the database (wait_for_database) instead of exiting
+        started = [self._restart_while_down(role) for role in ("worker", "maintenance")]
         self.stop.wait(max(8.0, 2 * self.settings.lease))
         restart_embedded_postgres(self.server)  # starts it again with the same options
-        self.record(Event("postgres-restart", at, self.now(), {"long": True}))
+        detail = {"long": True, "started while down": [p for p in started if p]}
+        self.record(Event("postgres-restart", at, self.now(), detail))
+
+    def _restart_while_down(self, role: str) -> str | None:
+        """SIGKILL a child of ``role`` and start it again at once (the database is down: no
+        query here); its new process's name, or None when every such child is busy."""
+        with self.lock:
+            candidates = [
+                c for c in self.children.values() if c.role == role and c.name not in self.busy
+            ]
+            if not candidates:
+                return None
+            victim = self.random.choice(candidates)
+            self.busy.add(victim.name)
+        try:
+            proc = victim.proc
+            died = self.kill(victim)
+            self.spawn(victim)
+            if role == "worker":
+                self.record(Event("sigkill-worker", died, detail={"proc": proc}))
+            return victim.proc
+        finally:
+            with self.lock:
+                self.busy.discard(victim.name)
 
     def proxy_stall(self) -> None:
         """The proxied worker's connections stay open but carry nothing (a half-open peer)."""
