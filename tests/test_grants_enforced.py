@@ -223,6 +223,43 @@ def test_no_role_forges_cancels_retries_or_deletes_through_sql(
     assert runs.snapshot() == before
 
 
+CHILD = (
+    "insert into {schema}.runs (id, environment, task_id, queue, status, payload, "
+    "max_attempts, due_at, parent_run_id, idempotency_key) "
+    "values (gen_random_uuid(), 'default', 'grants.leaf', 'default', 'queued', "
+    "'{{\"forged\": true}}', 1, now(), %s, %s)"
+)
+
+
+@pytest.mark.parametrize("job", ["producer", "worker", "maintenance"])
+def test_only_a_running_parents_worker_writes_its_children(
+    job: str, schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """trigger_child's rows name their parent and take the key runlane.child:<parent>:<n>,
+    which the parent adopts: a role that could write them first would forge the child's
+    result. Only a role that may claim (the worker job) writes a run naming a running
+    parent, and no role a key in runlane's prefix but that parent's child keys."""
+    conninfo = granted(job)
+    parent = runs.make("running")
+    finished = runs.make("completed")
+    before = runs.snapshot()
+    key = f"runlane.child:{parent}:1"
+    if job != "worker":
+        refused(conninfo, schema, CHILD, parent, key)
+        refused(conninfo, schema, CHILD, parent, None)
+    refused(conninfo, schema, CHILD, finished, f"runlane.child:{finished}:1")
+    refused(conninfo, schema, CHILD, parent, f"runlane.child:{finished}:1")
+    refused(conninfo, schema, CHILD, None, f"runlane.child:{parent}:1")
+    refused(conninfo, schema, CHILD, None, "runlane.anything")
+    assert runs.snapshot() == before
+    if job == "worker":
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(sql.SQL(CHILD).format(schema=sql.Identifier(schema)), (parent, key))
+        assert runs.one("select count(*) from {schema}.runs where parent_run_id = %s", parent) == (
+            1,
+        )
+
+
 def test_maintenance_ends_only_attempts_whose_lease_lapsed(
     schema: str, granted: RoleMaker, runs: Runs
 ) -> None:

@@ -233,6 +233,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         ("runlane_attempts_guard_delete",),
         ("runlane_runs_ended",),
         ("runlane_runs_guard_delete",),
+        ("runlane_runs_guard_insert",),
         ("runlane_runs_guard_tombstone",),
         ("runlane_runs_guard_transition",),
         ("runlane_runs_inserted",),
