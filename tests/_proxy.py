@@ -67,6 +67,12 @@ class TcpProxy:
             held += bool(readable)
         return held
 
+    def refuse_new(self) -> None:
+        """Refuse new connections and keep the open ones (a server out of connection slots
+        for newcomers)."""
+        with self._lock:
+            self._up = False
+
     def down(self) -> None:
         """Refuse new connections and cut every open one."""
         with self._lock:

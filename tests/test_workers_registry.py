@@ -165,9 +165,12 @@ def test_list_workers_refuses_a_non_boolean_include_stopped(make_runlane: Runlan
 def test_a_worker_that_cannot_register_at_start_says_so_and_registers_later(
     make_runlane: RunlaneFactory, database_url: str, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The database goes down after the runtime started: the worker starts anyway (as its
-    claims do, its registration is retried), the failure is logged, and a heartbeat
-    registers it once the database is back."""
+    """The database refuses new connections after the runtime started (its pool's open
+    connection still answers, so the worker's start finds the database there): the worker
+    starts anyway (as its claims do, its registration on a connection of its own is
+    retried), the failure is logged, and a heartbeat registers it once the database takes
+    connections again. (A database that does not answer at all when a worker starts is
+    waited for: tests/test_wait_for_database.py.)"""
     direct = make_runlane()
     with tcp_proxy(database_url) as proxy:
         proxy.up()
@@ -182,7 +185,7 @@ def test_a_worker_that_cannot_register_at_start_says_so_and_registers_later(
         )
         try:
             rl.start()
-            proxy.down()
+            proxy.refuse_new()
             with caplog.at_level(logging.WARNING, logger="runlane.lifecycle"):
                 worker = rl.create_delivery_worker(concurrency=1)
                 wait_until(
