@@ -22,7 +22,7 @@ import pytest
 
 from runlane import RetryPolicy, RunContext, RunStatus, task
 from runlane import queue as runlane_queue
-from runlane.cli import EXIT_FORCED
+from runlane.cli import EXIT_FORCED, main
 from tests.conftest import RunlaneFactory
 
 APP = textwrap.dedent(
@@ -240,3 +240,19 @@ def test_an_error_is_one_json_line(tmp_path: Path) -> None:
     assert (record["level"], record["exit_code"]) == ("ERROR", 2)
     assert "importing 'broken' failed: RuntimeError: config missing" in record["message"]
     assert "exception" not in record  # the traceback only with --traceback
+
+
+def test_a_later_command_in_the_same_process_writes_plain_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a command that ran with --log-format json, the next command of the same process
+    (main() called again, as tests and embedding scripts do) writes its lines as plain text
+    unless it asks for JSON too."""
+    (tmp_path / "broken_app.py").write_text("raise RuntimeError('config missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["drain", "broken_app:x", "--log-format", "json"]) == 2
+    first = capsys.readouterr().err.strip().splitlines()
+    assert json.loads(first[-1])["exit_code"] == 2
+    assert main(["status", "broken_app:x"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("runlane: error: importing 'broken_app' failed: RuntimeError"), line

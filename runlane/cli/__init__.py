@@ -39,6 +39,7 @@ from runlane.cli._demo import DEMO_LANES, run_demo
 from runlane.cli._devdb import add_devdb_command
 from runlane.cli._line import ProgressLine
 from runlane.cli._logs import (
+    begin_command,
     configure_logging,
     flush_logging,
     json_lines,
@@ -725,6 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     show_traceback = "--traceback" in given[:end]
     args = parser.parse_args([a for a in given[:end] if a != "--traceback"] + given[end:])
     args.traceback = show_traceback
+    begin_command()
     if args.command is None:
         parser.print_help()
         return 0

@@ -150,6 +150,13 @@ def stop_logging() -> None:
         listener.stop()
 
 
+def begin_command() -> None:
+    """A command starts in this process: an earlier command's --log-format json no longer
+    shapes its lines (``main`` may run several commands in one process, as tests do)."""
+    global _json_ended  # noqa: PLW0603 - see configure_logging
+    _json_ended = False
+
+
 def configure_logging(level: str, fmt: str) -> None:
     global _log_listener, _json_lines, _json_ended  # noqa: PLW0603 - one per process
     stop_logging()
