@@ -2,7 +2,7 @@
 rates and trigger-to-start latency, on the same Postgres as the polling lane's figures.
 
 The broker is the one at ``--amqp-url`` (or ``RUNLANE_BENCH_AMQP_URL``), else a private node
-on 127.0.0.1 started with ``runlane._rabbit_nodes.start_rabbitmq_node`` and removed afterwards;
+on 127.0.0.1 started with ``runlane.cli._rabbit_nodes.start_rabbitmq_node`` and removed afterwards;
 when neither is possible (no rabbitmq-server package, no pika) the rows are skipped with a
 note saying why.
 """
@@ -27,7 +27,8 @@ from benchmarks._statements import (
     wal_position,
 )
 from runlane import RunContext, Runlane, create_runlane, task
-from runlane._rabbit_nodes import rabbitmq_available, start_rabbitmq_node
+from runlane.cli._rabbit_host import rabbitmq_available
+from runlane.cli._rabbit_nodes import start_rabbitmq_node
 
 __all__ = ["RabbitBench", "RabbitBroker", "rabbit_rows"]
 

@@ -20,11 +20,11 @@ from typing import Any, TypedDict
 
 from runlane._display import shown
 from runlane._inspect import optional_name
-from runlane._limits import as_int_or_none
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult, RunStatus
 from runlane.storage import BulkFilter, Storage
 from runlane.tasks import Task
+from runlane.toolkit import as_int_or_none
 
 __all__ = ["BATCH_SIZE", "MAX_LIMIT", "BulkFilters", "BulkProgress", "bulk_action", "bulk_filter"]
 

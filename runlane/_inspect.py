@@ -17,11 +17,11 @@ from datetime import datetime
 from typing import Any
 
 from runlane._display import shown
-from runlane._limits import as_int
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError, RunStateConflict
 from runlane.models import RunError, RunPage, RunSnapshot, RunStatus
 from runlane.storage import RunListQuery
+from runlane.toolkit import as_int
 
 __all__ = [
     "MAX_PAGE",

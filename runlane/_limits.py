@@ -14,21 +14,18 @@ traceback (where the raising frame and the exception line are).
 from __future__ import annotations
 
 import re
-import threading
 from datetime import timedelta
-from typing import TypeGuard
 
 from runlane._display import shown
 from runlane.errors import ConfigurationError
+from runlane.toolkit import as_int
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
-    "INT32_MAX",
     "MAX_CLAIM_BATCH",
     "MAX_CONCURRENCY",
     "MAX_CONNECT_TIMEOUT",
-    "MAX_DURATION",
     "MAX_ERROR_MESSAGE_CHARS",
     "MAX_LEASE",
     "MAX_LIMIT_BYTES",
@@ -37,15 +34,8 @@ __all__ = [
     "MAX_TEXT_BYTES",
     "MAX_TEXT_CHARS",
     "MAX_TRACEBACK_CHARS",
-    "MAX_WAIT_SECONDS",
     "MIN_LEASE",
     "NAME_PATTERN",
-    "as_int",
-    "as_int32",
-    "as_int_or_none",
-    "as_seconds",
-    "as_timedelta",
-    "as_wait_timeout",
     "check_limit",
     "check_name",
     "describe_size",
@@ -69,10 +59,6 @@ def check_name(kind: str, value: object) -> str:
     return value
 
 
-# the largest number stored in a Postgres integer column or cast (priorities, attempts,
-# queue concurrency limits)
-INT32_MAX = 2**31 - 1
-
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 DEFAULT_MAX_OUTPUT_BYTES = 1_048_576
 # the largest limit one may configure: well under Postgres's 255 MiB jsonb ceiling, which
@@ -82,14 +68,6 @@ MAX_LIMIT_BYTES = 64 * 1_048_576
 MAX_ERROR_MESSAGE_CHARS = 4_000
 MAX_TRACEBACK_CHARS = 16_000
 _TRACEBACK_HEAD = 4_000
-
-# delays, timeouts and sleeps (retry delays too): a due time must stay a datetime Python and
-# Postgres agree on (Python's end at year 9999), and nothing waits a century on purpose
-MAX_DURATION = timedelta(days=36_525)
-# a wait for threads (close's timeout, wait_until_closed's): longer ones, float("inf")
-# included, are cut to this, which every wait of threading, select and the drivers accepts
-# (threading.TIMEOUT_MAX, about 292 years, is the hard ceiling)
-MAX_WAIT_SECONDS = min(MAX_DURATION.total_seconds(), threading.TIMEOUT_MAX)
 
 # the bounds of the lane and worker options, checked where they are given: past them the
 # value fails later (a lease's due time beyond Postgres's dates, a wait threading refuses, a
@@ -107,106 +85,6 @@ MAX_CLAIM_BATCH = 10_000
 # 2,704 bytes
 MAX_TEXT_CHARS = 1_000
 MAX_TEXT_BYTES = 2_000
-
-
-def as_int(
-    name: str, value: object, minimum: int, maximum: int | None = None, hint: str = ""
-) -> int:
-    """An int (not a bool) from ``minimum`` to ``maximum`` (None: no upper bound): the one
-    check of every count, limit and size given to runlane (arguments, options, CLI flags);
-    ``hint`` ends the message."""
-    if not _int_within(value, minimum, maximum):
-        raise ConfigurationError(_int_message(name, value, minimum, maximum, hint))
-    return value
-
-
-def as_int_or_none(
-    name: str, value: object, minimum: int, maximum: int | None = None, hint: str = ""
-) -> int | None:
-    """:func:`as_int`, or None (no limit): its message says None is allowed too."""
-    if value is None:
-        return None
-    if not _int_within(value, minimum, maximum):
-        raise ConfigurationError(_int_message(name, value, minimum, maximum, hint, or_none=True))
-    return value
-
-
-def _int_within(value: object, minimum: int, maximum: int | None) -> TypeGuard[int]:
-    return (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and value >= minimum
-        and (maximum is None or value <= maximum)
-    )
-
-
-def _int_message(
-    name: str,
-    value: object,
-    minimum: int,
-    maximum: int | None,
-    hint: str,
-    *,
-    or_none: bool = False,
-) -> str:
-    allowed = f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-    none = " or None" if or_none else ""
-    return f"{name} must be an integer {allowed}{none}, got {shown(value)}{hint}"
-
-
-def as_int32(name: str, value: object, minimum: int = -INT32_MAX - 1) -> int:
-    """An int (not a bool) from ``minimum`` to 2**31 - 1: the range of the integer column."""
-    return as_int(name, value, minimum, INT32_MAX)
-
-
-def _span(delta: timedelta) -> str:
-    """A bound or a value for a message: "0", "1 second", "1 day", "100 years", "2.5 seconds"."""
-    if delta == MAX_DURATION:
-        return "100 years"
-    if delta.days and not delta.seconds and not delta.microseconds:
-        return f"{delta.days} day{'s' if delta.days != 1 else ''}"
-    seconds = delta.total_seconds()
-    return "0" if seconds == 0 else "1 second" if seconds == 1 else f"{seconds:g} seconds"
-
-
-def as_timedelta(name: str, value: object, minimum: timedelta, maximum: timedelta) -> timedelta:
-    """A timedelta from ``minimum`` to ``maximum``: leases, poll intervals, retention."""
-    if not isinstance(value, timedelta) or not minimum <= value <= maximum:
-        got = _span(value) if isinstance(value, timedelta) else shown(value)
-        raise ConfigurationError(
-            f"{name} must be a timedelta from {_span(minimum)} to {_span(maximum)}, got {got}"
-        )
-    return value
-
-
-def as_seconds(name: str, value: object, maximum: float) -> float:
-    """A positive, finite number of seconds of at most ``maximum`` (a connect timeout)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= maximum  # False for NaN
-    ):
-        raise ConfigurationError(
-            f"{name} must be a number of seconds above 0 and at most {maximum:g}, "
-            f"got {shown(value)}"
-        )
-    return float(value)
-
-
-def as_wait_timeout(name: str, value: object, *, unbounded: str = "None") -> float | None:
-    """How long a close, or a wait for threads, may take: None (as long as it takes) or a
-    number of seconds >= 0. Past 100 years (``float("inf")`` included) it is cut to 100
-    years, which every wait accepts (threading refuses more than about 292): a longer wait
-    is as good as none. The one rule of every close timeout, the CLI's --shutdown-timeout
-    too (whose ``unbounded`` spelling is ``inf``)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigurationError(
-            f"{name} must be {unbounded} (wait as long as it takes) or a number of seconds "
-            f">= 0 (not negative, not NaN), got {shown(value)}"
-        )
-    return float(min(value, MAX_WAIT_SECONDS))
 
 
 def check_limit(name: str, value: object) -> int:

@@ -12,9 +12,10 @@ import attrs
 
 from runlane._codec import exception_text
 from runlane._display import clipped, shown
-from runlane._limits import INT32_MAX, MAX_DURATION, MAX_TEXT_BYTES, MAX_TEXT_CHARS, as_int32
+from runlane._limits import MAX_TEXT_BYTES, MAX_TEXT_CHARS
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
 from runlane.tasks import Queue
+from runlane.toolkit import INT32_MAX, MAX_DURATION, as_int32
 
 __all__ = [
     "DEFAULT_QUEUE",

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from runlane._display import shown
-from runlane._limits import INT32_MAX, as_int
 from runlane.errors import ConfigurationError
+from runlane.toolkit import INT32_MAX, as_int
 
 if TYPE_CHECKING:
     from runlane.tasks import Queue

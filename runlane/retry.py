@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import attrs
 
-from runlane._limits import MAX_DURATION, as_int32
 from runlane.errors import ConfigurationError
+from runlane.toolkit import MAX_DURATION, as_int32
 
 __all__ = ["RetryPolicy", "next_retry_delay"]
 

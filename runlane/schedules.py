@@ -21,9 +21,10 @@ import attrs
 from croniter import CroniterBadDateError, croniter
 
 from runlane._display import shown
-from runlane._limits import as_int, as_int32, check_name
+from runlane._limits import check_name
 from runlane.errors import ConfigurationError
 from runlane.tasks import Task
+from runlane.toolkit import as_int, as_int32
 
 __all__ = ["Schedule", "due_slots", "next_slot", "schedule"]
 

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runlane._rabbit_nodes import RABBITMQ_START_TIMEOUT, RabbitNode, create_rabbitmq_node
+from runlane.cli._rabbit_host import RABBITMQ_START_TIMEOUT
+from runlane.cli._rabbit_nodes import RabbitNode, create_rabbitmq_node
 
 __all__ = ["WORKERINPUT_KEY", "SharedBroker", "wait_for_shared_broker"]
 

@@ -17,11 +17,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from runlane import Queue, Runlane, Task, create_runlane
-from runlane._rabbit_nodes import (
+from runlane.cli._rabbit_host import rabbitmq_available, rabbitmq_test_verdict
+from runlane.cli._rabbit_nodes import (
     RabbitNode,
     create_rabbitmq_node,
-    rabbitmq_available,
-    rabbitmq_test_verdict,
     start_rabbitmq_cluster,
     start_rabbitmq_node,
 )

@@ -1,4 +1,4 @@
-"""The one back-off (runlane._backoff.Backoff) every reconnecting loop and retry uses: its
+"""The one back-off (runlane.toolkit.Backoff) every reconnecting loop and retry uses: its
 delays grow by its factor from its first delay up to its cap, each spread over the lower
 half of its step, and start over after reset()."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runlane._backoff import Backoff
+from runlane.toolkit import Backoff
 
 
 @pytest.mark.parametrize(

@@ -44,10 +44,8 @@ from runlane import (
     task,
 )
 from runlane._limits import (
-    INT32_MAX,
     MAX_CLAIM_BATCH,
     MAX_CONNECT_TIMEOUT,
-    MAX_DURATION,
     MAX_LEASE,
     MAX_POLL_INTERVAL,
     MAX_POOL_SIZE,
@@ -55,6 +53,7 @@ from runlane._limits import (
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.rabbitmq import rabbitmq_lane
+from runlane.toolkit import INT32_MAX, MAX_DURATION
 from tests.conftest import RunlaneFactory
 
 

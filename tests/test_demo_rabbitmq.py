@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import runlane.cli._demo
-from runlane._rabbit_nodes import port_open, rabbitmq_available
 from runlane.cli import EXIT_CONFIGURATION, main
+from runlane.cli._rabbit_host import port_open, rabbitmq_available
 from tests.conftest import require_rabbitmq
 
 RUN_LINE = re.compile(r"^  [0-9a-f-]{36}  (completed|failed)\s+(.*)$")

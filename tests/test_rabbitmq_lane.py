@@ -34,7 +34,7 @@ from runlane import (
     queue,
     task,
 )
-from runlane._rabbit_nodes import RabbitNode
+from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.lanes import AcquirerOptions
 from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
 from runlane.rabbitmq._consumer import RabbitAcquirer

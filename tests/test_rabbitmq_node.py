@@ -17,15 +17,14 @@ import pika  # type: ignore[import-untyped, unused-ignore]
 import pika.exceptions  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-import runlane._rabbit_nodes
-from runlane._rabbit_nodes import (
+import runlane.cli._rabbit_host
+from runlane.cli._rabbit_host import (
     RABBITMQ_INSTALL_COMMAND,
-    RabbitNode,
-    create_rabbitmq_node,
     port_open,
     rabbitmq_available,
     rabbitmq_test_verdict,
 )
+from runlane.cli._rabbit_nodes import RabbitNode, create_rabbitmq_node
 from tests.conftest import require_rabbitmq
 from tests.helpers import drain_messages
 
@@ -163,9 +162,9 @@ def test_node_ports_are_picked_outside_the_ephemeral_range() -> None:
     """Outgoing connections take local ports from the kernel's ephemeral range, so a node's
     port there could be taken while it is down (even by a client reconnecting to it, which
     may connect to itself); the helpers pick ports outside it."""
-    low, high = runlane._rabbit_nodes._ephemeral_ports()
+    low, high = runlane.cli._rabbit_host.ephemeral_ports()
     for _ in range(50):
-        port = runlane._rabbit_nodes._free_port()
+        port = runlane.cli._rabbit_host.free_port()
         assert not low <= port <= high, (port, low, high)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))  # it was free
@@ -202,7 +201,7 @@ def _proc_state(pid: int) -> str:
 def test_rabbitmq_available_names_the_install_command(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(runlane._rabbit_nodes, "RABBITMQ_SERVER", tmp_path / "rabbitmq-server")
+    monkeypatch.setattr(runlane.cli._rabbit_host, "RABBITMQ_SERVER", tmp_path / "rabbitmq-server")
     reason = rabbitmq_available()
     assert reason is not None
     assert "\n" not in reason

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from runlane._rabbit_nodes import rabbitmq_available, rabbitmq_test_verdict
+from runlane.cli._rabbit_host import rabbitmq_available, rabbitmq_test_verdict
 from tests.soak.check import FAULTS
 
 pytestmark = pytest.mark.slow

@@ -19,12 +19,12 @@ from datetime import datetime
 from typing import Any
 
 from runlane._display import count_of, shown
-from runlane._limits import as_int
 from runlane._times import parse_filter_time
 from runlane.cli._line import ProgressLine
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult
 from runlane.runtime import Runlane
+from runlane.toolkit import as_int
 
 __all__ = ["add_filter_options", "run_bulk"]
 

@@ -8,7 +8,8 @@ from datetime import timedelta
 import attrs
 
 from runlane._display import count_of, shown
-from runlane._rabbit_nodes import RabbitNode, rabbitmq_available, start_rabbitmq_node
+from runlane.cli._rabbit_host import rabbitmq_available
+from runlane.cli._rabbit_nodes import RabbitNode, start_rabbitmq_node
 from runlane.context import RunContext
 from runlane.errors import ConfigurationError, NonRetryableError
 from runlane.models import RunHandle

@@ -1,5 +1,5 @@
 """``runlane dev-db start|stop|status|url|reset``: the local development database of
-:mod:`runlane._devdb`, from the command line.
+:mod:`runlane.cli._devserver`, from the command line.
 
 ``start`` prints ``export DATABASE_URL=...`` on stdout (what to run, or ``eval``) and a line
 about what it did on stderr; ``url`` prints the URL alone, for
@@ -13,7 +13,7 @@ import shlex
 import sys
 from typing import Any
 
-from runlane._devdb import DevState, default_directory, dev_database
+from runlane.cli._devserver import DevState, default_directory, dev_database
 from runlane.errors import ConfigurationError, RunlaneError
 
 __all__ = ["add_devdb_command"]

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from runlane._waits import wait_in_slices
 from runlane.cli._codes import EXIT_FORCED
 from runlane.cli._logs import say, stop_logging
+from runlane.toolkit import wait_in_slices
 
 __all__ = ["Stopper", "stop_requested"]
 
@@ -157,7 +157,7 @@ def stop_requested() -> Iterator[threading.Event]:
     """For a command that repeats until stopped (``status --watch``): SIGTERM and SIGINT set
     the event it yields, so the command stops between two rounds (never with a
     ``KeyboardInterrupt`` raised inside a query or a pool's lock); it pauses with
-    ``runlane._waits.wait_event(event, seconds)``, sliced, so a signal handed to any thread
+    ``runlane.toolkit.wait_event(event, seconds)``, sliced, so a signal handed to any thread
     is seen. On a thread other than the main one (no handler can be installed there) the
     event is never set by a signal."""
     stop = threading.Event()

@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from runlane._limits import as_wait_timeout
 from runlane.maintenance._types import MaintenancePhase, ServiceErrorInfo
+from runlane.toolkit import as_wait_timeout
 
 __all__ = ["Board", "ServiceErrorCallback"]
 

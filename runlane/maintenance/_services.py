@@ -34,8 +34,7 @@ from datetime import timedelta
 
 import attrs
 
-from runlane._limits import MAX_LEASE, MIN_LEASE, as_timedelta, as_wait_timeout
-from runlane._waits import wait_event
+from runlane._limits import MAX_LEASE, MIN_LEASE
 from runlane.errors import (
     IncompatibleSchema,
     RunlaneClosed,
@@ -47,6 +46,7 @@ from runlane.maintenance._board import Board, ServiceErrorCallback
 from runlane.maintenance._pass import MaintenanceScope, run_phase
 from runlane.maintenance._types import MaintenanceLimits, MaintenancePhase, ServiceErrorInfo
 from runlane.storage import MaintenanceFence
+from runlane.toolkit import as_timedelta, as_wait_timeout, wait_event
 
 __all__ = ["BANDS", "Band", "ServiceErrorCallback", "Services"]
 
@@ -311,7 +311,7 @@ class Services:
         error raised by ``on_service_error`` that is not an ``Exception``. Other storage
         failures are reported to ``on_service_error`` and retried, not fatal."""
         timeout = as_wait_timeout("timeout", timeout)
-        if not wait_event(self._board.closed, timeout):  # in slices: see runlane._waits
+        if not wait_event(self._board.closed, timeout):  # in slices: see runlane.toolkit
             return False
         failure = self._board.failure
         if failure is not None:

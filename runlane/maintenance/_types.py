@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import attrs
 
-from runlane._limits import MAX_DURATION, as_int32, as_timedelta
+from runlane.toolkit import MAX_DURATION, as_int32, as_timedelta
 
 __all__ = [
     "NOT_RECORDS",

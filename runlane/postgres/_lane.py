@@ -14,9 +14,6 @@ from runlane._limits import (
     MAX_POLL_INTERVAL,
     MAX_POOL_SIZE,
     MIN_LEASE,
-    as_int,
-    as_seconds,
-    as_timedelta,
 )
 from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions, LaneMaintenance, LaneStatus
@@ -28,6 +25,7 @@ from runlane.postgres._listener import PostgresListener
 from runlane.postgres._sql import notify_channel, validate_schema_name
 from runlane.postgres._storage import PostgresStorage
 from runlane.storage import MaintenanceFence, Storage
+from runlane.toolkit import as_int, as_seconds, as_timedelta
 
 __all__ = ["PostgresPollingLane", "check_postgres_storage_options", "postgres_polling_lane"]
 

@@ -17,12 +17,12 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from runlane._backoff import Backoff
 from runlane.postgres._connections import (
     DEFAULT_CONNECT_TIMEOUT,
     connect_timeout_option,
     shut_down,
 )
+from runlane.toolkit import Backoff
 
 __all__ = ["PostgresListener"]
 

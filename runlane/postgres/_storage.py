@@ -14,8 +14,6 @@ import attrs
 import psycopg
 from psycopg.rows import TupleRow, dict_row, tuple_row
 
-from runlane._backoff import Backoff
-from runlane._closing import Deadline
 from runlane.errors import (
     ConfigurationError,
     IncompatibleSchema,
@@ -81,6 +79,7 @@ from runlane.storage import (
     SuspendResult,
     WorkerBeat,
 )
+from runlane.toolkit import Backoff, Deadline
 
 __all__ = ["PostgresStorage", "notify_channel"]
 

@@ -39,8 +39,6 @@ import pika
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.spec import Basic, BasicProperties
 
-from runlane._backoff import Backoff
-from runlane._closing import Closing, Deadline
 from runlane.errors import StorageUnavailable
 from runlane.lanes import AcquirerOptions
 from runlane.models import RunStatus
@@ -56,6 +54,7 @@ from runlane.rabbitmq._amqp import (
     queue_type_mismatch,
 )
 from runlane.storage import ClaimedRun, QueueLimits
+from runlane.toolkit import Backoff, Closing, Deadline
 
 __all__ = ["ConsumerStats", "RabbitAcquirer"]
 

@@ -18,7 +18,6 @@ from datetime import timedelta
 import attrs
 import pika
 
-from runlane._limits import INT32_MAX, as_int
 from runlane.contract import contract_defaults
 from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions, LaneMaintenance
@@ -43,6 +42,7 @@ from runlane.rabbitmq._consumer import RabbitAcquirer
 from runlane.rabbitmq._health import RabbitMQStatus, queue_problems
 from runlane.rabbitmq._publisher import OutboxPublisher
 from runlane.storage import MaintenanceFence, Storage
+from runlane.toolkit import INT32_MAX, as_int
 
 __all__ = ["RabbitMQLane", "rabbitmq_lane"]
 

@@ -51,8 +51,6 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
-from runlane._backoff import Backoff
-from runlane._closing import Closing, Deadline
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError
 from runlane.postgres import PostgresListener
 from runlane.rabbitmq._amqp import (
@@ -66,6 +64,7 @@ from runlane.rabbitmq._amqp import (
     queue_type_mismatch,
 )
 from runlane.storage import OutboxItem
+from runlane.toolkit import Backoff, Closing, Deadline
 
 __all__ = ["OutboxPublisher", "OutboxStorage", "PublisherStats"]
 

@@ -14,7 +14,6 @@ import attrs
 
 from runlane import _telemetry, _workers
 from runlane._bulk import BulkFilters, bulk_action, bulk_filter
-from runlane._closing import Closing
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
 from runlane._display import shown
 from runlane._ids import new_run_id, new_run_ids
@@ -25,9 +24,6 @@ from runlane._limits import (
     MAX_CLAIM_BATCH,
     MAX_LEASE,
     MIN_LEASE,
-    as_int,
-    as_timedelta,
-    as_wait_timeout,
     check_limit,
     check_name,
 )
@@ -80,6 +76,7 @@ from runlane.runtime._reads import PointReads
 from runlane.schedules import Schedule
 from runlane.storage import NewRuns, Storage
 from runlane.tasks import Queue, Task
+from runlane.toolkit import Closing, as_int, as_timedelta, as_wait_timeout
 from runlane.worker import Worker
 from runlane.worker._worker import WorkerOptions, check_worker_arguments
 

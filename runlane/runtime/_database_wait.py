@@ -20,12 +20,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from runlane._backoff import Backoff
-from runlane._closing import Deadline
-from runlane._limits import as_wait_timeout
-from runlane._waits import wait_event
 from runlane.errors import RunlaneError, StorageUnavailable
 from runlane.storage import Storage
+from runlane.toolkit import Backoff, Deadline, as_wait_timeout, wait_event
 
 __all__ = ["DEFAULT_WAIT_FOR_DATABASE", "DatabaseWait"]
 

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from runlane._devdb import embedded_postgres_module
+from runlane.errors import ConfigurationError
 from runlane.testing._idle import IdleResult, run_until_idle
 
 __all__ = [
@@ -21,6 +21,29 @@ __all__ = [
     "run_until_idle",
     "start_embedded_postgres",
 ]
+
+
+INSTALL_HINT = (
+    "install the embedded extra: pip install 'runlane[embedded]' (from a checkout: "
+    "pip install -e '.[embedded]')"
+)
+
+
+def embedded_postgres_module() -> Any:
+    """The ``embedded_postgres`` module; a ConfigurationError naming the extra when it is
+    not installed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            import embedded_postgres  # noqa: PLC0415 - optional: the embedded extra
+
+            return embedded_postgres
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the embedded-postgres package, which starts a local PostgreSQL, is not installed: "
+            f"{INSTALL_HINT}; or point DATABASE_URL (the examples) or --database-url (the "
+            "CLI) at a PostgreSQL server you have"
+        ) from exc
 
 
 def start_embedded_postgres(parent: Path | None = None) -> tuple[str, Any]:

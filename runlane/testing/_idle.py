@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import attrs
 
-from runlane._limits import MAX_WAIT_SECONDS, as_int, as_seconds
 from runlane._validation import as_duration
 from runlane.maintenance import MaintenanceResult
 from runlane.models import RunStatus
 from runlane.runtime import Runlane
+from runlane.toolkit import MAX_WAIT_SECONDS, as_int, as_seconds
 
 __all__ = ["IdleResult", "run_until_idle"]
 

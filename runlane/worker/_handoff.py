@@ -18,11 +18,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from runlane._backoff import Backoff
 from runlane.errors import StorageUnavailable
 from runlane.lanes import Acquirer
 from runlane.storage import ClaimedRun
 from runlane.tasks import Queue
+from runlane.toolkit import Backoff
 from runlane.worker._leases import LeaseTracker
 from runlane.worker._lifecycle import LifecycleWriter
 from runlane.worker._slots import Slot, SlotPool

@@ -30,8 +30,6 @@ from collections.abc import Callable
 
 import attrs
 
-from runlane._backoff import Backoff
-from runlane._closing import Deadline
 from runlane._progress import THROTTLE_SECONDS, AttemptProgress
 from runlane.errors import RunlaneClosed, RunlaneError, StorageUnavailable
 from runlane.models import WorkerState
@@ -44,6 +42,7 @@ from runlane.storage import (
     Storage,
     WorkerBeat,
 )
+from runlane.toolkit import Backoff, Deadline
 from runlane.worker._execution import refused_output_failure, timeout_failure
 from runlane.worker._failure_log import log_failure
 from runlane.worker._leases import LeaseTracker, Tracked

@@ -43,11 +43,9 @@ from typing import Any
 import attrs
 
 from runlane import _telemetry
-from runlane._closing import Closing, Deadline
 from runlane._display import shown
-from runlane._limits import MAX_CONCURRENCY, as_int, as_wait_timeout
+from runlane._limits import MAX_CONCURRENCY
 from runlane._middleware import Middleware
-from runlane._waits import wait_event
 from runlane._workers import new_beat
 from runlane.context import ContextBackend
 from runlane.errors import ConfigurationError, StopReason, WorkerFailed
@@ -55,6 +53,7 @@ from runlane.lanes import Acquirer, AcquirerOptions, Lane
 from runlane.models import WorkerState
 from runlane.storage import ClaimedRun, Storage
 from runlane.tasks import Queue, Task
+from runlane.toolkit import Closing, Deadline, as_int, as_wait_timeout, wait_event
 from runlane.worker._attempts import Attempts
 from runlane.worker._drain import StopWatcher
 from runlane.worker._handoff import HandOff
@@ -303,7 +302,7 @@ class Worker:
         a clean close never raises.
         """
         deadline = Deadline(as_wait_timeout("timeout", timeout))
-        if not wait_event(self._closed, deadline.left()):  # in slices: see runlane._waits
+        if not wait_event(self._closed, deadline.left()):  # in slices: see runlane.toolkit
             return False
         self._join_closer(deadline)
         if self._failure is not None:

@@ -176,7 +176,7 @@ class _BrokerBoot:
         self._thread.start()
 
     def _boot(self, directory: Path) -> None:
-        from runlane._rabbit_nodes import start_rabbitmq_node  # noqa: PLC0415
+        from runlane.cli._rabbit_nodes import start_rabbitmq_node  # noqa: PLC0415
 
         try:
             self._result = start_rabbitmq_node(directory)

