@@ -336,6 +336,20 @@ def handler_key(run_id: uuid.UUID) -> str:
 # -- bounded waits -----------------------------------------------------------------------------
 
 
+def poll(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.02) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` passes (False): the one
+    wall-clock poll of the suite, for what only the database or another process can answer
+    (a row, a backend, a port). What the code can tell is waited for on its signal instead:
+    an Event a handler sets, ``Worker.idle_signal``, ``Services.wait_for``, ``wait_for_run``;
+    what waits for Postgres time is moved there (``elapse``)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
 def wait_until(
     predicate: Callable[[], bool],
     *,
@@ -344,20 +358,28 @@ def wait_until(
     interval: float = 0.02,
     state: Callable[[], object] | None = None,
 ) -> None:
-    """Poll ``predicate`` (usually a database read) until it holds or ``timeout`` passes;
-    ``state`` describes what was seen instead, for the failure message."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            seen = "" if state is None else f"; saw {state()!r}"
-            pytest.fail(f"timed out after {timeout}s waiting for {what}{seen}")
-        time.sleep(interval)
+    """``poll``, failing the test after ``timeout``; ``state`` describes what was seen
+    instead, for the failure message."""
+    if not poll(predicate, timeout=timeout, interval=interval):
+        seen = "" if state is None else f"; saw {state()!r}"
+        pytest.fail(f"timed out after {timeout}s waiting for {what}{seen}")
 
 
 def wait_for_status(
     rl: Runlane, run_id: uuid.UUID, wanted: RunStatus, *, timeout: float = 10.0
 ) -> RunSnapshot:
-    """Poll ``get_run`` until the run is ``wanted``; returns the snapshot then."""
+    """Wait until the run is ``wanted``; returns the snapshot then. A terminal status is
+    waited for on the run's end announcement (``wait_for_run``), others by polling
+    ``get_run``, as is a run that ended otherwise (it may be moved on)."""
+    if wanted.is_terminal:
+        began = time.monotonic()
+        try:
+            snapshot = rl.wait_for_run(run_id, timeout=timeout)
+        except TimeoutError:
+            pytest.fail(f"timed out after {timeout}s waiting for run {run_id} to be {wanted}")
+        if snapshot.status is wanted:
+            return snapshot
+        timeout = max(0.0, timeout - (time.monotonic() - began))
     wait_until(
         lambda: rl.get_run(run_id).status is wanted,
         timeout=timeout,

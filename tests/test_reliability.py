@@ -43,7 +43,7 @@ from runlane.storage import ClaimedRun, LeaseRef, NewRuns, Storage
 from runlane.testing import restart_embedded_postgres, start_embedded_postgres
 from runlane.worker._leases import LeaseTracker
 from tests._proxy import tcp_proxy
-from tests.helpers import ready_process, storage_of, wait_for_status, wait_until
+from tests.helpers import poll, ready_process, storage_of, wait_for_status, wait_until
 
 LEASE = timedelta(seconds=30)
 
@@ -128,9 +128,7 @@ def test_a_restarted_server_keeps_the_pool_working_and_its_cleanup_stops_it() ->
         postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
     finally:
         server.cleanup()
-    deadline = time.monotonic() + 10
-    while _alive(postmaster) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll(lambda: not _alive(postmaster), timeout=10, interval=0.05)
     assert not _alive(postmaster), "the restarted server was left running"
     assert not pgdata.exists()
 
@@ -301,16 +299,22 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
                 "select count(*) from {} r where r.status = 'running' and not exists "
                 "(select 1 from {} h where h.run_id = r.id and h.attempt = r.attempt)"
             ).format(runs, log)
+            # the frozen worker's statements in flight have settled: its backends are idle
+            in_flight = sql.SQL(
+                "select count(*) from pg_stat_activity "
+                "where application_name like 'runlane-worker-%%' and state = 'active'"
+            )
             held = 0
             for _ in range(20):  # freeze it at a moment it holds runs claimed ahead
                 wait_until(lambda: one(count_held) >= 2, timeout=20, what="runs claimed ahead")
                 os.kill(worker.pid, signal.SIGSTOP)
-                time.sleep(0.05)  # a statement in flight settles
+                wait_until(lambda: one(in_flight) == 0, timeout=10, what="its statements")
                 held = one(count_held)
                 if held >= 1:
                     break
+                ran = one(count_log)
                 os.kill(worker.pid, signal.SIGCONT)
-                time.sleep(0.5)
+                wait_until(lambda n=ran: one(count_log) > n, timeout=20, what="it to run again")
             assert held >= 1, "the worker held no run claimed ahead; the test proves nothing"
             maintainer = make_runlane(tasks=[])
             # the real clock must pass the 2 s leases, not only the database's: what is under
@@ -322,16 +326,26 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
             # held, and untested)
             count_running = sql.SQL("select count(*) from {} where status = 'running'").format(runs)
             expired = 0
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                time.sleep(0.5)
+
+            def all_expired() -> bool:
+                nonlocal expired
                 expired += maintainer.run_maintenance_once().attempts_expired
-                if expired and one(count_running) == 0:
-                    break
+                return bool(expired) and one(count_running) == 0
+
+            poll(all_expired, timeout=20, interval=0.5)
             assert expired >= held
             resumed_at = one(sql.SQL("select clock_timestamp()"))
             os.kill(worker.pid, signal.SIGCONT)
-            time.sleep(1.5)  # let it run: its slot reaches the hand-off within milliseconds
+            # let it run until its one slot has been through the hand-off (first in, first
+            # out): the runs it held, then one claimed after the resume
+            after_resume = sql.SQL(
+                "select count(*) from {} where pid = %s and checked_at > %s"
+            ).format(log)
+            wait_until(
+                lambda: one(after_resume, worker.pid, resumed_at) > held,
+                timeout=20,
+                what="the resumed worker to work through what it held",
+            )
             started_expired = one(
                 sql.SQL(
                     "select count(*) from {} h join {} a "

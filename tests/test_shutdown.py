@@ -226,7 +226,7 @@ def test_close_with_a_claim_in_flight_strands_nothing(
         wait_until(lambda: _claim_waiting(db), timeout=10, what="the claim to wait on the lock")
         closer = threading.Thread(target=worker.close, kwargs={"timeout": 3.0})
         closer.start()
-        time.sleep(0.2)  # close is now joining the slot whose claim waits
+        assert worker._stopping.wait(10)  # close began: it joins the slot whose claim waits
         blocker.rollback()  # the claim proceeds and commits after close began
         closer.join(10)
         assert not closer.is_alive()

@@ -43,6 +43,7 @@ from tests.helpers import (
     attempt_rows,
     listener_ready,
     make_due,
+    poll,
     q,
     run_row,
     statuses,
@@ -302,9 +303,7 @@ def test_close_closes_every_worker_connection(
         return sorted(str(row[0]) for row in rows)
 
     # a backend ends a moment after its client closes the connection
-    deadline = time.monotonic() + 2
-    while backends() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    poll(lambda: not backends(), timeout=2)
     assert backends() == []
 
 
@@ -586,17 +585,38 @@ def test_claimed_ahead_runs_are_not_stranded_behind_long_handlers(
     assert sum(o.startswith(f"{second.name}-") for o in outputs) == 4, outputs
 
 
+_Condition = threading.Condition  # the real one, while the tests patch the module's
+
+
 class _CountingCondition(threading.Condition):
-    """A condition that records every notify() that may wake a waiter."""
+    """A condition that records every notify() that may wake a waiter, and tells how many
+    threads wait on it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.woken: list[int] = []
+        self._waiting = 0
+        self._parked = _Condition()
 
     def notify(self, n: int = 1) -> None:
         if n > 0:
             self.woken.append(n)
         super().notify(n)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._parked:
+            self._waiting += 1
+            self._parked.notify_all()
+        try:
+            return super().wait(timeout)
+        finally:
+            with self._parked:
+                self._waiting -= 1
+
+    def parked(self, waiters: int, timeout: float) -> bool:
+        """Block until ``waiters`` threads wait on the condition; False after ``timeout``."""
+        with self._parked:
+            return self._parked.wait_for(lambda: self._waiting >= waiters, timeout)
 
 
 def test_an_idle_acquirer_woken_for_work_claims_without_waking_another_slot(
@@ -623,7 +643,7 @@ def test_an_idle_acquirer_woken_for_work_claims_without_waking_another_slot(
     try:
         for n in range(3):
             assert worker.idle_signal.wait(10)
-            time.sleep(0.1)  # the acquirer waits for work, the other slots for its place
+            assert cond.parked(3, 10)  # the acquirer waits for work, the others for its place
             with cond:
                 before = len(cond.woken)
             worker.idle_signal.clear()  # set again by the next acquirer's empty claim
@@ -788,9 +808,11 @@ def test_bounded_queue_limit_holds_across_three_workers(
         runtimes[0].trigger_many(work, [Item(n=n) for n in range(40)])
         live_peak = 0
         samples = 0
-        deadline = time.monotonic() + 30
-        while statuses(db, schema) != {"completed": 40}:
-            assert time.monotonic() < deadline, f"not all done: {statuses(db, schema)}"
+
+        def done() -> bool:
+            nonlocal live_peak, samples
+            if statuses(db, schema) == {"completed": 40}:
+                return True
             row = db.execute(
                 q(
                     "select count(*) from {s}.runs where queue = 'limited' "
@@ -801,7 +823,9 @@ def test_bounded_queue_limit_holds_across_three_workers(
             assert row is not None
             live_peak = max(live_peak, int(row[0]))
             samples += 1
-            time.sleep(0.002)
+            return False
+
+        assert poll(done, timeout=30, interval=0.002), f"not all done: {statuses(db, schema)}"
     finally:
         for w in workers:
             w.close(timeout=5)
@@ -1414,11 +1438,7 @@ def test_terminated_backends_lose_no_run_and_complete_none_twice(
         assert f"{worker.name}-listener" in names
         assert f"{worker.name}-claims" in names
 
-        deadline = time.monotonic() + 60
-        while statuses(db, schema) != {"completed": total}:
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
+        poll(lambda: statuses(db, schema) == {"completed": total}, timeout=60, interval=0.1)
         final = statuses(db, schema)
         stuck = db.execute(
             q("select id, status, attempt from {s}.runs where status <> 'completed'", schema)
