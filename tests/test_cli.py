@@ -29,7 +29,7 @@ from runlane.cli import (
 )
 from runlane.logging import JsonFormatter
 from runlane.postgres import postgres_polling_lane
-from tests.helpers import cli_process, elapse, make_due
+from tests.helpers import cli_process, elapse, make_due, poll
 
 APP = textwrap.dedent(
     """
@@ -235,15 +235,18 @@ def test_second_signal_stops_maintenance_at_once(
     with _spawn(tmp_path, database_url, schema, "maintenance", "cliapp:runlane") as proc:
         _wait_for_line(proc, "SIGTERM or Ctrl-C stops it")
         with psycopg.connect(database_url) as blocker:
-            deadline = time.monotonic() + 30
-            while not blocker.execute(
-                sql.SQL("select * from {}.maintenance_leases for update").format(
-                    sql.Identifier(schema)
-                )
-            ).fetchall():
-                assert time.monotonic() < deadline, "no band was ever acquired"
-                blocker.rollback()
-                time.sleep(0.05)
+
+            def locked() -> bool:
+                rows = blocker.execute(
+                    sql.SQL("select * from {}.maintenance_leases for update").format(
+                        sql.Identifier(schema)
+                    )
+                ).fetchall()
+                if not rows:
+                    blocker.rollback()
+                return bool(rows)
+
+            assert poll(locked, timeout=30, interval=0.05), "no band was ever acquired"
             proc.send_signal(signal.SIGTERM)
             _wait_for_line(proc, "SIGTERM received; closing")
             proc.send_signal(signal.SIGTERM)

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from runlane import RetryPolicy, RunContext, Runlane, RunStatus, queue, schedule
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
 from runlane.worker import Worker
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb, process, wait_until
+from tests.helpers import Conn, SchemaDb, poll, process, wait_until
 
 
 @task(id="op.ok")
@@ -383,11 +382,13 @@ def test_a_bulk_retry_interrupted_by_ctrl_c_says_how_far_it_got_and_a_rerun_fini
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLANE_")}
     with process(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE) as proc:
         # the first batch committed: the command is working through the rest
-        deadline = time.monotonic() + 60
-        while _statuses(data).get("queued", 0) == 0:
+        def committed() -> bool:
+            if _statuses(data).get("queued", 0):
+                return True
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no batch committed within 60 s"
-            time.sleep(0.005)
+            return False
+
+        assert poll(committed, timeout=60, interval=0.005), "no batch committed within 60 s"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)

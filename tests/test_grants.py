@@ -545,7 +545,8 @@ def test_a_maintenance_role_runs_passes_and_services(
             timeout=15,
             what="the maintenance bands to be leased",
         )
-        time.sleep(0.5)
+        # every phase made a pass under the role (the sleep this replaced let them run)
+        assert services.wait_for(lambda: all(services.passes.values()), timeout=15)
         services.close(timeout=10)
         services.wait_until_closed(timeout=10)
 

@@ -7,7 +7,6 @@ import hashlib
 import logging
 import re
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +34,7 @@ from runlane.postgres import (
 from runlane.postgres._compat import ADDITIVE, BREAKING, marker_of
 from runlane.postgres._migrations import _LOCK_CLASS, _checksum, latest_version
 from runlane.postgres._sql import load_migration_files, render
-from tests.helpers import Conn, count_runs
+from tests.helpers import Conn, count_runs, poll
 
 # A connection string that fails at once if anything tries to use it.
 UNREACHABLE = "host=/nonexistent/runlane-test dbname=nothing connect_timeout=1"
@@ -299,12 +298,17 @@ def test_different_schemas_migrate_independently(database_url: str, db: Conn) ->
 
             thread = threading.Thread(target=deploy_first)
             thread.start()
+
             # the first schema's migrator must queue behind the holder
-            deadline = time.monotonic() + 30
-            while not _advisory_waiter(db):
-                assert time.monotonic() < deadline, "first migrator never waited on its lock"
+            def waiting() -> bool:
+                if _advisory_waiter(db):
+                    return True
                 assert not done.is_set(), "first migrator did not wait for its schema's lock"
-                time.sleep(0.01)
+                return False
+
+            assert poll(waiting, timeout=30, interval=0.01), (
+                "first migrator never waited on its lock"
+            )
             assert not done.is_set()
             assert not schema_exists(db, first)
         # the holder's transaction ended: the waiting migrator proceeds

@@ -100,18 +100,6 @@ def signalled(
     return found[-1]
 
 
-def eventually(check: Callable[[], T | None], timeout: float = 10.0, what: str = "") -> T:
-    """Poll ``check`` until it returns something other than None/False; fail after timeout.
-    Only for conditions no signal reports (database time passing, a lock being waited on)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value is not None and value is not False:
-            return value
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what or check}"
-        time.sleep(0.02)
-
-
 class Observed:
     """An ``on_service_error`` callback that remembers what it saw."""
 
@@ -479,15 +467,18 @@ def test_takeover_waits_for_the_old_owners_write_transaction(
     with psycopg.connect(database_url, application_name="old-owner") as writer:
         assert writer.execute(check, attrs.asdict(fence)).fetchone() is not None
         # the lease lapses in database time while the old owner's transaction is open
-        eventually(lambda: not dbx.leases(env)["delivery"][2], timeout=5, what="expiry")
+        wait_until(lambda: not dbx.leases(env)["delivery"][2], timeout=5, what="expiry")
         taker = threading.Thread(target=take_over, name="taker")
         taker.start()
-        eventually(
-            lambda: dbx.all(
-                "select 1 from pg_locks l join pg_stat_activity a using (pid) "
-                "where not l.granted and a.application_name = %s",
-                f"runlane-{schema}",
+        wait_until(  # no signal reports a lock being waited on
+            lambda: bool(
+                dbx.all(
+                    "select 1 from pg_locks l join pg_stat_activity a using (pid) "
+                    "where not l.granted and a.application_name = %s",
+                    f"runlane-{schema}",
+                )
             ),
+            timeout=10,
             what="the takeover waiting on the lease row",
         )
         assert not acquired.is_set()
@@ -682,12 +673,15 @@ def test_close_gives_up_on_a_blocked_band_within_its_timeout(
                 sql.Identifier(dbx.schema)
             )
         )
-        eventually(
-            lambda: dbx.all(
-                "select 1 from pg_locks l join pg_stat_activity a using (pid) "
-                "where not l.granted and a.application_name = %s",
-                f"runlane-{dbx.schema}",
+        wait_until(
+            lambda: bool(
+                dbx.all(
+                    "select 1 from pg_locks l join pg_stat_activity a using (pid) "
+                    "where not l.granted and a.application_name = %s",
+                    f"runlane-{dbx.schema}",
+                )
             ),
+            timeout=10,
             what="a band waiting on its lease row",
         )
         started = time.monotonic()
