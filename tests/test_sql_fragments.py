@@ -1,16 +1,18 @@
 """Rules written once in SQL: the shared fragments of ``sql/fragments.sql`` (a claim's
-columns and what it sets, how a failed or expired attempt ends its run) that the loader puts
-into the statements naming them, and the claim's row read by name.
+columns and what it sets, how a failed or expired attempt ends its run, how an attempt is
+handed back unspent, an attempt's fence and its row in the attempts history) that the loader
+puts into the statements naming them, and the claim's row read by name.
 
 Before, the claim's ``SET ... RETURNING`` was written in claims.sql, outbox.sql and flow.sql
 and read positionally (``row[0..10]``); the fail/retry/cancel ``CASE`` was written in
-lifecycle.sql and maintenance.sql.
+lifecycle.sql and maintenance.sql; the hand-back three times (lifecycle.sql run_release_many,
+waits.sql run_suspend and run_release), the insert into attempts six times.
 """
 
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,18 @@ def test_the_shared_rules_are_written_once() -> None:
     for name in ("lifecycle.sql", "maintenance.sql"):
         assert "{@attempt_end_set}" in texts[name], name
         assert "else 'retrying' end" not in texts[name], name
+    statement_files = {
+        path.name: path.read_text("utf-8")
+        for path in _SQL_DIR.glob("*.sql")
+        if path.name != _sql.FRAGMENTS_FILE
+    }
+    for name, text in statement_files.items():
+        assert "into {schema}.attempts" not in text, name
+        assert "releases = r.releases + 1" not in text, name
+        assert "r.lease_token = i.lease_token" not in text, name
+    writes = _sql.parse_blocks({n: statement_files[n] for n in ("lifecycle.sql", "waits.sql")})
+    for name in ("run_release_many", "run_suspend", "run_release"):
+        assert "{@attempt_hand_back_set}" in writes[name], name
     rendered = _sql.statements("some_schema")
     assert not any("{@" in body for body in rendered.values())
 
@@ -143,3 +157,71 @@ def test_each_claim_returns_every_field_by_name(
         ), path
         assert (run.attempt, run.attempts_consumed, run.max_attempts) == (3, 2, 7), path
         assert run.trace_context == {"traceparent": "00-1-2-01"}, path
+
+
+def test_each_statement_that_ends_an_attempt_records_it(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """The attempts row each of the six statements writes through the shared fragment: the
+    attempt, its lease token, its outcome, its own error only (a hand-back keeps none of
+    the run's earlier one), when it started and on which worker."""
+    rl = make_runlane(tasks=[noop], queues=[queue("plain")])
+    worker = uuid.uuid4()
+    texts = _sql.statements(schema)
+
+    def run(name: str, params: dict[str, Any], *, expired: bool = False) -> tuple[Any, ...]:
+        run_id = rl.trigger(noop, 1, queue="plain").id
+        token = uuid.uuid4()
+        db.execute(
+            q(
+                "update {s}.runs set status = 'running', attempt = 2, lease_token = %s, "
+                "lease_expires_at = now() + case when %s then interval '-1 minute' "
+                "else interval '1 minute' end, worker_id = %s, "
+                "attempt_started_at = '2020-01-01T00:00:00Z', error = %s::jsonb where id = %s",
+                schema,
+            ),
+            (token, expired, worker, '{"earlier": 1}', run_id),
+        )
+        fence = {"id": run_id, "attempt": 2, "lease_token": token}
+        batch = {"ids": [run_id], "attempts": [2], "lease_tokens": [token]}
+        db.execute(texts[name], {**fence, **batch, **params}).fetchall()
+        row: tuple[Any, ...] | None = db.execute(
+            q(
+                "select attempt, lease_token = %s, outcome, error, started_at, worker_id "
+                "from {s}.attempts where run_id = %s",
+                schema,
+            ),
+            (token, run_id),
+        ).fetchone()
+        assert row is not None, name
+        return row
+
+    failed = {"errors": ['{"now": 2}'], "retry_delay_seconds": [5.0]}
+    outcomes = {
+        "run_complete_many": run("run_complete_many", {"outputs": "[1]"}),
+        "run_fail_many": run("run_fail_many", failed),
+        "run_expire_many": run("run_expire_many", failed, expired=True),
+        "run_release_many": run("run_release_many", {}),
+        "run_release": run("run_release", {"delay_seconds": 5.0}),
+        "run_suspend": run(
+            "run_suspend",
+            {
+                "kind": "sleep",
+                "target_id": None,
+                "environment": "default",
+                "wake_at": datetime.now(UTC) + timedelta(hours=1),
+            },
+        ),
+    }
+    started = outcomes["run_complete_many"][4]
+    assert started.year == 2020
+    expected = {
+        "run_complete_many": ("completed", None),
+        "run_fail_many": ("retrying", {"now": 2}),
+        "run_expire_many": ("expired", {"now": 2}),
+        "run_release_many": ("released", None),
+        "run_release": ("released", None),
+        "run_suspend": ("suspended", None),
+    }
+    for name, outcome in expected.items():
+        assert outcomes[name] == (2, True, *outcome, started, worker), name

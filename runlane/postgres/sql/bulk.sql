@@ -71,8 +71,5 @@ with input as (
 update {schema}.runs as r
 set progress = i.progress
 from input as i
-where r.id = i.id
-  and r.attempt = i.attempt
-  and r.lease_token = i.lease_token
-  and r.status in ('running', 'cancellation_requested')
+where {@attempt_fence}
 returning r.id;

@@ -41,6 +41,36 @@ finished_at = case
     when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
         then now() end
 
+-- fragment: attempt_fence
+-- The fence of every write an attempt makes (the runs table aliased r, the attempt's row i:
+-- id, attempt, lease_token): the run is still on this attempt, under this lease, running.
+r.id = i.id
+  and r.attempt = i.attempt
+  and r.lease_token = i.lease_token
+  and r.status in ('running', 'cancellation_requested')
+
+-- fragment: attempt_hand_back_set
+-- How an attempt handed back unspent (worker shutdown, context.release, a suspension) leaves
+-- its run (aliased r; the input row i names back_to, where the run goes): cancelled when
+-- cancellation was requested, else back_to; the attempt is not consumed (releases counts
+-- it) and its lease is gone. The statement sets due_at.
+status = case when r.status = 'cancellation_requested' then 'cancelled' else i.back_to end,
+finished_at = case when r.status = 'cancellation_requested' then now() end,
+releases = r.releases + 1,
+lease_token = null,
+lease_expires_at = null,
+updated_at = now()
+
+-- fragment: attempt_record
+-- Keeps each attempt a statement ended in attempts, the history: the statement's CTE ended
+-- returns, for each, id, attempt, lease_token, outcome, error (jsonb or null) and the run's
+-- attempt_started_at and worker_id.
+recorded as (
+    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at,
+                                   worker_id)
+    select id, attempt, lease_token, outcome, error, attempt_started_at, worker_id from ended
+)
+
 -- fragment: group_insert
 -- The runs of one group of concurrent trigger() calls (sql/group.sql): one JSON array of
 -- one object per run (postgres/_group.py group_row, short keys: environment, task_id,

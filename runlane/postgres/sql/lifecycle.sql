@@ -15,7 +15,7 @@ with input as (
     from rows from (unnest(%(ids)s::uuid[]), unnest(%(attempts)s::int[]),
                     unnest(%(lease_tokens)s::uuid[]), jsonb_array_elements(%(outputs)s::jsonb))
         as i(id, attempt, lease_token, output)
-), done as (
+), ended as (
     update {schema}.runs as r
     -- a handler that returns normally has completed its run, whatever stop was asked: a
     -- cancellation requested while it ran ends the run cancelled only when the handler
@@ -28,16 +28,11 @@ with input as (
         finished_at = now(),
         updated_at = now()
     from input as i
-    where r.id = i.id
-      and r.attempt = i.attempt
-      and r.lease_token = i.lease_token
-      and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at, r.worker_id
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
-    select id, attempt, lease_token, status, attempt_started_at, worker_id from done
-)
-select id from done;
+    where {@attempt_fence}
+    returning r.id, r.attempt, i.lease_token, r.status as outcome, r.error,
+              r.attempt_started_at, r.worker_id
+), {@attempt_record}
+select id from ended;
 
 -- name: run_fail_many
 -- The caller decides whether another attempt follows (runlane.retry.next_retry_delay): a
@@ -48,7 +43,7 @@ with input as (
     from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
                 %(errors)s::text[], %(retry_delay_seconds)s::float8[])
         as i(id, attempt, lease_token, error, retry_delay_seconds)
-), done as (
+), ended as (
     update {schema}.runs as r
     set {@attempt_end_set},
         error = i.error::jsonb,
@@ -56,49 +51,29 @@ with input as (
         lease_expires_at = null,
         updated_at = now()
     from input as i
-    where r.id = i.id
-      and r.attempt = i.attempt
-      and r.lease_token = i.lease_token
-      and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at,
-              r.worker_id
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at,
-                                   worker_id)
-    select id, attempt, lease_token, status, error, attempt_started_at, worker_id from done
-)
-select id, status from done;
+    where {@attempt_fence}
+    returning r.id, r.attempt, i.lease_token, r.status, r.status as outcome, r.error,
+              r.attempt_started_at, r.worker_id
+), {@attempt_record}
+select id, status from ended;
 
 -- name: run_release_many
 -- Hands attempts back unconsumed (worker shutdown): the run is claimable again at once.
 with input as (
-    select *
+    select *, 'queued'::text as back_to
     from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
         as i(id, attempt, lease_token)
-), done as (
+), ended as (
     update {schema}.runs as r
-    set status = case when r.status = 'cancellation_requested' then 'cancelled'
-                      else 'queued' end,
-        finished_at = case when r.status = 'cancellation_requested' then now() end,
-        due_at = now(),
-        releases = r.releases + 1,
-        lease_token = null,
-        lease_expires_at = null,
-        updated_at = now()
+    set {@attempt_hand_back_set},
+        due_at = now()
     from input as i
-    where r.id = i.id
-      and r.attempt = i.attempt
-      and r.lease_token = i.lease_token
-      and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, i.lease_token, r.status, r.attempt_started_at, r.worker_id
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
-    select id, attempt, lease_token,
-           case when status = 'queued' then 'released' else status end, attempt_started_at,
-           worker_id
-    from done
-)
-select id from done;
+    where {@attempt_fence}
+    returning r.id, r.attempt, i.lease_token,
+              case when r.status = 'queued' then 'released' else r.status end as outcome,
+              null::jsonb as error, r.attempt_started_at, r.worker_id
+), {@attempt_record}
+select id from ended;
 
 -- name: run_mark_started
 -- The attempts whose handlers started (a worker writes them once each, in batches): the run
@@ -107,10 +82,7 @@ update {schema}.runs as r
 set started_attempt = i.attempt
 from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[])
     as i(id, attempt, lease_token)
-where r.id = i.id
-  and r.attempt = i.attempt
-  and r.lease_token = i.lease_token
-  and r.status in ('running', 'cancellation_requested')
+where {@attempt_fence}
 returning r.id;
 
 -- name: run_extend_leases
@@ -140,9 +112,6 @@ with beat as (
 update {schema}.runs as r
 set lease_expires_at = now() + %(lease_seconds)s * interval '1 second'
 from input as i
-where r.id = i.id
-  and r.attempt = i.attempt
-  and r.lease_token = i.lease_token
-  and r.status in ('running', 'cancellation_requested')
+where {@attempt_fence}
   and r.lease_expires_at > now()
 returning r.id, r.attempt, r.lease_token, r.status;

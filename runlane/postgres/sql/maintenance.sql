@@ -111,13 +111,10 @@ with input as (
 ), locked as materialized (
     select r.id
     from {schema}.runs as r
-    join input as i on i.id = r.id
-    where r.attempt = i.attempt
-      and r.lease_token = i.lease_token
-      and r.status in ('running', 'cancellation_requested')
-      and r.lease_expires_at < now()
+    join input as i on {@attempt_fence}
+    where r.lease_expires_at < now()
     for update of r skip locked
-), done as (
+), ended as (
     update {schema}.runs as r
     set {@attempt_end_set},
         error = case when r.status = 'cancellation_requested' then r.error
@@ -127,20 +124,12 @@ with input as (
         updated_at = now()
     from input as i
     join locked as l on l.id = i.id
-    where r.id = i.id
-      and r.attempt = i.attempt
-      and r.lease_token = i.lease_token
-      and r.status in ('running', 'cancellation_requested')
+    where {@attempt_fence}
       and r.lease_expires_at < now()
-    returning r.id, r.attempt, i.lease_token, r.status, r.error, r.attempt_started_at,
-              r.worker_id
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at,
-                                   worker_id)
-    select id, attempt, lease_token, 'expired', error, attempt_started_at, worker_id
-    from done
-)
-select id, status from done;
+    returning r.id, r.attempt, i.lease_token, r.status, 'expired' as outcome, r.error,
+              r.attempt_started_at, r.worker_id
+), {@attempt_record}
+select id, status from ended;
 
 -- name: run_wake_due_queues
 -- Delivery recovery for the polling lane: announce queues whose delayed runs came due

@@ -52,57 +52,41 @@ with token_target as (
     select id from run_target
     union all
     select null::uuid where %(kind)s = 'sleep'
-), suspended as (
+), ended as (
     update {schema}.runs as r
-    set status = case when r.status = 'cancellation_requested' then 'cancelled'
-                      else 'waiting' end,
+    set {@attempt_hand_back_set},
         wait_kind = case when r.status = 'cancellation_requested' then null
                          else %(kind)s::text end,
         wait_token_id = case when r.status <> 'cancellation_requested'
                               and %(kind)s = 'token' then target.id end,
         wait_run_id = case when r.status <> 'cancellation_requested'
                             and %(kind)s = 'run' then target.id end,
-        due_at = case when %(kind)s = 'sleep' then %(wake_at)s::timestamptz else r.due_at end,
-        finished_at = case when r.status = 'cancellation_requested' then now() end,
-        releases = r.releases + 1,
-        lease_token = null,
-        lease_expires_at = null,
-        updated_at = now()
-    from target
-    where r.id = %(id)s and r.attempt = %(attempt)s and r.lease_token = %(lease_token)s
-      and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, r.status, r.attempt_started_at, r.worker_id
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
-    select id, attempt, %(lease_token)s,
-           case when status = 'waiting' then 'suspended' else status end, attempt_started_at,
-           worker_id
-    from suspended
-)
+        due_at = case when %(kind)s = 'sleep' then %(wake_at)s::timestamptz else r.due_at end
+    from target,
+         (select %(id)s::uuid as id, %(attempt)s::int as attempt,
+                 %(lease_token)s::uuid as lease_token, 'waiting'::text as back_to) as i
+    where {@attempt_fence}
+    returning r.id, r.attempt, i.lease_token,
+              case when r.status = 'waiting' then 'suspended' else r.status end as outcome,
+              null::jsonb as error, r.attempt_started_at, r.worker_id
+), {@attempt_record}
 select (select count(*) from target) as target_open,
-       (select count(*) from suspended) as suspended;
+       (select count(*) from ended) as suspended;
 
 -- name: run_release
 -- context.release: the run goes back as released, due after the delay, the attempt not
 -- consumed; DUE_DELIVERY makes it queued when due.
-with done as (
+with ended as (
     update {schema}.runs as r
-    set status = case when r.status = 'cancellation_requested' then 'cancelled'
-                      else 'released' end,
-        due_at = now() + %(delay_seconds)s * interval '1 second',
-        finished_at = case when r.status = 'cancellation_requested' then now() end,
-        releases = r.releases + 1,
-        lease_token = null,
-        lease_expires_at = null,
-        updated_at = now()
-    where r.id = %(id)s and r.attempt = %(attempt)s and r.lease_token = %(lease_token)s
-      and r.status in ('running', 'cancellation_requested')
-    returning r.id, r.attempt, r.status, r.attempt_started_at, r.worker_id
-), recorded as (
-    insert into {schema}.attempts (run_id, attempt, lease_token, outcome, started_at, worker_id)
-    select id, attempt, %(lease_token)s, status, attempt_started_at, worker_id from done
-)
-select count(*) from done;
+    set {@attempt_hand_back_set},
+        due_at = now() + %(delay_seconds)s * interval '1 second'
+    from (select %(id)s::uuid as id, %(attempt)s::int as attempt,
+                 %(lease_token)s::uuid as lease_token, 'released'::text as back_to) as i
+    where {@attempt_fence}
+    returning r.id, r.attempt, i.lease_token, r.status as outcome, null::jsonb as error,
+              r.attempt_started_at, r.worker_id
+), {@attempt_record}
+select count(*) from ended;
 
 -- name: run_resume_waiters
 -- Runs waiting on a token or a run that has been resolved go back to queued, each once
