@@ -28,7 +28,7 @@ from runlane import RunContext, Runlane, create_runlane, queue, task
 from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.models import RunStatus
 from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
-from tests.helpers import consumer_ready, drain_messages
+from tests.helpers import consumer_ready, drain_messages, poll, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -98,6 +98,7 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
         # the first worker declares the queue through its node: that member leads it
         worker_1 = first.create_delivery_worker(concurrency=4)
         consumer_ready(worker_1, timeout=30)  # it consumes: its queue is declared
+        declared_at = time.monotonic()
         name = f"runlane.{schema}.default.{work.name}"
         leader, online = _members(producer_node, name)
         assert leader == leader_node.nodename
@@ -124,7 +125,17 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
         triggering = threading.Thread(target=trigger_loop, name="cluster-producer")
         triggering.start()
         try:
-            time.sleep(2.0)  # runs flow through both workers (and the member registry is saved)
+            # runs flow through both workers, and the member registry is saved (RabbitMQ
+            # saves it every 0.5 s: a member killed sooner loses the queue)
+            wait_until(
+                lambda: (
+                    worker_1.runs_executed > 0
+                    and worker_2.runs_executed > 0
+                    and time.monotonic() - declared_at > 1.0
+                ),
+                timeout=30,
+                what="runs through both workers",
+            )
             assert executions, "no run started before the kill"
             leader_node.kill()  # SIGKILL: the leader's VM and every helper process
             outage.set()
@@ -137,14 +148,22 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
             assert leader in {producer_node.nodename, other_node.nodename}
             outage.clear()
             restart = leader_node.start()
-            time.sleep(1.0)
+            # triggers go on until the restarted member is back among the queue's members
+            wait_until(
+                lambda: leader_node.nodename in _members(producer_node, name)[1],
+                timeout=30,
+                interval=0.2,
+                what="the restarted member online",
+            )
         finally:
             stop.set()
             triggering.join(30)
         assert not errors, errors
 
-        deadline = time.monotonic() + 45
-        while True:
+        completed = 0
+
+        def all_completed() -> bool:
+            nonlocal completed
             producer.run_maintenance_once()
             row = db.execute(
                 sql.SQL("select count(*) from {}.runs where status = 'completed'").format(
@@ -152,12 +171,11 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
                 )
             ).fetchone()
             completed = 0 if row is None else int(row[0])
-            if completed >= len(triggered):
-                break
-            assert time.monotonic() < deadline, (
-                f"{completed} of {len(triggered)} runs completed; status: {producer.status()}"
-            )
-            time.sleep(0.3)
+            return completed >= len(triggered)
+
+        assert poll(all_completed, timeout=45, interval=0.3), (
+            f"{completed} of {len(triggered)} runs completed; status: {producer.status()}"
+        )
         worker_1.close(timeout=10)
         worker_2.close(timeout=10)
 

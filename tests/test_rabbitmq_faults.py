@@ -56,6 +56,7 @@ from tests.helpers import (
     consumer_stats,
     elapse,
     outbox_count,
+    poll,
     publish_by_hand,
     q,
     ready_messages,
@@ -79,10 +80,12 @@ def _settle(
 ) -> None:
     """Run maintenance passes (bounded poll) until every run is completed and the outbox is
     empty."""
-    deadline = time.monotonic() + timeout
     ids = list(run_ids)
-    while True:
-        row = db.execute(
+    row: tuple[Any, ...] = (0, 0)
+
+    def settled() -> bool:
+        nonlocal row
+        found = db.execute(
             q(
                 "select count(*) filter (where status = 'completed'), "
                 "(select count(*) from {s}.outbox) from {s}.runs where id = any(%s)",
@@ -90,17 +93,19 @@ def _settle(
             ),
             (ids,),
         ).fetchone()
-        assert row is not None
+        assert found is not None
+        row = found
         if row[0] == len(ids) and row[1] == 0:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"{row[0]} of {len(ids)} runs completed, {row[1]} outbox items left after "
-                f"{timeout}s; runs by status {statuses(db, schema)}; {rl.status()}"
-            )
+            return True
         if maintenance:
             rl.run_maintenance_once()
-        time.sleep(0.2)
+        return False
+
+    if not poll(settled, timeout=timeout, interval=0.2):
+        pytest.fail(
+            f"{row[0]} of {len(ids)} runs completed, {row[1]} outbox items left after "
+            f"{timeout}s; runs by status {statuses(db, schema)}; {rl.status()}"
+        )
 
 
 def _assert_once_each(executions: Executions, run_ids: Sequence[uuid.UUID]) -> None:
@@ -257,11 +262,14 @@ def test_a_confirmed_publish_whose_result_is_lost_is_published_again_and_runs_on
     # maintenance publishes it again: a duplicate message
     elapse(db, schema, 10, "outbox.claim_expires_at")
     stats = consumer_stats(worker)
-    deadline = time.monotonic() + 20
-    while stats.duplicates < 1 or outbox_count(db, schema):
-        assert time.monotonic() < deadline, f"no duplicate delivered: {stats}"
+
+    def redelivered() -> bool:
+        if stats.duplicates >= 1 and not outbox_count(db, schema):
+            return True
         rl.run_maintenance_once()
-        time.sleep(0.2)
+        return False
+
+    assert poll(redelivered, timeout=20, interval=0.2), f"no duplicate delivered: {stats}"
     worker.close(timeout=10)
     assert rl.get_run(run_id).status is RunStatus.COMPLETED
     assert executions.runs[run_id] == 1

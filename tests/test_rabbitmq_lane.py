@@ -45,6 +45,7 @@ from tests.helpers import (
     consumer_ready,
     consumer_stats,
     outbox_count,
+    poll,
     q,
     wait_until,
 )
@@ -263,11 +264,14 @@ def test_a_worker_started_before_its_broker_retries_with_backoff_then_consumes(
 
     rabbitmq_node.start()
     consumer_ready(worker, timeout=20)
-    deadline = time.monotonic() + 45
-    while not all(rl.get_run(r).status is RunStatus.COMPLETED for r in run_ids):
-        assert time.monotonic() < deadline, rl.status()
+
+    def completed() -> bool:
+        if all(rl.get_run(r).status is RunStatus.COMPLETED for r in run_ids):
+            return True
         rl.run_maintenance_once()
-        time.sleep(0.2)
+        return False
+
+    assert poll(completed, timeout=45, interval=0.2), rl.status()
     worker.close(timeout=10)
     assert not executions.more_than_once()
     assert set(executions.runs) == set(run_ids)
@@ -356,7 +360,7 @@ def test_deliveries_taken_around_ones_still_buffered_are_each_acknowledged_once(
     runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[slow, quick], queues=[single, fast])
     runlane.start()
     acquirer = runlane.lane.create_acquirer(
-        runlane._storage,
+        runlane._life.storage,
         AcquirerOptions(
             environment=runlane.environment,
             queues=[single, fast],

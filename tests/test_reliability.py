@@ -304,6 +304,12 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
                 "select count(*) from pg_stat_activity "
                 "where application_name like 'runlane-worker-%%' and state = 'active'"
             )
+
+            def resume() -> None:  # and let it run a handler
+                ran = one(count_log)
+                os.kill(worker.pid, signal.SIGCONT)
+                wait_until(lambda: one(count_log) > ran, timeout=20, what="it to run again")
+
             held = 0
             for _ in range(20):  # freeze it at a moment it holds runs claimed ahead
                 wait_until(lambda: one(count_held) >= 2, timeout=20, what="runs claimed ahead")
@@ -312,9 +318,7 @@ def test_a_worker_paused_past_its_leases_starts_none_of_the_runs_it_had_claimed_
                 held = one(count_held)
                 if held >= 1:
                     break
-                ran = one(count_log)
-                os.kill(worker.pid, signal.SIGCONT)
-                wait_until(lambda n=ran: one(count_log) > n, timeout=20, what="it to run again")
+                resume()
             assert held >= 1, "the worker held no run claimed ahead; the test proves nothing"
             maintainer = make_runlane(tasks=[])
             # the real clock must pass the 2 s leases, not only the database's: what is under
