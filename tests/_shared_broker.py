@@ -13,12 +13,12 @@ worker's own. A run without workers (``-n 0``, a selection) boots its node as be
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from runlane.cli._rabbit_host import RABBITMQ_START_TIMEOUT
 from runlane.cli._rabbit_nodes import RabbitNode, create_rabbitmq_node
+from tests.helpers import poll
 
 __all__ = ["WORKERINPUT_KEY", "SharedBroker", "wait_for_shared_broker"]
 
@@ -70,13 +70,16 @@ def wait_for_shared_broker(workerinput: dict[str, Any]) -> str | None:
         return None
     url, directory = shared
     base = Path(directory)
-    deadline = time.monotonic() + RABBITMQ_START_TIMEOUT * 2
-    while not (base / _BOOTED).exists():
+
+    def booted() -> bool:  # the controller's files: another process's word, polled
+        if (base / _BOOTED).exists():
+            return True
         if (base / _FAILED).exists():
             raise RuntimeError(
                 f"the shared RabbitMQ node failed to boot: {(base / _FAILED).read_text()}"
             )
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the shared RabbitMQ node in {base} did not boot in time")
-        time.sleep(0.05)
+        return False
+
+    if not poll(booted, timeout=RABBITMQ_START_TIMEOUT * 2, interval=0.05):
+        raise RuntimeError(f"the shared RabbitMQ node in {base} did not boot in time")
     return str(url)

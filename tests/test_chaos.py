@@ -8,8 +8,6 @@ The test owns its own server, so restarting it disturbs no other test.
 from __future__ import annotations
 
 import os
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,6 +20,7 @@ from psycopg_pool import ConnectionPool
 from runlane import RetryPolicy, RunContext, create_runlane, task
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.testing import restart_embedded_postgres, start_embedded_postgres
+from tests.helpers import poll
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +39,21 @@ def own_server() -> Iterator[tuple[str, Any]]:
 
 
 def _count(url: str, query: str) -> int:
-    for _ in range(50):
+    found: list[int] = []
+
+    def answered() -> bool:
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
                 row = conn.execute(query).fetchone()
-                assert row is not None
-                return int(row[0])
         except psycopg.OperationalError:
-            time.sleep(0.1)  # the server is restarting
-    raise AssertionError("the server did not come back")
+            return False  # the server is restarting
+        assert row is not None
+        found.append(int(row[0]))
+        return True
+
+    if not poll(answered, timeout=5, interval=0.1):
+        raise AssertionError("the server did not come back")
+    return found[0]
 
 
 def test_restart_and_terminated_backends_lose_and_repeat_nothing(
@@ -97,12 +102,13 @@ def test_restart_and_terminated_backends_lose_and_repeat_nothing(
         services = runlane.start_services(
             lease_duration=timedelta(seconds=2), on_service_error=lambda e, i: errors.append(e)
         )
-        deadline = time.monotonic() + 120
         restarted = terminated = False
-        while time.monotonic() < deadline:
+
+        def step() -> bool:  # restart the server at a fifth done, kill backends at half
+            nonlocal restarted, terminated
             done = _count(url, completed_sql)
             if done >= RUNS:
-                break
+                return True
             if not restarted and done >= RUNS // 5:
                 restart_embedded_postgres(server)
                 restarted = True
@@ -114,7 +120,9 @@ def test_restart_and_terminated_backends_lose_and_repeat_nothing(
                 )
                 assert killed > 0
                 terminated = True
-            threading.Event().wait(0.05)
+            return False
+
+        poll(step, timeout=120, interval=0.05)
         worker.close(timeout=10)
         services.close(timeout=10)
         assert worker.wait_until_closed(timeout=0) is True  # closed, and not failed

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from runlane.cli import main
+from tests.helpers import poll
 from tests.test_packaging import _checkout_copy
 
 # end-to-end: installs, servers and subprocesses; past the suite's 120 s default on a busy
@@ -162,16 +163,16 @@ def _wait_for_line(proc: subprocess.Popen[str], needle: str, seen: list[str]) ->
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         assert proc.poll() is None, "the app exited"
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
         except OSError:
-            time.sleep(0.1)
-        else:
-            return
-    raise AssertionError(f"nothing listens on port {port}")
+            return False
+        return True
+
+    if not poll(listening, timeout=60, interval=0.1):
+        raise AssertionError(f"nothing listens on port {port}")
 
 
 @pytest.fixture
@@ -247,10 +248,14 @@ def test_a_newcomer_follows_the_guide_word_for_word(shell: Shell) -> None:  # no
             continue
         if command.startswith("curl ") and "/runs/" in command:
             # the guide: completed "once the worker has run it (at once, normally)"
-            deadline = time.monotonic() + 30
-            while '"completed"' not in (out := shell.run(command)):
-                assert time.monotonic() < deadline, out
-                time.sleep(0.2)
+            out = ""
+
+            def completed(command: str = command) -> bool:
+                nonlocal out
+                out = shell.run(command)
+                return '"completed"' in out
+
+            assert poll(completed, timeout=30, interval=0.2), out
             answer = json.loads(out)
             assert answer == {"status": "completed", "output": {"sent_to": "ada@example.com"}}
             continue

@@ -131,6 +131,7 @@ def test_a_stale_attempts_progress_changes_nothing_and_its_next_report_raises(
 ) -> None:
     first_written = threading.Event()
     lease_taken = threading.Event()
+    finished = threading.Event()
     outcome: dict[str, Any] = {}
 
     @task(id="progress.stale")
@@ -146,6 +147,7 @@ def test_a_stale_attempts_progress_changes_nothing_and_its_next_report_raises(
         except StaleLease as exc:
             outcome["raised"] = str(exc)
         outcome["cancelled"] = context.cancelled.is_set()
+        finished.set()
 
     rl = make_runlane(tasks=[stale])
     handle = rl.trigger(stale, None)
@@ -161,7 +163,7 @@ def test_a_stale_attempts_progress_changes_nothing_and_its_next_report_raises(
             "update {schema}.runs set lease_token = gen_random_uuid() where id = %s", handle.id
         )
         lease_taken.set()
-        wait_until(lambda: "raised" in outcome, timeout=15, what="the handler to finish")
+        assert finished.wait(15), "the handler did not finish"
     assert "no longer holds its lease" in outcome["raised"]
     assert outcome["cancelled"] is True
     assert _stored(db, schema, handle.id) == {"fraction": 0.1, "message": "mine", "data": None}

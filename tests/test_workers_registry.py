@@ -240,9 +240,18 @@ def test_many_runs_cost_no_heartbeat_each(make_runlane: RunlaneFactory) -> None:
         started = time.monotonic()
         beats_before = worker.stats.beats_alone + worker.stats.beats_with_extensions
         handles = rl.trigger_many(quick, [None] * 300)
-        for _ in range(3):
+
+        def next_beat() -> None:
+            sent = worker.stats.beats_alone + worker.stats.beats_with_extensions
+            wait_until(
+                lambda: worker.stats.beats_alone + worker.stats.beats_with_extensions > sent,
+                timeout=10,
+                what="the next heartbeat",
+            )
+
+        for _ in range(3):  # spread the runs over several heartbeat intervals
             handles += rl.trigger_many(quick, [None] * 100)
-            time.sleep(INTERVAL)  # spread the runs over several heartbeat intervals
+            next_beat()
         wait_until(
             lambda: worker.runs_executed >= len(handles),
             timeout=60,
