@@ -22,9 +22,9 @@ import cattrs.gen
 from cattrs import cols
 from cattrs.preconf.json import make_converter
 
-from runlane._display import shown
 from runlane._limits import DEFAULT_MAX_PAYLOAD_BYTES, describe_size
 from runlane.errors import PayloadValidationError
+from runlane.toolkit import shown
 
 __all__ = [
     "MAX_DEPTH",

@@ -16,9 +16,8 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from runlane._display import shown
 from runlane.errors import ConfigurationError
-from runlane.toolkit import as_int
+from runlane.toolkit import as_int, shown
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",

@@ -1,4 +1,9 @@
-"""Argument checks shared by the runtime and the handler context."""
+"""Argument checks shared by the runtime and the handler context, and one trigger call's
+options (``TriggerOptions``), carried whole from ``trigger``, ``trigger_many`` and
+``context.trigger_child`` to where they are checked and turned into rows, so the list of
+options is written once. A call that leaves every option at its default shares
+``DEFAULT_OPTIONS``, which lets the runtime check a task's defaults once and reuse them.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +11,31 @@ import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
 
 from runlane._codec import exception_text
-from runlane._display import clipped, shown
 from runlane._limits import MAX_TEXT_BYTES, MAX_TEXT_CHARS
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
 from runlane.tasks import Queue
-from runlane.toolkit import INT32_MAX, MAX_DURATION, as_int32
+from runlane.toolkit import INT32_MAX, MAX_DURATION, as_int32, clipped, shown
 
 __all__ = [
+    "DEFAULT_OPTIONS",
     "DEFAULT_QUEUE",
     "INT32_MAX",
     "MAX_DURATION",
+    "ChildTriggerOptions",
+    "TriggerOptions",
     "as_duration",
     "as_int32",
     "as_payload_list",
     "as_run_at",
+    "call_options",
     "check_idempotency_key",
     "check_text",
+    "child_options",
     "run_key",
     "token_key",
     "with_default_queue",
@@ -207,3 +216,83 @@ def with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
     if DEFAULT_QUEUE in names:
         return [attrs.evolve(q, default=True) if q.name == DEFAULT_QUEUE else q for q in queue_list]
     return [*queue_list, Queue(name=DEFAULT_QUEUE, default=True)]
+
+
+@attrs.frozen
+class TriggerOptions:
+    """What a trigger call says about its runs besides the payloads and idempotency keys
+    (one key per payload): every run of the call shares these. Values are as the caller
+    gave them; the runtime checks them (``Runlane._plan``) before anything is written."""
+
+    queue: str | None = None
+    delay: timedelta | float | None = None
+    run_at: datetime | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    concurrency_key: str | None = None
+    # set by context.trigger_child: the run that triggers (not a caller's option)
+    parent_run_id: uuid.UUID | None = None
+
+
+#: the options of a call that gave none
+DEFAULT_OPTIONS = TriggerOptions()
+
+
+def call_options(
+    *,
+    queue: str | None,
+    delay: timedelta | float | None,
+    run_at: datetime | None,
+    priority: int,
+    max_attempts: int | None,
+    concurrency_key: str | None,
+) -> TriggerOptions:
+    """The options of a ``trigger``/``trigger_many`` call: the shared ``DEFAULT_OPTIONS``
+    when every one is at its default (a bool priority is not: the checks refuse it), so the
+    runtime's plan for the task's defaults is found again."""
+    if (
+        queue is None
+        and delay is None
+        and run_at is None
+        and max_attempts is None
+        and concurrency_key is None
+        and type(priority) is int
+        and priority == 0
+    ):
+        return DEFAULT_OPTIONS
+    return TriggerOptions(
+        queue=queue,
+        delay=delay,
+        run_at=run_at,
+        priority=priority,
+        max_attempts=max_attempts,
+        concurrency_key=concurrency_key,
+    )
+
+
+class ChildTriggerOptions(TypedDict, total=False):
+    """The keyword arguments ``context.trigger_child`` takes: ``trigger``'s, without
+    ``connection`` (a child is written on the runtime's own connections)."""
+
+    queue: str | None
+    delay: timedelta | float | None
+    run_at: datetime | None
+    idempotency_key: str | None
+    priority: int
+    max_attempts: int | None
+    concurrency_key: str | None
+
+
+_CHILD_KEYS = frozenset(ChildTriggerOptions.__annotations__) - {"idempotency_key"}
+
+
+def child_options(options: Mapping[str, object], parent_run_id: uuid.UUID) -> TriggerOptions:
+    """The TriggerOptions of a ``trigger_child`` call (its ``idempotency_key`` taken out
+    already); an option it does not take raises ConfigurationError, nothing written."""
+    unknown = sorted(set(options) - _CHILD_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"trigger_child got unknown options {unknown}; it takes "
+            f"{sorted(_CHILD_KEYS | {'idempotency_key'})}"
+        )
+    return TriggerOptions(parent_run_id=parent_run_id, **options)  # type: ignore[arg-type]

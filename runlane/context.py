@@ -18,16 +18,17 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, Unpack, cast
 
 import attrs
 
-from runlane._attempt import AttemptControl
+from runlane._attempt import AttemptControl, AttemptProgress, encode_progress
 from runlane._codec import OutputNotSerializable, converter, encode_output
 from runlane._limits import output_limit
-from runlane._progress import AttemptProgress, encode_progress
-from runlane._trigger_options import ChildTriggerOptions, TriggerOptions, child_options
 from runlane._validation import (
     RESERVED_PREFIX,
+    ChildTriggerOptions,
+    TriggerOptions,
     as_duration,
     check_idempotency_key,
     check_text,
+    child_options,
 )
 from runlane.errors import (
     ChildRunFailed,

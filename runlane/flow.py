@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from runlane._display import shown
 from runlane.errors import ConfigurationError
-from runlane.toolkit import INT32_MAX, as_int
+from runlane.toolkit import INT32_MAX, as_int, shown
 
 if TYPE_CHECKING:
     from runlane.tasks import Queue

@@ -20,11 +20,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import attrs
 from croniter import CroniterBadDateError, croniter
 
-from runlane._display import shown
 from runlane._limits import check_name
 from runlane.errors import ConfigurationError
 from runlane.tasks import Task
-from runlane.toolkit import as_int, as_int32
+from runlane.toolkit import as_int, as_int32, shown
 
 __all__ = ["Schedule", "due_slots", "next_slot", "schedule"]
 

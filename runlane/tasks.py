@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import attrs
 
-from runlane._display import shown
 from runlane._limits import check_name
 from runlane.errors import ConfigurationError
 from runlane.flow import RateLimit, check_key_concurrency_limit
 from runlane.retry import RetryPolicy
-from runlane.toolkit import INT32_MAX, as_int_or_none
+from runlane.toolkit import INT32_MAX, as_int_or_none, shown
 
 if TYPE_CHECKING:
     from runlane.context import RunContext

@@ -1,7 +1,10 @@
 """What a lane (the shipped ones, and a third written outside runlane) builds its threads
 and checks with: the one back-off of every reconnecting loop, closing in parts within one
 deadline, the interruptible waits of a supervising main thread, and the bounds checks of
-every option (a ``ConfigurationError`` naming the option, the range and the value given).
+every option (a ``ConfigurationError`` naming the option, the range and the value given),
+and how a message shows a value: its repr cut to a bound (a 10,000-character key repeated
+whole makes every log line that carries it unreadable; ``repr()`` of a huge integer or of a
+user type may even raise while the error is being built).
 
 Closing in parts: a close that stopped at its first failing part left the parts after it
 running (a raw ``OverflowError`` from one thread's ``join`` left a worker's writer, listener
@@ -25,12 +28,12 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TypeGuard
 
-from runlane._display import shown
 from runlane.errors import ConfigurationError
 
 __all__ = [
     "INT32_MAX",
     "MAX_DURATION",
+    "MAX_SHOWN_CHARS",
     "MAX_WAIT_SECONDS",
     "Backoff",
     "Closing",
@@ -41,6 +44,10 @@ __all__ = [
     "as_seconds",
     "as_timedelta",
     "as_wait_timeout",
+    "clipped",
+    "count_of",
+    "noun_for",
+    "shown",
     "wait_event",
     "wait_in_slices",
 ]
@@ -60,6 +67,8 @@ MAX_DURATION = timedelta(days=36_525)
 # included, are cut to this, which every wait of threading, select and the drivers accepts
 # (threading.TIMEOUT_MAX, about 292 years, is the hard ceiling)
 MAX_WAIT_SECONDS = min(MAX_DURATION.total_seconds(), threading.TIMEOUT_MAX)
+
+MAX_SHOWN_CHARS = 100
 
 # the longest the main thread waits at a time: how late a signal handler may run
 _SLICE_SECONDS = 0.25
@@ -244,3 +253,39 @@ def as_wait_timeout(name: str, value: object, *, unbounded: str = "None") -> flo
             f">= 0 (not negative, not NaN), got {shown(value)}"
         )
     return float(min(value, MAX_WAIT_SECONDS))
+
+
+def shown(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``repr(value)``, or its start and a count when longer than ``limit`` characters; a
+    description instead when ``repr()`` fails."""
+    if isinstance(value, str) and len(value) > limit:  # no repr() of the whole string
+        return f"a string of {len(value):,} characters starting {value[: limit // 2]!r}"
+    try:
+        text = repr(value)
+    except Exception:  # a user type's __repr__, or an int too long to print
+        if isinstance(value, int):
+            return f"an integer of {value.bit_length():,} bits"
+        return f"a {type(value).__name__} (its repr() failed)"
+    if len(text) <= limit:
+        return text
+    if isinstance(value, int) and text.lstrip("-").isdigit():
+        return f"an integer of {len(text.lstrip('-')):,} digits"
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def clipped(text: str, limit: int = 300) -> str:
+    """``text`` (a message, not a value: no quotes added), cut to ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def count_of(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` agreeing in number, as the CLI and the console print counts:
+    ``1 run``, ``0 runs``, ``20,000 runs`` (``plural`` when not ``noun + "s"``)."""
+    return f"{n:,} {noun_for(n, noun, plural)}"
+
+
+def noun_for(n: int, noun: str, plural: str | None = None) -> str:
+    """``noun`` when ``n`` is 1, else its plural (``plural``, or ``noun + "s"``)."""
+    return noun if n == 1 else plural or noun + "s"

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-import runlane._bulk
+import runlane._operator.bulk
 from runlane import (
     BulkResult,
     ConfigurationError,
@@ -309,7 +309,7 @@ def test_delete_of_a_parent_and_its_children_in_one_batch(operator: Runlane, run
 def test_interrupted_between_batches_then_re_run_to_completion(
     operator: Runlane, runs: Runs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runlane._bulk, "BATCH_SIZE", 10)
+    monkeypatch.setattr(runlane._operator.bulk, "BATCH_SIZE", 10)
     runs.insert(35, "failed")
     seen: list[tuple[int, int]] = []
 

@@ -34,7 +34,7 @@ from runlane import (
     queue,
     task,
 )
-from runlane._inspect import encode_cursor
+from runlane._operator.runs import encode_cursor
 from runlane.postgres import PostgresStorage
 from runlane.storage import Completion, Failure, LeaseRef, NewRuns, RunListQuery
 from tests.conftest import RunlaneFactory

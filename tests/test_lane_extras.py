@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from runlane import MaintenanceResult, RunContext, Runlane, create_runlane, task
-from runlane._status import format_report, report_document, unhealthy
+from runlane._operator.status import format_report, report_document, unhealthy
 from runlane.lanes import NOT_RECORDS, LaneMaintenance, LaneStatus
 from runlane.maintenance import MaintenanceLimits
 from runlane.postgres import PostgresPollingLane, postgres_polling_lane

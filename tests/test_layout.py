@@ -6,7 +6,9 @@
   another module's private names (``from runlane.tasks import _check_name``): a part that
   needs something from another gets a method, property or shared module for it;
 - a private module at the top of ``runlane/`` is shared by several of its parts; one with a
-  single user lives in that user's package.
+  single user lives in that user's package;
+- a package's private modules are its own (type-only imports included): what another part
+  needs of it, the package's ``__init__`` exports.
 
 Each rule is an AST walk over ``runlane/``; each is also run on a small package written here
 that breaks it, so a walk that finds nothing cannot pass for a clean tree.
@@ -54,11 +56,12 @@ def _type_checking(test: ast.expr) -> bool:
 
 
 def _imports(
-    nodes: list[ast.stmt] | list[ast.AST], module: str, package: bool
+    nodes: list[ast.stmt] | list[ast.AST], module: str, package: bool, type_only: bool = False
 ) -> Iterator[tuple[str, int]]:
-    """(imported module or package, line) for each import that runs."""
+    """(imported module or package, line) for each import that runs (with ``type_only``,
+    also each one under ``if TYPE_CHECKING:``)."""
     for node in nodes:
-        if isinstance(node, ast.If) and _type_checking(node.test):
+        if isinstance(node, ast.If) and _type_checking(node.test) and not type_only:
             yield from _imports(node.orelse, module, package)
         elif isinstance(node, ast.Import):
             for alias in node.names:
@@ -74,7 +77,7 @@ def _imports(
                 yield f"{source}.{alias.name}", node.lineno  # a submodule, when it is one
                 yield source, node.lineno
         else:
-            yield from _imports(list(ast.iter_child_nodes(node)), module, package)
+            yield from _imports(list(ast.iter_child_nodes(node)), module, package, type_only)
 
 
 def import_graph(root: Path) -> dict[str, dict[str, int]]:
@@ -195,9 +198,28 @@ def private_imports(root: Path) -> list[tuple[str, str, int]]:
     return found
 
 
+def foreign_private_imports(root: Path) -> list[tuple[str, str, int]]:
+    """(module, private module, line) for each import, type-only ones included, of a private
+    module (``pkg.worker._execution``, or a module under a private package) from outside
+    the package holding it (``pkg.worker``)."""
+    modules = _modules(root)
+    found = set()
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for target, line in _imports(tree.body, name, path.name == "__init__.py", True):
+            if target not in modules:
+                continue
+            parts = target.split(".")
+            private = [i for i, p in enumerate(parts) if p.startswith("_")]
+            owner = ".".join(parts[: private[0]]) if private else None
+            if owner is not None and name != owner and not name.startswith(f"{owner}."):
+                found.add((name, target, line))
+    return sorted(found)
+
+
 def single_users(root: Path) -> dict[str, set[str]]:
-    """Each private module at the top of the package -> the parts using it, where there is
-    one part (a top-level module, or a subpackage as a whole)."""
+    """Each private module (or package) at the top of the package -> the parts using it,
+    where there is one part (a top-level module, or a subpackage as a whole)."""
     graph = import_graph(root)
     top = root.name
     users: dict[str, set[str]] = {}
@@ -205,10 +227,13 @@ def single_users(root: Path) -> dict[str, set[str]]:
         leaf = name.rsplit(".", 1)[-1]
         if name.count(".") != 1 or not leaf.startswith("_") or leaf.startswith("__"):
             continue
+        # a private package counts as a whole: its users are outside it
         users[name] = {
             ".".join(importer.split(".")[:2])
             for importer, edges in graph.items()
-            if name in edges and importer != top
+            if any(target == name or target.startswith(f"{name}.") for target in edges)
+            and importer != top
+            and not (importer == name or importer.startswith(f"{name}."))
         }
     return {name: parts for name, parts in users.items() if len(parts) == 1}
 
@@ -218,7 +243,7 @@ def single_users(root: Path) -> dict[str, set[str]]:
 
 def test_no_import_circle_between_runlane_modules() -> None:
     graph = _without_names(import_graph(ROOT))
-    assert "runlane.worker" in graph["runlane.runtime"]  # the walk sees imports
+    assert "runlane.toolkit" in graph["runlane.worker._worker"]  # the walk sees imports
     cycle = find_cycle(graph)
     assert cycle is None, f"an import circle: {_described(cycle, graph)}"
 
@@ -235,6 +260,11 @@ def test_no_module_reads_another_objects_private_attributes() -> None:
 def test_no_module_imports_another_modules_private_names() -> None:
     found = [f"{module}:{line}: {name}" for module, name, line in sorted(private_imports(ROOT))]
     assert found == [], "private names imported from another module:\n" + "\n".join(found)
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    found = [f"{module}:{line}: {name}" for module, name, line in foreign_private_imports(ROOT)]
+    assert found == [], "export these from their package instead:\n" + "\n".join(found)
 
 
 def test_a_private_top_level_module_is_shared() -> None:
@@ -256,7 +286,7 @@ def pkg(tmp_path: Path) -> Path:
     files = {
         "__init__.py": "from pkg.a import A\n",
         "a.py": "from typing import TYPE_CHECKING\nfrom pkg import _shared\nA = _hidden = 1\n"
-        "if TYPE_CHECKING:\n    from pkg.b import B\n",
+        "if TYPE_CHECKING:\n    from pkg.b import B\n    from pkg.sub._peer import P\n",
         "b.py": "def late():\n    from pkg.c import C\n    return C\n",
         "c.py": "import pkg.sub._only\nC = 1\n",
         "_shared.py": "",
@@ -296,6 +326,14 @@ def test_the_walk_finds_a_private_attribute_read_on_another_object(pkg: Path) ->
 def test_the_walk_finds_a_private_name_imported_from_another_module(pkg: Path) -> None:
     # _shared and _peer are modules (imported as such); _hidden is a name of pkg.a
     assert private_imports(pkg) == [("pkg.sub._peer", "pkg.a._hidden", 1)]
+
+
+def test_the_walk_finds_a_private_module_imported_from_outside_its_package(pkg: Path) -> None:
+    # a type-only import counts; sub's own modules and the top's private ones do not
+    assert foreign_private_imports(pkg) == [
+        ("pkg.a", "pkg.sub._peer", 6),
+        ("pkg.c", "pkg.sub._only", 1),
+    ]
 
 
 def test_the_walk_finds_a_private_module_with_one_user(pkg: Path) -> None:

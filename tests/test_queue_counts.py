@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from runlane import RunContext, Runlane, queue, task
-from runlane._status import format_report
+from runlane._operator.status import format_report
 from runlane.cli import main
 from runlane.web import create_app
 from tests.conftest import RunlaneFactory

@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 
 from runlane import ConfigurationError, RunContext, task
-from runlane._status import unhealthy
+from runlane._operator.status import unhealthy
 from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.rabbitmq import RabbitMQStatus
 from runlane.rabbitmq._amqp import Watchdog, declare_queue, queue_name

@@ -24,7 +24,7 @@ from runlane import (
     schedule,
     task,
 )
-from runlane._status import format_report, unhealthy
+from runlane._operator.status import format_report, unhealthy
 from runlane.schedules import next_slot
 from runlane.storage import ScheduledRun
 from tests.conftest import RunlaneFactory

@@ -24,7 +24,7 @@ from runlane import (
     queue,
     task,
 )
-from runlane._status import format_report, unhealthy
+from runlane._operator.status import format_report, unhealthy
 from runlane.cli import EXIT_FAILURE, main
 from tests.conftest import RunlaneFactory
 from tests.helpers import SchemaDb, importable_app, storage_of, wait_until

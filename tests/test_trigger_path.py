@@ -18,7 +18,7 @@ import pytest
 from runlane import ConfigurationError, RunContext, TaskNotFound, task
 from runlane._codec import _ENCODER, _encode, dump_json
 from runlane._ids import new_run_ids
-from runlane._trigger_options import DEFAULT_OPTIONS, TriggerOptions
+from runlane._validation import DEFAULT_OPTIONS, TriggerOptions
 from runlane.postgres._group import group_row, group_rows
 from runlane.storage import InsertedRun, NewRuns
 from tests.conftest import RunlaneFactory

@@ -43,7 +43,7 @@ from runlane import (
     queue,
     task,
 )
-from runlane._trigger_options import TriggerOptions
+from runlane._validation import TriggerOptions
 from runlane.storage import ClaimedRun, LeaseRef, StepStored, Storage
 from tests.conftest import RunlaneFactory
 from tests.helpers import (

@@ -28,8 +28,7 @@ from typing import Any
 import attrs
 
 from runlane._codec import exception_text
-from runlane._display import clipped, count_of, shown
-from runlane._status import format_report, report_document, unhealthy
+from runlane._operator.status import format_report, report_document, unhealthy
 from runlane.cli._budget import add_limit_option, limits_of, non_default_limits, with_limits
 from runlane.cli._codes import EXIT_CONFIGURATION, EXIT_FAILURE, EXIT_FORCED, EXIT_PIPE
 from runlane.cli._demo import DEMO_LANES, run_demo
@@ -67,7 +66,16 @@ from runlane.postgres import (
 )
 from runlane.runtime import Runlane
 from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE
-from runlane.toolkit import Deadline, as_int, as_wait_timeout, wait_event, wait_in_slices
+from runlane.toolkit import (
+    Deadline,
+    as_int,
+    as_wait_timeout,
+    clipped,
+    count_of,
+    shown,
+    wait_event,
+    wait_in_slices,
+)
 
 __all__ = ["EXIT_CONFIGURATION", "EXIT_FAILURE", "EXIT_FORCED", "EXIT_PIPE", "load_app", "main"]
 

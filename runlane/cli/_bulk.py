@@ -18,13 +18,12 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from runlane._display import count_of, shown
-from runlane._times import parse_filter_time
+from runlane._operator.bulk import parse_filter_time
 from runlane.cli._line import ProgressLine
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult
 from runlane.runtime import Runlane
-from runlane.toolkit import as_int
+from runlane.toolkit import as_int, count_of, shown
 
 __all__ = ["add_filter_options", "run_bulk"]
 

@@ -7,7 +7,6 @@ from datetime import timedelta
 
 import attrs
 
-from runlane._display import count_of, shown
 from runlane.cli._rabbit_host import rabbitmq_available
 from runlane.cli._rabbit_nodes import RabbitNode, start_rabbitmq_node
 from runlane.context import RunContext
@@ -18,6 +17,7 @@ from runlane.retry import RetryPolicy
 from runlane.runtime import Runlane, create_runlane
 from runlane.tasks import queue, task
 from runlane.testing import start_embedded_postgres
+from runlane.toolkit import count_of, shown
 
 __all__ = ["DEMO_LANES", "run_demo"]
 

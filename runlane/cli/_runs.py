@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from runlane._codec import MAX_DEPTH
-from runlane._display import shown
 from runlane.cli._bulk import add_filter_options, run_bulk
 from runlane.cli._operator import dump_json, using, when
 from runlane.cli._target import TARGET_HELP, add_target_options, split_targets
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
 from runlane.models import AttemptRecord, RunHistory, RunSnapshot, RunStatus
 from runlane.runtime import Runlane
+from runlane.toolkit import shown
 
 __all__ = ["add_run_commands"]
 

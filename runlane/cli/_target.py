@@ -15,10 +15,10 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 
-from runlane._display import shown
 from runlane.errors import ConfigurationError
 from runlane.postgres import postgres_polling_lane
 from runlane.runtime import Runlane, create_runlane
+from runlane.toolkit import shown
 
 __all__ = ["LoadApp", "Target", "add_target_options", "split_targets", "target_runtime"]
 

@@ -18,11 +18,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from runlane._display import shown
 from runlane.cli._signals import stop_requested
 from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane.errors import ConfigurationError
-from runlane.toolkit import as_int
+from runlane.toolkit import as_int, shown
 
 __all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind", "serve_until"]
 

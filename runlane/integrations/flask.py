@@ -39,9 +39,9 @@ except ImportError as exc:  # pragma: no cover - the flask extra is not installe
     ) from exc
 
 from runlane import cli
-from runlane._display import shown
 from runlane.errors import ConfigurationError
 from runlane.runtime import Runlane
+from runlane.toolkit import shown
 
 __all__ = ["COMMANDS", "FlaskRunlane"]
 

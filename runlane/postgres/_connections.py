@@ -18,9 +18,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
-from runlane._display import shown
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError, StorageUnavailable
 from runlane.postgres._connect_errors import connect_cause, establishing, waiting_helps
+from runlane.toolkit import shown
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",

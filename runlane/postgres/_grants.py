@@ -12,7 +12,6 @@ from typing import Any, Final
 import attrs
 import psycopg
 
-from runlane._display import shown
 from runlane.errors import ConfigurationError, SchemaNotMigrated
 from runlane.postgres._connections import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -21,6 +20,7 @@ from runlane.postgres._connections import (
     storage_error,
 )
 from runlane.postgres._sql import grant_blocks, render, validate_schema_name
+from runlane.toolkit import shown
 
 __all__ = [
     "GRANT_JOBS",

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from psycopg.rows import dict_row
 
-from runlane._inspect import run_error
+from runlane._operator.runs import run_error
 from runlane.models import AttemptRecord, RunHistory, RunSnapshot, RunStatus, StepRecord
 from runlane.postgres._connections import Conn
 from runlane.storage import RetryOutcome, RunListQuery

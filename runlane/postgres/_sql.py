@@ -15,8 +15,8 @@ from importlib import resources
 
 from psycopg import sql
 
-from runlane._display import shown
 from runlane.errors import ConfigurationError
+from runlane.toolkit import shown
 
 __all__ = [
     "GRANTS_FILE",

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 import attrs
 
-from runlane._display import count_of
 from runlane.errors import ConfigurationError
 from runlane.lanes import LaneStatus
 from runlane.models import StatusReport
 from runlane.rabbitmq._amqp import queue_name, refused_for_its_type
 from runlane.storage import FailingQueue
+from runlane.toolkit import count_of
 
 __all__ = ["FAILING_AFTER", "RabbitMQStatus", "queue_problems"]
 

@@ -12,12 +12,10 @@ from typing import Any, Unpack
 
 import attrs
 
-from runlane import _telemetry, _workers
-from runlane._bulk import BulkFilters, bulk_action, bulk_filter
+from runlane import _telemetry
+from runlane._attempt import Middleware, check_middleware
 from runlane._codec import OutputNotSerializable, encode_output, encode_payload
-from runlane._display import shown
 from runlane._ids import new_run_id, new_run_ids
-from runlane._inspect import list_query, retry_conflict, run_page
 from runlane._limits import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -27,13 +25,17 @@ from runlane._limits import (
     check_limit,
     check_name,
 )
-from runlane._middleware import Middleware, check_middleware
-from runlane._trigger_options import DEFAULT_OPTIONS, TriggerOptions, call_options
+from runlane._operator import workers as _workers
+from runlane._operator.bulk import BulkFilters, bulk_action, bulk_filter
+from runlane._operator.runs import list_query, retry_conflict, run_page
 from runlane._validation import (
+    DEFAULT_OPTIONS,
+    TriggerOptions,
     as_duration,
     as_int32,
     as_payload_list,
     as_run_at,
+    call_options,
     check_idempotency_key,
     run_key,
     token_key,
@@ -76,7 +78,7 @@ from runlane.runtime._reads import PointReads
 from runlane.schedules import Schedule
 from runlane.storage import NewRuns, Storage
 from runlane.tasks import Queue, Task
-from runlane.toolkit import Closing, as_int, as_timedelta, as_wait_timeout
+from runlane.toolkit import Closing, as_int, as_timedelta, as_wait_timeout, shown
 from runlane.worker import Worker
 from runlane.worker._worker import WorkerOptions, check_worker_arguments
 

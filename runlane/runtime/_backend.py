@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from runlane._trigger_options import TriggerOptions
+from runlane._validation import TriggerOptions
 from runlane.models import RunHandle
 from runlane.storage import Storage
 from runlane.tasks import Task

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runlane._display import shown
 from runlane._limits import check_name as check_any_name
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError
 from runlane.models import QueueInfo, RunStatus
 from runlane.storage import Storage
 from runlane.tasks import Queue
+from runlane.toolkit import shown
 
 __all__ = [
     "MAX_REASON_CHARS",

@@ -18,7 +18,6 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from runlane import _telemetry
-from runlane._display import shown
 from runlane._ids import new_run_id
 from runlane._limits import NAME_PATTERN
 from runlane._validation import check_idempotency_key
@@ -29,6 +28,7 @@ from runlane.maintenance._types import MaintenancePhase
 from runlane.models import RunHandle, ScheduleInfo
 from runlane.schedules import next_slot
 from runlane.storage import InsertedRun, NewRuns, ScheduleState, Storage
+from runlane.toolkit import shown
 
 __all__ = [
     "LATE_AFTER",

@@ -30,11 +30,15 @@ from flask import (
 )
 from werkzeug.exceptions import HTTPException
 
-from runlane._bulk import BulkFilters, bulk_filter
-from runlane._display import noun_for, shown
-from runlane._inspect import encode_cursor
-from runlane._status import unhealthy
-from runlane._times import filter_time_field, filter_time_text, parse_filter_time
+from runlane._operator.bulk import (
+    BulkFilters,
+    bulk_filter,
+    filter_time_field,
+    filter_time_text,
+    parse_filter_time,
+)
+from runlane._operator.runs import encode_cursor
+from runlane._operator.status import unhealthy
 from runlane.errors import (
     ConfigurationError,
     RunlaneClosed,
@@ -47,6 +51,7 @@ from runlane.errors import (
 from runlane.models import RunSnapshot, RunStatus
 from runlane.runtime import Runlane
 from runlane.storage import Storage
+from runlane.toolkit import noun_for, shown
 from runlane.web._present import ago, chart, cut, pretty, trace_id, when
 from runlane.web._security import CSRF_FIELD, Authorize, Guard
 

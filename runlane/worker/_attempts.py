@@ -17,9 +17,8 @@ from datetime import timedelta
 from typing import Any
 
 from runlane import _telemetry
-from runlane._attempt import AttemptControl
+from runlane._attempt import AttemptControl, Middleware
 from runlane._limits import output_limit
-from runlane._middleware import Middleware
 from runlane.context import RunContext
 from runlane.errors import StopReason
 from runlane.storage import ClaimedRun, LeaseRef

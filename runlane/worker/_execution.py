@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from runlane._attempt import AttemptControl
+from runlane._attempt import AttemptControl, Middleware, MiddlewareStack
 from runlane._codec import (
     OutputNotSerializable,
     OutputTooLarge,
@@ -23,7 +23,6 @@ from runlane._codec import (
     exception_text,
 )
 from runlane._limits import truncate_message, truncate_traceback
-from runlane._middleware import Middleware, MiddlewareStack
 from runlane.context import ContextBackend, RunContext, Suspended
 from runlane.errors import (
     NonRetryableError,

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import attrs
 
-from runlane._progress import THROTTLE_SECONDS, AttemptProgress
+from runlane._attempt import THROTTLE_SECONDS, AttemptProgress
 from runlane.errors import RunlaneClosed, RunlaneError, StorageUnavailable
 from runlane.models import WorkerState
 from runlane.storage import (
@@ -130,7 +130,7 @@ class LifecycleWriter:
         self._max_backlog = max_backlog
         self._cond = threading.Condition()
         self._pending = _Pending()
-        # attempts with progress not yet written (runlane/_progress.py)
+        # attempts with progress not yet written (runlane/_attempt.py)
         self._progress: dict[LeaseRef, AttemptProgress] = {}
         self._in_flight = 0
         self._marks_retry_at = 0.0  # time.monotonic() before which no mark is retried
@@ -178,7 +178,7 @@ class LifecycleWriter:
 
     def progress(self, attempt: AttemptProgress, value: str) -> None:
         """A handler's progress: the last value wins; written within a second, or with its
-        attempt's completion, failure or hand-back (see runlane/_progress.py)."""
+        attempt's completion, failure or hand-back (see runlane/_attempt.py)."""
         with self._cond:
             finished = self._finished
             if not finished:

@@ -43,17 +43,16 @@ from typing import Any
 import attrs
 
 from runlane import _telemetry
-from runlane._display import shown
+from runlane._attempt import Middleware
 from runlane._limits import MAX_CONCURRENCY
-from runlane._middleware import Middleware
-from runlane._workers import new_beat
+from runlane._operator.workers import new_beat
 from runlane.context import ContextBackend
 from runlane.errors import ConfigurationError, StopReason, WorkerFailed
 from runlane.lanes import Acquirer, AcquirerOptions, Lane
 from runlane.models import WorkerState
 from runlane.storage import ClaimedRun, Storage
 from runlane.tasks import Queue, Task
-from runlane.toolkit import Closing, Deadline, as_int, as_wait_timeout, wait_event
+from runlane.toolkit import Closing, Deadline, as_int, as_wait_timeout, shown, wait_event
 from runlane.worker._attempts import Attempts
 from runlane.worker._drain import StopWatcher
 from runlane.worker._handoff import HandOff
