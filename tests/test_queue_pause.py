@@ -83,7 +83,8 @@ def test_a_pause_stops_a_running_workers_claims_and_resume_wakes_it_at_once(
         # no claim loop on the paused queue: once idle, the worker waits for its 30 s poll
         assert worker.idle_signal.wait(5)
         settled = len(claims)
-        time.sleep(0.5)
+        worker.idle_signal.clear()  # set by every empty claim: a claim loop would set it
+        worker.idle_signal.wait(0.5)
         assert len(claims) == settled, f"{len(claims) - settled} claims while paused and idle"
         asked = time.monotonic()
         assert rl.resume_queue("held") is True
@@ -363,7 +364,7 @@ def test_a_rabbitmq_consumer_acknowledges_a_paused_queues_deliveries_and_resume_
         assert stats.deferred == 0
         assert outbox() == 0
         # maintenance's recovery leaves it alone while paused (threshold passed at once)
-        storage = rl._storage
+        storage = rl._life.storage
         assert isinstance(storage, PostgresStorage)
         assert storage.outbox_recover(rl.environment, timedelta(microseconds=1), 100) == 0
         assert {rl.get_run(h.id).status for h in handles} == {RunStatus.QUEUED}
