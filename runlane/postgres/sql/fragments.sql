@@ -71,6 +71,31 @@ recorded as (
     select id, attempt, lease_token, outcome, error, attempt_started_at, worker_id from ended
 )
 
+-- fragment: run_snapshot_columns
+-- What a read of runs shows of each (runlane.postgres._storage builds a RunSnapshot from
+-- these names): executing means its handler started, not only that it was claimed.
+id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
+max_attempts, priority, payload, output, error, idempotency_key, parent_run_id, created_at,
+updated_at, due_at, started_at, finished_at, progress,
+(status in ('running', 'cancellation_requested')
+ and started_attempt is not distinct from attempt) as executing
+
+-- fragment: queue_paused
+-- Whether the queue of run r is paused (its queue_states row says so): claims, deliveries
+-- and recovery leave such runs alone until resume_queue.
+exists (select from {schema}.queue_states as s
+        where s.environment = r.environment and s.queue = r.queue and s.paused)
+
+-- fragment: outbox_announce_written
+-- The end of a statement whose CTE written wrote outbox items (returning run_id,
+-- environment, queue): each of their queues is announced once, so listening publishers
+-- sweep now, and the runs are returned (the count makes the announcing CTE run).
+told as (
+    select {schema}.runlane_announce(d.environment, 'outbox', d.queue)
+    from (select distinct environment, queue from written) as d
+)
+select run_id from written where (select count(*) from told) >= 0
+
 -- fragment: group_insert
 -- The runs of one group of concurrent trigger() calls (sql/group.sql): one JSON array of
 -- one object per run (postgres/_group.py group_row, short keys: environment, task_id,

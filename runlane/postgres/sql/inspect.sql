@@ -14,12 +14,7 @@
 select l.*
 from unnest(%(statuses)s::text[]) as s(status)
 cross join lateral (
-    select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
-       max_attempts, priority,
-           payload, output, error, idempotency_key, parent_run_id, created_at, updated_at,
-           due_at, started_at, finished_at, progress,
-       (status in ('running', 'cancellation_requested')
-        and started_attempt is not distinct from attempt) as executing
+    select {@run_snapshot_columns}
     from {schema}.runs
     where environment = %(environment)s
       and status = s.status
@@ -34,12 +29,7 @@ limit %(limit)s;
 
 -- name: run_list_by_status
 -- The same, in one status: one walk of runs_listing_by_status.
-select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
-       max_attempts, priority, payload,
-       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at, progress,
-       (status in ('running', 'cancellation_requested')
-        and started_attempt is not distinct from attempt) as executing
+select {@run_snapshot_columns}
 from {schema}.runs
 where environment = %(environment)s
   and status = %(status)s

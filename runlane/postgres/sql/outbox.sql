@@ -107,7 +107,7 @@ returning o.id;
 -- A delivery that could not start its run (a bounded queue at capacity, a run not due yet):
 -- a new item publishes the run again later, while the run is still queued. Announced, so
 -- listening publishers learn when to sweep next.
-with deferred as (
+with written as (
     insert into {schema}.outbox (id, environment, run_id, queue, available_at)
     select gen_random_uuid(), r.environment, r.id, r.queue,
            greatest(r.due_at, now() + %(delay_seconds)s * interval '1 second')
@@ -115,15 +115,9 @@ with deferred as (
     where r.id = any(%(ids)s::uuid[])
       and r.environment = %(environment)s
       and r.status = 'queued'
-      and not exists (select from {schema}.queue_states as s
-                      where s.environment = r.environment and s.queue = r.queue
-                        and s.paused)
+      and not {@queue_paused}
     returning run_id, environment, queue
-), told as (
-    select {schema}.runlane_announce(d.environment, 'outbox', d.queue)
-    from (select distinct environment, queue from deferred) as d
-)
-select run_id from deferred where (select count(*) from told) >= 0;
+), {@outbox_announce_written};
 
 -- name: outbox_next_due
 -- Seconds until the next item of the environment becomes publishable (negative: one is
@@ -161,9 +155,7 @@ with lost as materialized (
       and r.due_at < now() - %(threshold_seconds)s * interval '1 second'
       and r.updated_at < now() - %(threshold_seconds)s * interval '1 second'
       and not exists (select from {schema}.outbox as o where o.run_id = r.id)
-      and not exists (select from {schema}.queue_states as s
-                      where s.environment = r.environment and s.queue = r.queue
-                        and s.paused)
+      and not {@queue_paused}
     order by r.due_at, r.id
     limit %(limit)s
     for update of r skip locked
@@ -215,9 +207,7 @@ with live as (
       and environment = %(environment)s
       and status = 'queued'
       and due_at <= now()
-      and not exists (select from {schema}.queue_states as s
-                      where s.environment = r.environment and s.queue = r.queue
-                        and s.paused)
+      and not {@queue_paused}
     order by priority desc, due_at, id
     limit greatest(0, coalesce(%(concurrency_limit)s::int - (select n from live),
                                cardinality(%(ids)s::uuid[])))
@@ -235,9 +225,7 @@ returning {@claim_returning};
 -- Why named runs were not claimed: their status, queue, whether they are due and whether
 -- their queue is paused.
 select r.id, r.status, r.queue, r.due_at <= now() as due_now,
-       exists (select from {schema}.queue_states as s
-               where s.environment = r.environment and s.queue = r.queue and s.paused)
-           as paused
+       {@queue_paused} as paused
 from {schema}.runs as r
 where r.id = any(%(ids)s::uuid[]) and r.environment = %(environment)s;
 

@@ -64,15 +64,9 @@ with written as (
       and r.queue = %(queue)s
       and r.status = 'queued'
       and not exists (select from {schema}.outbox as o where o.run_id = r.id)
-      and not exists (select from {schema}.queue_states as s
-                      where s.environment = r.environment and s.queue = r.queue
-                        and s.paused)
+      and not {@queue_paused}
     returning run_id, environment, queue
-), told as (
-    select {schema}.runlane_announce(d.environment, 'outbox', d.queue)
-    from (select distinct environment, queue from written) as d
-)
-select run_id from written where (select count(*) from told) >= 0;
+), {@outbox_announce_written};
 
 -- name: queue_known
 -- Whether the database knows the queue: a queue_states row, or runs of it.

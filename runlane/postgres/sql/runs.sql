@@ -84,21 +84,11 @@ where environment = %(environment)s
   and (id = any(%(ids)s::uuid[]) or idempotency_key = any(%(idempotency_keys)s::text[]));
 
 -- name: run_get
-select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
-       max_attempts, priority, payload,
-       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at, progress,
-       (status in ('running', 'cancellation_requested')
-        and started_attempt is not distinct from attempt) as executing
+select {@run_snapshot_columns}
 from {schema}.runs
 where id = %(id)s and environment = %(environment)s;
 
 -- name: run_get_many
-select id, environment, task_id, queue, status, attempt, attempt - releases as attempts_spent,
-       max_attempts, priority, payload,
-       output, error, idempotency_key, parent_run_id, created_at, updated_at, due_at,
-       started_at, finished_at, progress,
-       (status in ('running', 'cancellation_requested')
-        and started_attempt is not distinct from attempt) as executing
+select {@run_snapshot_columns}
 from {schema}.runs
 where id = any(%(ids)s::uuid[]) and environment = %(environment)s;
