@@ -5,6 +5,7 @@ uses stay in that file."""
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import socket
 import subprocess
@@ -365,6 +366,27 @@ def wait_until(
         pytest.fail(f"timed out after {timeout}s waiting for {what}{seen}")
 
 
+@contextmanager
+def logged(text: str, logger: str = "runlane") -> Iterator[threading.Event]:
+    """An Event set once a record whose message holds ``text`` is logged under ``logger``
+    (records below the logger's level are never made): waiting on a log line as a signal,
+    instead of polling ``caplog``."""
+    seen = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if text in record.getMessage():
+                seen.set()
+
+    handler = Seen()
+    target = logging.getLogger(logger)
+    target.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        target.removeHandler(handler)
+
+
 def wait_for_status(
     rl: Runlane, run_id: uuid.UUID, wanted: RunStatus, *, timeout: float = 10.0
 ) -> RunSnapshot:
@@ -426,7 +448,7 @@ def run_together(
 
 def storage_of(rl: Runlane) -> Storage:
     """The runtime's storage: an internal, reached by tests that drive storage directly."""
-    return rl._storage
+    return rl._life.storage
 
 
 # -- the RabbitMQ lane -------------------------------------------------------------------------

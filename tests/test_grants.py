@@ -51,7 +51,7 @@ from runlane.postgres import (
 )
 from runlane.postgres._sql import statements
 from runlane.storage import Completion
-from tests.helpers import Conn, SchemaDb, elapse, wait_until
+from tests.helpers import Conn, SchemaDb, elapse, logged, wait_until
 
 # (job, lane="polling") -> the conninfo of a role created for this test and granted the job
 RoleMaker = Callable[..., str]
@@ -1077,13 +1077,12 @@ def test_a_worker_role_granted_before_handler_starts_were_recorded_keeps_working
     operator = runtimes(runtime_as(granted("operator"), schema))
     worker_rl = runtimes(runtime_as(conninfo, schema))
     held = producer.trigger(blocker, {})
-    with caplog.at_level(logging.WARNING, logger="runlane.lifecycle"):
+    with (
+        caplog.at_level(logging.WARNING, logger="runlane.lifecycle"),
+        logged("cannot record") as warned,
+    ):
         worker = worker_rl.create_delivery_worker(concurrency=1)
-        wait_until(
-            lambda: any("cannot record" in r.getMessage() for r in caplog.records),
-            timeout=15,
-            what="the warning",
-        )
+        assert warned.wait(15), "no warning"
         report = operator.status()
         assert (report.running, report.claimed_not_started) == (1, 1)
         assert not producer.get_run(held.id).executing

@@ -23,6 +23,7 @@ from tests.helpers import (
     Executions,
     amqp_queue,
     consumer_ready,
+    logged,
     outbox_count,
     q,
     ready_messages,
@@ -117,12 +118,9 @@ def test_a_queue_held_with_the_other_type_is_refused_and_said_so(
     assert "x-queue-type" in error  # the broker's own words
     assert "cannot change" in error
 
-    worker = classic.create_delivery_worker(concurrency=1)
-    wait_until(
-        lambda: any("cannot consume" in r.getMessage() for r in caplog.records),
-        timeout=15,
-        what="the worker saying why it cannot consume",
-    )
+    with logged("cannot consume") as said:
+        worker = classic.create_delivery_worker(concurrency=1)
+        assert said.wait(15), "the worker did not say why it cannot consume"
     assert not worker.acquirer.consuming.is_set()  # type: ignore[attr-defined]
     worker.close(timeout=10)
     # nothing went into a queue of the wrong type: the quorum queue holds the first run only,

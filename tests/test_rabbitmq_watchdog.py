@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from runlane import RunContext, RunStatus, create_runlane, task
 from runlane.rabbitmq import rabbitmq_lane
 from tests._proxy import TcpProxy
-from tests.helpers import consumer_ready, outbox_count, q, wait_until
+from tests.helpers import consumer_ready, logged, outbox_count, q, wait_until
 
 
 @task(id="noop")
@@ -54,13 +54,12 @@ def test_a_silent_broker_cannot_block_the_publisher(
             first = producer.trigger(noop, None)
             assert producer.wait_for_run(first.id, timeout=10).status is RunStatus.COMPLETED
             proxy.stall()
-            with caplog.at_level(logging.WARNING, logger="runlane"):
+            with (
+                caplog.at_level(logging.WARNING, logger="runlane"),
+                logged("passed its deadline") as cut_off,
+            ):
                 stuck = producer.trigger(noop, None)
-                wait_until(
-                    lambda: "passed its deadline" in caplog.text,
-                    timeout=10,
-                    what="the publisher's watchdog to cut the silent broker off",
-                )
+                assert cut_off.wait(10), "the publisher's watchdog did not cut the broker off"
 
             def released() -> bool:
                 row = db.execute(

@@ -43,7 +43,7 @@ from runlane.postgres import postgres_polling_lane
 from runlane.worker import Worker
 from tests._proxy import tcp_proxy
 from tests.conftest import RabbitRuntimes, RunlaneFactory
-from tests.helpers import Conn, elapse, q, wait_for_status, wait_until
+from tests.helpers import Conn, elapse, logged, q, wait_for_status, wait_until
 
 # interval between heartbeats: a third of the lease
 LEASE = timedelta(seconds=1.5)
@@ -186,13 +186,12 @@ def test_a_worker_that_cannot_register_at_start_says_so_and_registers_later(
         try:
             rl.start()
             proxy.refuse_new()
-            with caplog.at_level(logging.WARNING, logger="runlane.lifecycle"):
+            with (
+                caplog.at_level(logging.WARNING, logger="runlane.lifecycle"),
+                logged("registering the worker failed") as failed,
+            ):
                 worker = rl.create_delivery_worker(concurrency=1)
-                wait_until(
-                    lambda: any("registering the worker failed" in m for m in caplog.messages),
-                    timeout=15,
-                    what="the failed registration to be logged",
-                )
+                assert failed.wait(15), "the failed registration was not logged"
             assert _row(direct, worker.worker_id) is None
             proxy.up()
             row = _registered(direct, worker)
