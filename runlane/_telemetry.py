@@ -45,7 +45,7 @@ from runlane.storage import ClaimedRun, Completion, Failure, InsertedRun, LeaseR
 if TYPE_CHECKING:
     from runlane.context import RunContext
     from runlane.tasks import Queue
-    from runlane.worker._execution import Outcome
+    from runlane.worker import Outcome
 
 try:
     from opentelemetry import context as otel_context

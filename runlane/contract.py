@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import attrs
 
-from runlane.maintenance._types import MaintenanceLimits
+from runlane.maintenance import MaintenanceLimits
 
 __all__ = ["ContractDefaults", "LeaseDefaults", "contract_defaults"]
 

@@ -38,7 +38,7 @@ def driven_acquirer(
     runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[noop])
     runlane.start()
     made = runlane.lane.create_acquirer(
-        runlane._storage,
+        runlane._life.storage,
         AcquirerOptions(
             environment=runlane.environment,
             queues=[queue("default")],

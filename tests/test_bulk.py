@@ -479,7 +479,7 @@ def test_a_count_that_would_take_too_long_gives_the_databases_estimate(
     runs.insert(30_000, "queued", queue="big")
     runs.insert(10, "queued", queue="small")
     runs.run("analyze {schema}.runs")
-    storage = operator._storage
+    storage = operator._life.storage
     big = BulkFilter(environment="default", statuses=(RunStatus.QUEUED,), queue="big")
     small = BulkFilter(environment="default", statuses=(RunStatus.QUEUED,), queue="small")
     assert storage.run_bulk_count_within(small, 10_001, 5.0) == (10, True)

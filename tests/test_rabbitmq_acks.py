@@ -71,7 +71,7 @@ def test_wal_flush_flushes_past_another_connections_asynchronous_commit(
     monkeypatch.setenv("PGOPTIONS", "-c synchronous_commit=on")
     runlane = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[])
     runlane.start()
-    storage = outbox_of(runlane._storage)
+    storage = outbox_of(runlane._life.storage)
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("set synchronous_commit = off")
         conn.execute(f"create table {schema}.acks_probe (n int)")

@@ -61,9 +61,10 @@ def test_default_options_reuse_the_tasks_plan_and_bad_calls_are_still_refused(
     rl = make_runlane(tasks=[noop])
     rl.start()
     first = rl.trigger(noop, {"n": 1})
-    assert rl._plan(noop, DEFAULT_OPTIONS) is rl._plan(noop, DEFAULT_OPTIONS)
+    plans = rl._triggering
+    assert plans.plan(noop, DEFAULT_OPTIONS) is plans.plan(noop, DEFAULT_OPTIONS)
     assert rl.trigger("path.noop", {"n": 2}).task_id == first.task_id == "path.noop"
-    assert set(rl._default_plans) == {noop, "path.noop"}
+    assert set(plans._default_plans) == {noop, "path.noop"}
     # refused every time, and never remembered
     for _ in range(2):
         with pytest.raises(TaskNotFound):
@@ -72,14 +73,14 @@ def test_default_options_reuse_the_tasks_plan_and_bad_calls_are_still_refused(
             rl.trigger(other, {})  # not registered here
         with pytest.raises(TaskNotFound):
             rl.trigger(["not", "a", "task"], {})  # type: ignore[arg-type]
-    assert set(rl._default_plans) == {noop, "path.noop"}
+    assert set(plans._default_plans) == {noop, "path.noop"}
 
     @attrs.frozen
     class Named:  # not a Task, but naming a registered task's id
         id: str
 
     assert rl.trigger(Named("path.noop"), {}).task_id == "path.noop"  # type: ignore[arg-type]
-    assert set(rl._default_plans) == {noop, "path.noop"}  # not kept: any object may name it
+    assert set(plans._default_plans) == {noop, "path.noop"}  # not kept: any object may name it
     # a value equal to a default but of another type takes the checks, not the plan
     with pytest.raises(ConfigurationError, match="priority"):
         rl.trigger(noop, {}, priority=False)

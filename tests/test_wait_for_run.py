@@ -64,7 +64,7 @@ class Waiter:
 def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fallback poll of a connected waiter pushed to 30 s: only an announcement can wake
     it within the test's bound."""
-    monkeypatch.setattr("runlane.runtime._ENDS_FALLBACK_POLL_SECONDS", 30.0)
+    monkeypatch.setattr("runlane.runtime._waiting._ENDS_FALLBACK_POLL_SECONDS", 30.0)
 
 
 @pytest.mark.usefixtures("no_fallback")

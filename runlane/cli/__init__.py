@@ -64,8 +64,7 @@ from runlane.postgres import (
     grant_postgres_role,
     postgres_grant_sql,
 )
-from runlane.runtime import Runlane
-from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE
+from runlane.runtime import DEFAULT_WAIT_FOR_DATABASE, Runlane
 from runlane.toolkit import (
     Deadline,
     as_int,

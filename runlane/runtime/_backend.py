@@ -1,4 +1,5 @@
-"""What a handler's context reaches the runtime through."""
+"""What a handler's context reaches the runtime through, and what the runtime's rooms
+reach its storage through."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from runlane.models import RunHandle
 from runlane.storage import Storage
 from runlane.tasks import Task
 
-__all__ = ["Backend", "TriggerRuns"]
+__all__ = ["Backend", "Opened", "TriggerRuns"]
 
+# the runtime's storage, opened on first use (RunlaneClosed once the runtime is closed)
+Opened = Callable[[], Storage]
 # the runtime's trigger path: a task, its payloads and their idempotency keys, the options
 TriggerRuns = Callable[
     [Task[Any, Any] | str, list[Any], Sequence[str | None], TriggerOptions],

@@ -44,7 +44,7 @@ class DatabaseWait:
     ``end()`` (the runtime's close) ends the waits under way, which raise ``closed()``."""
 
     def __init__(
-        self, start: Callable[[], None], storage: Storage, closed: Callable[[], RunlaneError]
+        self, start: Callable[[], object], storage: Storage, closed: Callable[[], RunlaneError]
     ) -> None:
         self._start = start
         self._storage = storage

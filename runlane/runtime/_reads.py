@@ -1,18 +1,44 @@
-"""Batching of concurrent point reads: many threads asking for runs at once share a query.
+"""The runtime's reads: runs by id, pages of runs, a run's history, the operator's listings
+of queues, workers and schedules, and ``status()``.
 
-No thread waits for a timer. The first caller of a quiet batcher becomes the leader and reads
-what is pending at once; callers arriving meanwhile queue up, and when the leader's read is
-done one of them leads the next read for the whole queue. A single caller therefore pays one
-round trip as usual, while N concurrent callers pay about two queries instead of N.
+Concurrent point reads share a query, and no thread waits for a timer: the first caller of
+a quiet batcher becomes the leader and reads what is pending at once; callers arriving
+meanwhile queue up, and when the leader's read is done one of them leads the next read for
+the whole queue. A single caller therefore pays one round trip as usual, while N concurrent
+callers pay about two queries instead of N.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+import uuid
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
-__all__ = ["PointReads"]
+from runlane import _telemetry
+from runlane._operator import workers as _workers
+from runlane._operator.runs import list_query, run_page
+from runlane._validation import run_key
+from runlane.errors import RunNotFound
+from runlane.lanes import Lane
+from runlane.maintenance import ScheduleEntry
+from runlane.models import (
+    MaintenanceLeaseStatus,
+    QueueInfo,
+    RunHistory,
+    RunPage,
+    RunSnapshot,
+    RunStatus,
+    ScheduleInfo,
+    StatusReport,
+    WorkerInfo,
+)
+from runlane.runtime import _queue_admin, _schedule_admin
+from runlane.runtime._backend import Opened
+from runlane.storage import Storage
+from runlane.tasks import Queue, Task
+
+__all__ = ["PointReads", "Reads"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -82,3 +108,86 @@ class PointReads(Generic[K, V]):
             for waiter in waiters:
                 if waiter is not me:
                     waiter.event.set()
+
+
+class Reads:
+    """The runtime's reads: runs by id (concurrent ones batched), pages, histories, and the
+    operator's listings and status, through the storage ``opened()`` returns."""
+
+    def __init__(
+        self,
+        environment: str,
+        lane: Lane,
+        queues: Mapping[str, Queue],
+        schedules: Sequence[ScheduleEntry],
+        opened: Opened,
+    ) -> None:
+        self._environment = environment
+        self._lane = lane
+        self._queues = queues
+        self._schedules = schedules
+        self._opened = opened
+
+    def connect(self, storage: Storage) -> None:
+        """Batch point reads on ``storage``: a new or reopened runtime's."""
+        environment = self._environment
+        self.point_reads: PointReads[uuid.UUID, RunSnapshot] = PointReads(
+            lambda ids: storage.run_get_many(environment, ids)
+        )
+
+    def run(self, run_id: uuid.UUID | str) -> RunSnapshot:
+        key = run_key(run_id)
+        self._opened()
+        snapshot = self.point_reads.get(key)
+        if snapshot is None:
+            raise RunNotFound(
+                f"no run {key} in environment {self._environment!r}; it was never triggered "
+                "here, its trigger's transaction did not commit, or it was pruned"
+            )
+        return snapshot
+
+    def runs(
+        self,
+        status: RunStatus | str | None,
+        task: Task[Any, Any] | str | None,
+        queue: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> RunPage:
+        query = list_query(
+            self._environment, status=status, task=task, queue=queue, limit=limit, cursor=cursor
+        )
+        return run_page(self._opened().run_list(query), query.limit - 1)
+
+    def history(self, run_id: uuid.UUID | str) -> RunHistory:
+        key = run_key(run_id)
+        history = self._opened().run_history(self._environment, key)
+        if history is None:
+            raise RunNotFound(f"no run {key} in environment {self._environment!r}")
+        return history
+
+    def queues(self) -> list[QueueInfo]:
+        return _queue_admin.list_queues(self._opened(), self._environment, self._queues)
+
+    def workers(self, include_stopped: bool) -> list[WorkerInfo]:
+        return _workers.list_workers(self._opened(), self._environment, include_stopped)
+
+    def schedules(self) -> list[ScheduleInfo]:
+        return _schedule_admin.list_schedules(self._opened(), self._environment, self._schedules)
+
+    def status(self) -> StatusReport:
+        storage = self._opened()
+        counts = storage.status_counts(self._environment)
+        lane = self._lane.status(storage, self._environment)
+        leases = storage.maintenance_lease_list(self._environment)
+        return StatusReport(
+            environment=self._environment,
+            lane=lane,
+            queues=_telemetry.queue_statuses(counts.pop("queues", ()), self._queues),
+            maintenance_leases=tuple(
+                MaintenanceLeaseStatus(r.band, r.owner, r.fencing, r.expires_at, r.live)
+                for r in leases
+            ),
+            late_schedules=_schedule_admin.late_schedules(storage, self._environment),
+            **counts,
+        )

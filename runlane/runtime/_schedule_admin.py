@@ -22,9 +22,7 @@ from runlane._ids import new_run_id
 from runlane._limits import NAME_PATTERN
 from runlane._validation import check_idempotency_key
 from runlane.errors import ConfigurationError
-from runlane.maintenance._pass import ScheduleEntry
-from runlane.maintenance._services import BANDS
-from runlane.maintenance._types import MaintenancePhase
+from runlane.maintenance import BANDS, MaintenancePhase, ScheduleEntry
 from runlane.models import RunHandle, ScheduleInfo
 from runlane.schedules import next_slot
 from runlane.storage import InsertedRun, NewRuns, ScheduleState, Storage
