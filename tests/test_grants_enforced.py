@@ -37,6 +37,8 @@ STATUSES = (
 )
 TERMINAL = ("completed", "failed", "cancelled")
 LEASED = ("running", "cancellation_requested")
+# what an attempt ends in, besides completed and cancelled
+ENDS = ("failed", "retrying", "released", "waiting")
 REFUSED = (
     psycopg.errors.InsufficientPrivilege,
     psycopg.errors.CheckViolation,
@@ -260,6 +262,98 @@ def test_only_a_running_parents_worker_writes_its_children(
         )
 
 
+@pytest.mark.parametrize("job", ["worker", "maintenance"])
+def test_no_role_ends_a_run_that_has_no_attempt_or_rewrites_a_finished_one(
+    job: str, schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """A queued or waiting run fails, retries, is released or suspends only from an attempt
+    (a role that could fail it could then delete it as finished); a finished run keeps its
+    error and finish time (a finish time in 1970 would have cleanup delete it early)."""
+    conninfo = granted(job)
+    queued = runs.make("queued")
+    waiting = runs.make("waiting")
+    failed = runs.make("failed")
+    before = runs.snapshot()
+    for live in (queued, waiting):
+        refused(
+            conninfo,
+            schema,
+            "update {schema}.runs set status = 'failed', finished_at = now(), "
+            'error = \'{{"message": "forged"}}\', wait_kind = null where id = %s',
+            live,
+        )
+        refused(
+            conninfo,
+            schema,
+            "update {schema}.runs set status = 'retrying', wait_kind = null where id = %s",
+            live,
+        )
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set finished_at = '1970-01-01' where id = %s",
+        failed,
+    )
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set error = '{{\"forged\": 2}}' where id = %s",
+        failed,
+    )
+    assert runs.snapshot() == before
+
+
+def test_maintenance_cannot_lapse_a_live_lease_to_end_its_attempt(
+    schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """Expiry ends attempts whose lease lapsed: maintenance may not write a lease itself (move
+    it into the past, or take it over) to make a live attempt look lapsed."""
+    conninfo = granted("maintenance")
+    running = runs.make("running")
+    before = runs.snapshot()
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set lease_expires_at = now() - interval '1 second' where id = %s",
+        running,
+    )
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set lease_token = gen_random_uuid() where id = %s",
+        running,
+    )
+    assert runs.snapshot() == before
+
+
+@pytest.mark.parametrize("job", ["producer", "worker", "maintenance"])
+def test_runs_are_written_queued_and_tokens_without_runlanes_keys(
+    job: str, schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """A run inserted cancellation_requested (no lease) was one nothing could expire, cancel,
+    retry or delete; a wait token's key in runlane's prefix is runlane's own."""
+    conninfo = granted(job)
+    before = runs.snapshot()
+    for status in ("cancellation_requested", "retrying", "running", "completed"):
+        refused(
+            conninfo,
+            schema,
+            "insert into {schema}.runs (id, environment, task_id, queue, status, payload, "
+            "max_attempts, due_at, finished_at) values (gen_random_uuid(), 'default', 't', "
+            "'default', %s, '{{}}', 3, now(), "
+            "case when %s in ('completed') then now() end)",
+            status,
+            status,
+        )
+    refused(
+        conninfo,
+        schema,
+        "insert into {schema}.wait_tokens (id, environment, status, idempotency_key) "
+        "values (gen_random_uuid(), 'default', 'pending', 'runlane.token')",
+    )
+    assert runs.snapshot() == before
+
+
 def test_maintenance_ends_only_attempts_whose_lease_lapsed(
     schema: str, granted: RoleMaker, runs: Runs
 ) -> None:
@@ -329,13 +423,17 @@ def _statement(target: str, output: bool) -> str:
 
 
 def forbidden(source: str, target: str, *, live: bool, claims: bool, output: bool) -> bool:
-    """What migration 14 refuses a role that is not the owner (claims: the worker job)."""
+    """What migration 14 refuses a role that is not the owner (claims: the worker job). The
+    statement writes a new lease for a leased target, clears it otherwise, and sets the
+    finish time of a finished target (so a finished run kept finished is rewritten)."""
     completes = target == "completed" and source in LEASED
+    ends_live_attempt = source in LEASED and target not in LEASED and live
     return (
         (target == "completed" != source and (source not in LEASED or not claims))
         or (target == "running" != source and (source != "queued" or not claims))
-        or (source in LEASED and target not in LEASED and live and not claims)
-        or (source in TERMINAL and target != source)
+        or (target in ENDS and target != source and source not in LEASED)
+        or (not claims and (target in LEASED or ends_live_attempt))
+        or source in TERMINAL
         or (target == "cancelled" and source not in ("cancellation_requested", "cancelled"))
         or (target == "cancellation_requested" and source != target)
         or (output and not completes)

@@ -237,6 +237,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         ("runlane_runs_guard_transition",),
         ("runlane_runs_inserted",),
         ("runlane_runs_updated",),
+        ("runlane_wait_tokens_guard_insert",),
     ]
     # the run written under version 1 is intact and runs under version 2
     assert runtime.get_run(uuid.UUID(int=5)).payload == {"n": 5}
