@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -49,6 +49,7 @@ __all__ = [
     "NOT_RECORDS",
     "Acquirer",
     "AcquirerOptions",
+    "ChecksQueueNames",
     "Lane",
     "LaneMaintenance",
     "LaneStatus",
@@ -128,12 +129,18 @@ class RunEndWatcher(Protocol):
     def close(self, timeout: float | None = None) -> None: ...
 
 
-class Lane(Protocol):
-    """How a runtime stores and delivers runs; ``postgres_polling_lane`` makes one.
+@runtime_checkable
+class ChecksQueueNames(Protocol):
+    """A lane's optional part: ``create_runlane`` calls ``check_queue_names`` with the
+    runtime's environment and every registered queue, to refuse a name the lane's transport
+    cannot carry (the RabbitMQ lane's 255-byte queue names) with ``ConfigurationError``."""
 
-    A lane may also have ``check_queue_names(environment, queue_names)``, which
-    ``create_runlane`` calls to refuse names its transport cannot carry (the RabbitMQ lane's
-    255-byte queue names)."""
+    def check_queue_names(self, environment: str, queue_names: Sequence[str]) -> None: ...
+
+
+class Lane(Protocol):
+    """How a runtime stores and delivers runs; ``postgres_polling_lane`` makes one. A lane
+    whose transport limits queue names is also a :class:`ChecksQueueNames`."""
 
     @property
     def name(self) -> str:

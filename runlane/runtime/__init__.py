@@ -24,7 +24,7 @@ from runlane._limits import (
 from runlane._operator.bulk import BulkFilters
 from runlane._validation import as_payload_list, call_options, with_default_queue
 from runlane.errors import ConfigurationError
-from runlane.lanes import Lane
+from runlane.lanes import ChecksQueueNames, Lane
 from runlane.maintenance import (
     MaintenanceLimits,
     MaintenanceResult,
@@ -595,9 +595,8 @@ def create_runlane(
                 f"queue({t.queue!r}) to create_runlane(queues=[...])"
             )
     # a lane whose transport limits names (RabbitMQ's 255-byte queue names) refuses them here
-    check_queue_names = getattr(lane, "check_queue_names", None)
-    if callable(check_queue_names):
-        check_queue_names(environment, [q.name for q in queue_list])
+    if isinstance(lane, ChecksQueueNames):
+        lane.check_queue_names(environment, [q.name for q in queue_list])
     return Runlane(
         lane=lane,
         queues=queue_list,
