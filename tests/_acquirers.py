@@ -13,7 +13,6 @@ from runlane import RunContext, Runlane, queue, task
 from runlane.lanes import AcquirerOptions
 from runlane.rabbitmq._consumer import RabbitAcquirer
 from tests.conftest import RabbitRuntimes
-from tests.helpers import wait_until
 
 __all__ = ["driven_acquirer", "round_trip"]
 
@@ -53,7 +52,7 @@ def driven_acquirer(
     assert isinstance(made, RabbitAcquirer)
     made.start()
     try:
-        wait_until(made.consuming.is_set, timeout=15, what="the consumer consuming")
+        assert made.consuming.wait(15), "the consumer consuming"
         runlane.trigger_many(noop, list(range(runs)))
         yield made, runlane
     finally:

@@ -562,7 +562,7 @@ def test_the_rabbitmq_lane_obeys_key_limits_and_defers_held_back_deliveries(
     flow = FlowDb(db, schema)
     with rl.create_delivery_worker(concurrency=4) as worker:
         stats = worker.acquirer.stats
-        wait_until(worker.acquirer.consuming.is_set, timeout=15, what="the consumer")
+        assert worker.acquirer.consuming.wait(15), "the consumer"
         handles = []
         for key in ("a", "b", "c"):
             handles += rl.trigger_many(rabbit, [None] * 4, concurrency_key=key)
@@ -590,7 +590,7 @@ def test_the_rabbitmq_lane_obeys_a_rate_limit(
     )
     flow = FlowDb(db, schema)
     with rl.create_delivery_worker(concurrency=4) as worker:
-        wait_until(worker.acquirer.consuming.is_set, timeout=15, what="the consumer")
+        assert worker.acquirer.consuming.wait(15), "the consumer"
         handles = rl.trigger_many(rated, [None] * 15)
         for h in handles:
             assert rl.wait_for_run(h.id, timeout=30).status is RunStatus.COMPLETED

@@ -70,7 +70,7 @@ def test_a_pause_stops_a_running_workers_claims_and_resume_wakes_it_at_once(
     )
     with rl.create_delivery_worker(concurrency=2) as worker:
         assert worker.idle_signal.wait(10)
-        wait_until(worker.acquirer.listener.connected.is_set, timeout=10, what="LISTEN")
+        assert worker.acquirer.listener.connected.wait(10), "LISTEN"
         assert rl.pause_queue("held", reason="incident 42") is True
         claims = count_claims(worker)
         worker.idle_signal.clear()
@@ -356,7 +356,7 @@ def test_a_rabbitmq_consumer_acknowledges_a_paused_queues_deliveries_and_resume_
 
     with rl.create_delivery_worker(concurrency=1) as worker:
         stats = worker.acquirer.stats
-        wait_until(worker.acquirer.consuming.is_set, timeout=15, what="the consumer")
+        assert worker.acquirer.consuming.wait(15), "the consumer"
         rl.pause_queue(queue_name)
         handles = rl.trigger_many(rabbit, [None] * 8)
         wait_until(lambda: stats.paused >= 8, timeout=15, what="the paused deliveries")

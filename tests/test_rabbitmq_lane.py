@@ -375,7 +375,7 @@ def test_deliveries_taken_around_ones_still_buffered_are_each_acknowledged_once(
     assert isinstance(acquirer, RabbitAcquirer)
     acquirer.start()
     try:
-        wait_until(acquirer.consuming.is_set, timeout=15, what="the consumer consuming")
+        assert acquirer.consuming.wait(15), "the consumer consuming"
         slow_ids = {h.id for h in runlane.trigger_many(slow, list(range(6)))}
         wait_until(lambda: len(acquirer._buffer) == 6, timeout=15, what="6 buffered")
         fast_ids = {h.id for h in runlane.trigger_many(quick, list(range(10)))}

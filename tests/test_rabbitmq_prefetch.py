@@ -124,7 +124,7 @@ def test_a_worker_busy_with_long_handlers_keeps_one_claim_batch(
     try:
         consumer = worker.acquirer
         assert isinstance(consumer, RabbitAcquirer)
-        wait_until(consumer.consuming.is_set, timeout=15, what="the consumer consuming")
+        assert consumer.consuming.wait(15), "the consumer consuming"
         runlane.trigger_many(long, list(range(RUNS)))
         wait_until(lambda: len(started) == CONCURRENCY, timeout=15, what="both slots busy")
         wait_until(

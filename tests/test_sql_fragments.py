@@ -1,8 +1,9 @@
 """Rules written once in SQL: the shared fragments of ``sql/fragments.sql`` (a claim's
 columns and what it sets, how a failed or expired attempt ends its run, how an attempt is
 handed back unspent, an attempt's fence and its row in the attempts history, a run's
-snapshot columns, whether a run's queue is paused, the announcement of written outbox items)
-that the loader puts into the statements naming them, and the claim's row read by name.
+snapshot columns, an operator's task and queue filter, whether a run's queue is paused, the
+announcement of written outbox items, a publisher's fence on its outbox items) that the loader
+puts into the statements naming them, and the claim's row read by name.
 
 Before, the claim's ``SET ... RETURNING`` was written in claims.sql, outbox.sql and flow.sql
 and read positionally (``row[0..10]``); the fail/retry/cancel ``CASE`` was written in
@@ -23,7 +24,7 @@ import pytest
 
 from runlane import RunContext, queue, task
 from runlane.postgres import PostgresStorage, _sql
-from runlane.postgres._attempts import CLAIM_FIELDS
+from runlane.postgres._storage import CLAIM_FIELDS
 from runlane.storage import ClaimedRun, QueueLimits
 from tests.conftest import RunlaneFactory
 from tests.helpers import q
@@ -78,6 +79,9 @@ def test_the_shared_rules_are_written_once() -> None:
         assert "attempt - releases as attempts_spent" not in text, name
         assert "s.queue = r.queue" not in text, name
         assert "runlane_announce(d.environment, 'outbox'" not in text, name
+        assert "%(retry_delay_seconds)s::float8[]" not in text, name
+        assert "task_id = %(task_id)s::text" not in text, name
+        assert "o.claim_token = i.token" not in text, name
     writes = _sql.parse_blocks({n: statement_files[n] for n in ("lifecycle.sql", "waits.sql")})
     for name in ("run_release_many", "run_suspend", "run_release"):
         assert "{@attempt_hand_back_set}" in writes[name], name

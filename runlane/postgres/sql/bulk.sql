@@ -24,8 +24,7 @@ from (
       and pruned_at is null
       and (%(created_after)s::timestamptz is null or created_at >= %(created_after)s)
       and (%(created_before)s::timestamptz is null or created_at < %(created_before)s)
-      and (%(task_id)s::text is null or task_id = %(task_id)s::text)
-      and (%(queue)s::text is null or queue = %(queue)s::text)
+      and {@run_task_queue_filter}
     limit %(limit)s
 ) as matched;
 
@@ -45,8 +44,7 @@ where environment = %(environment)s
   and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
   and (%(created_after)s::timestamptz is null or created_at >= %(created_after)s)
   and (%(created_before)s::timestamptz is null or created_at < %(created_before)s)
-  and (%(task_id)s::text is null or task_id = %(task_id)s::text)
-  and (%(queue)s::text is null or queue = %(queue)s::text)
+  and {@run_task_queue_filter}
 order by created_at desc, id desc
 limit %(batch)s;
 

@@ -49,6 +49,14 @@ r.id = i.id
   and r.lease_token = i.lease_token
   and r.status in ('running', 'cancellation_requested')
 
+-- fragment: attempt_end_input
+-- The attempts a statement ends as failed or expired, one row i each, zipped by position:
+-- the fence, the error and the retry delay attempt_end_set reads.
+select *
+from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
+            %(errors)s::text[], %(retry_delay_seconds)s::float8[])
+    as i(id, attempt, lease_token, error, retry_delay_seconds)
+
 -- fragment: attempt_hand_back_set
 -- How an attempt handed back unspent (worker shutdown, context.release, a suspension) leaves
 -- its run (aliased r; the input row i names back_to, where the run goes): cancelled when
@@ -79,6 +87,16 @@ max_attempts, priority, payload, output, error, idempotency_key, parent_run_id, 
 updated_at, due_at, started_at, finished_at, progress,
 (status in ('running', 'cancellation_requested')
  and started_attempt is not distinct from attempt) as executing
+
+-- fragment: run_task_queue_filter
+-- An operator's filter by task and by queue (null: any), checked on the runs a walk meets.
+(%(task_id)s::text is null or task_id = %(task_id)s::text)
+and (%(queue)s::text is null or queue = %(queue)s::text)
+
+-- fragment: outbox_claim_fence
+-- The fence of a publisher's writes to its outbox items (aliased o; the input row i: id,
+-- token, environment): the item's claim is still the one the publisher holds.
+o.id = i.id and o.claim_token = i.token and o.environment = i.environment
 
 -- fragment: queue_paused
 -- Whether the queue of run r is paused (its queue_states row says so): claims, deliveries

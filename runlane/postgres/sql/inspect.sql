@@ -19,8 +19,7 @@ cross join lateral (
     where environment = %(environment)s
       and status = s.status
       and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
-      and (%(task_id)s::text is null or task_id = %(task_id)s::text)
-      and (%(queue)s::text is null or queue = %(queue)s::text)
+      and {@run_task_queue_filter}
     order by created_at desc, id desc
     limit %(limit)s
 ) as l
@@ -34,8 +33,7 @@ from {schema}.runs
 where environment = %(environment)s
   and status = %(status)s
   and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
-  and (%(task_id)s::text is null or task_id = %(task_id)s::text)
-  and (%(queue)s::text is null or queue = %(queue)s::text)
+  and {@run_task_queue_filter}
 order by created_at desc, id desc
 limit %(limit)s;
 

@@ -39,10 +39,7 @@ select id from ended;
 -- null retry delay fails the run for good, else it retries after the delay. A run whose
 -- cancellation was requested becomes cancelled.
 with input as (
-    select *
-    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
-                %(errors)s::text[], %(retry_delay_seconds)s::float8[])
-        as i(id, attempt, lease_token, error, retry_delay_seconds)
+    {@attempt_end_input}
 ), ended as (
     update {schema}.runs as r
     set {@attempt_end_set},

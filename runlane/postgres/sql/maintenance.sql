@@ -104,10 +104,7 @@ limit %(limit)s;
 -- attempt is recorded as expired. A row locked by an in-flight write (a completion racing
 -- this) is skipped, not waited for: the next pass sees what that write did.
 with input as (
-    select *
-    from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
-                %(errors)s::text[], %(retry_delay_seconds)s::float8[])
-        as i(id, attempt, lease_token, error, retry_delay_seconds)
+    {@attempt_end_input}
 ), locked as materialized (
     select r.id
     from {schema}.runs as r

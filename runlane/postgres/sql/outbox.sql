@@ -65,7 +65,7 @@ update {schema}.outbox as o
 set claim_expires_at = now() + %(claim_seconds)s * interval '1 second'
 from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[])
     as i(id, token, environment)
-where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
+where {@outbox_claim_fence}
   and o.claim_expires_at > now()
 returning o.id;
 
@@ -74,7 +74,7 @@ returning o.id;
 delete from {schema}.outbox as o
 using unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[])
     as i(id, token, environment)
-where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
+where {@outbox_claim_fence}
 returning o.id;
 
 -- name: outbox_unclaim
@@ -85,7 +85,7 @@ set claim_token = null,
     claim_expires_at = null
 from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[])
     as i(id, token, environment)
-where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
+where {@outbox_claim_fence}
 returning o.id;
 
 -- name: outbox_failed
@@ -100,7 +100,7 @@ set claim_token = null,
 from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[],
             %(errors)s::text[], %(delay_seconds)s::float8[])
     as i(id, token, environment, error, delay_seconds)
-where o.id = i.id and o.claim_token = i.token and o.environment = i.environment
+where {@outbox_claim_fence}
 returning o.id;
 
 -- name: outbox_defer
