@@ -21,6 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from runlane import RunContext, RunStatus, task
+from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb
 
 RoleMaker = Callable[..., str]
@@ -504,3 +506,33 @@ def test_every_status_change_a_role_makes_is_one_its_job_may_make(
             source,
             target,
         )
+
+
+@task(id="grants_enforced.echo")
+def echo(payload: dict[str, Any], context: RunContext) -> Any:
+    return payload
+
+
+@pytest.mark.parametrize("job", ["worker", "maintenance"])
+def test_a_forged_attempt_row_stalls_no_completion(
+    job: str, schema: str, granted: RoleMaker, make_runlane: RunlaneFactory, runs: Runs
+) -> None:
+    """Worker and maintenance write attempt history. A row written ahead through SQL, for an
+    attempt that has not run, used to fail every completion (and expiry) of its batch on the
+    attempts key; the batch now completes, the forged row left as it is."""
+    conninfo = granted(job)
+    runtime = make_runlane(tasks=[echo])
+    first = runtime.trigger(echo, {"n": 1})
+    second = runtime.trigger(echo, {"n": 2})
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "insert into {}.attempts (run_id, attempt, lease_token, outcome, started_at) "
+                "values (%s, 1, gen_random_uuid(), 'completed', now())"
+            ).format(sql.Identifier(schema)),
+            (first.id,),
+        )
+    assert runtime.drain().runs_executed == 2
+    for handle, n in ((first, 1), (second, 2)):
+        run = runtime.get_run(handle.id)
+        assert (run.status, run.output) == (RunStatus.COMPLETED, {"n": n})
