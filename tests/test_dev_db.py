@@ -6,6 +6,7 @@ in this process, the same code without an interpreter and an import of runlane p
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -254,6 +255,45 @@ def test_reset_deletes_nothing_dev_db_did_not_create(
     # start refuses a directory that holds anything else, and writes nothing in it
     one_error(in_process(capsys, "dev-db", "start", "--dir", "."), EXIT_CONFIGURATION, "not empty")
     assert [p.name for p in project.iterdir()] == ["jobs.py"]
+
+
+def test_a_marker_copied_into_a_project_makes_it_no_dev_db_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The marker names the directory it was written in: copied with a dev-db directory
+    into a project (or committed, and checked out elsewhere), it makes the project no
+    dev-db directory, and reset deletes nothing there; nor does it delete a data/ that holds
+    no PostgreSQL data in a directory it did mark."""
+    original = tmp_path / "devdb"
+    original.mkdir()
+    here = original.stat()
+    text = json.dumps(
+        {"created_by": "runlane dev-db", "created_directory": True,
+         "directory": [here.st_dev, here.st_ino]}
+    )  # fmt: skip
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "important.csv").write_text("precious")
+    (project / "src").mkdir()
+    (project / "runlane-dev-db.json").write_text(text)
+    one_error(
+        in_process(capsys, "dev-db", "reset", "--yes", "--dir", str(project)),
+        EXIT_CONFIGURATION,
+        "not created by `runlane dev-db`",
+    )
+    assert (project / "data" / "important.csv").read_text() == "precious"
+    # marked for this very directory, but its data/ is not a database's
+    mine = project.stat()
+    (project / "runlane-dev-db.json").write_text(
+        text.replace(f"[{here.st_dev}, {here.st_ino}]", f"[{mine.st_dev}, {mine.st_ino}]")
+    )
+    one_error(
+        in_process(capsys, "dev-db", "reset", "--yes", "--dir", str(project)),
+        EXIT_CONFIGURATION,
+        "holds no PostgreSQL data",
+    )
+    assert sorted(p.name for p in project.iterdir()) == ["data", "runlane-dev-db.json", "src"]
+    assert (project / "data" / "important.csv").read_text() == "precious"
 
 
 def test_a_directory_that_cannot_be_one_is_an_error_line(

@@ -127,12 +127,18 @@ class DevDatabase:
         return False
 
     def _is_ours(self) -> bool:
-        """Whether the directory holds dev-db's marker."""
+        """Whether the directory holds dev-db's marker, written in this very directory (a
+        marker copied into another directory, with a project, names another one)."""
         try:
             marker = json.loads((self.directory / MARKER).read_text(encoding="utf-8"))
+            here = self.directory.stat()
         except (OSError, ValueError):
             return False
-        return isinstance(marker, dict) and marker.get("created_by") == "runlane dev-db"
+        return (
+            isinstance(marker, dict)
+            and marker.get("created_by") == "runlane dev-db"
+            and marker.get("directory") == [here.st_dev, here.st_ino]
+        )
 
     def _created_directory(self) -> bool:
         """Whether ``start`` created the directory (the marker says so)."""
@@ -263,7 +269,12 @@ class DevDatabase:
         """Write the marker, under the lock, unless it is there."""
         if self._is_ours():
             return
-        marker = {"created_by": "runlane dev-db", "created_directory": created}
+        here = self.directory.stat()  # the directory it marks: a copy elsewhere is not ours
+        marker = {
+            "created_by": "runlane dev-db",
+            "created_directory": created,
+            "directory": [here.st_dev, here.st_ino],
+        }
         (self.directory / MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
 
     @contextlib.contextmanager
@@ -331,6 +342,12 @@ class DevDatabase:
             raise ConfigurationError(
                 f"{self.directory} was not created by `runlane dev-db` (it holds no "
                 f"{MARKER}): reset deletes only a directory that dev-db made; nothing deleted"
+            )
+        data = self.data
+        if data.is_dir() and any(data.iterdir()) and not (data / "PG_VERSION").exists():
+            raise ConfigurationError(
+                f"{data} holds no PostgreSQL data (no PG_VERSION): reset deletes only the "
+                "data dev-db made; nothing deleted"
             )
         current = self.state()
         if current.running:
