@@ -61,8 +61,8 @@ from benchmarks._common import (
 )
 from runlane import MaintenanceLimits, RunContext, Runlane, create_runlane, task
 from runlane.postgres import postgres_polling_lane
+from runlane.postgres._attempts import AttemptRepository
 from runlane.postgres._sql import statements
-from runlane.postgres._storage import PostgresStorage
 
 PHASES = ("depth", "history", "cleanup")
 TASK_ID = "bench.count"
@@ -254,22 +254,22 @@ def phase_history(url: str, args: argparse.Namespace) -> list[Row]:
 
 @contextmanager
 def timed_claims() -> Iterator[list[tuple[float, float]]]:
-    """Record (start, seconds) of every ``PostgresStorage.run_claim`` call meanwhile."""
+    """Record (start, seconds) of every ``run_claim`` call of the Postgres storage meanwhile."""
     record: list[tuple[float, float]] = []
-    original = PostgresStorage.run_claim
+    original = AttemptRepository.run_claim
 
-    def run_claim(self: PostgresStorage, *args: Any, **kwargs: Any) -> Any:
+    def run_claim(self: AttemptRepository, *args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
             record.append((began, time.perf_counter() - began))
 
-    PostgresStorage.run_claim = run_claim  # type: ignore[method-assign]
+    AttemptRepository.run_claim = run_claim  # type: ignore[method-assign]
     try:
         yield record
     finally:
-        PostgresStorage.run_claim = original  # type: ignore[method-assign]
+        AttemptRepository.run_claim = original  # type: ignore[method-assign]
 
 
 # the cleanup phase's runs: (handler start, seconds since their trigger_many call began)

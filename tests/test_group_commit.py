@@ -26,8 +26,8 @@ from benchmarks._statements import counting_statements
 from runlane import RunContext, RunHandle, RunlaneError, queue, task
 from runlane._ids import new_run_ids
 from runlane.postgres import PostgresStorage
+from runlane.postgres._eager import eager_item_id
 from runlane.postgres._group import GROUP_ROW_CHARS, GroupCommit, groupable
-from runlane.postgres._outbox import eager_item_id
 from runlane.storage import InsertedRun, NewRuns, OutboxItem
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, Greet, q, run_row, run_together, storage_of, wait_until
@@ -125,7 +125,7 @@ def test_queued_triggers_share_one_statement_each_with_its_own_options(
         tasks=[greet, mail], queues=[queue("email")], lane_options={"pool_min_size": 2}
     )
     rl.start()
-    group = storage_of(rl)._group  # type: ignore[attr-defined]
+    group = storage_of(rl)._runs.group  # type: ignore[attr-defined]
     later = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
     options: list[dict[str, Any]] = [
         {},
@@ -176,7 +176,7 @@ def test_a_payload_of_null_is_written_by_the_shared_statement_as_a_lone_call_wri
     the jsonb null a lone call stores, instead of failing the group (whose calls would then
     each write alone) on the column's not-null rule."""
     rl = make_runlane(tasks=[anything], lane_options={"pool_min_size": 2})
-    group = storage_of(rl)._group  # type: ignore[attr-defined]
+    group = storage_of(rl)._runs.group  # type: ignore[attr-defined]
     payloads: list[Any] = [None, None, {"n": None}, None]
     calls = [functools.partial(rl.trigger, anything, p) for p in payloads]
     handles = grouped(database_url, schema, group, calls)
@@ -198,7 +198,7 @@ def test_one_key_in_a_group_makes_one_run_and_a_stored_key_resolves(
     )
     rl.start()
     stored = rl.trigger(greet, Greet(name="before"), idempotency_key="old")
-    group = storage_of(rl)._group  # type: ignore[attr-defined]
+    group = storage_of(rl)._runs.group  # type: ignore[attr-defined]
     calls: list[Callable[[], RunHandle]] = [lambda: rl.trigger(greet, Greet(name="first"))]
     calls += [
         functools.partial(rl.trigger, greet, Greet(name=f"s{i}"), idempotency_key="same")
@@ -229,7 +229,7 @@ def test_a_row_postgres_refuses_fails_its_own_call_only(
     its own error, and every other call of the group its run."""
     rl = make_runlane(tasks=[greet], lane_options={"pool_min_size": 2})
     storage = storage_of(rl)
-    group = storage._group  # type: ignore[attr-defined]
+    group = storage._runs.group  # type: ignore[attr-defined]
     batches = [new_runs() for _ in range(3)]
     batches.insert(1, new_runs('{"n": 1e1000000}'))  # numeric overflow: refused
     batches.append(new_runs(priority=2**31))
@@ -257,14 +257,14 @@ def test_a_group_repeated_after_its_answer_was_lost_finds_its_runs(
     rl = make_runlane(tasks=[greet])
     storage = storage_of(rl)
     batches = [new_runs(), new_runs(idempotency_keys=["k"]), new_runs()]
-    first = storage._insert_together(batches)  # type: ignore[attr-defined]
-    again = storage._insert_together(batches)  # type: ignore[attr-defined]
+    first = storage._runs.insert_together(batches)  # type: ignore[attr-defined]
+    again = storage._runs.insert_together(batches)  # type: ignore[attr-defined]
     assert first == again == [[InsertedRun(b.ids[0], "default", True)] for b in batches]
     assert commits(db, schema) == 1
     # without any key the statement has no conflict handling: its ids are met, then read
     fresh = [new_runs(), new_runs(queue="other")]
-    first = storage._insert_together(fresh)  # type: ignore[attr-defined]
-    again = storage._insert_together(fresh)  # type: ignore[attr-defined]
+    first = storage._runs.insert_together(fresh)  # type: ignore[attr-defined]
+    again = storage._runs.insert_together(fresh)  # type: ignore[attr-defined]
     assert first == again == [[InsertedRun(b.ids[0], b.queue, True)] for b in fresh]
     assert commits(db, schema) == 2
 
@@ -284,8 +284,8 @@ def test_a_call_written_alone_repeated_after_its_answer_was_lost_finds_its_run(
         new_runs('{"n": 1.5, "s": "z\u00fcrich"}', delay=timedelta(seconds=90)),
     ]
     for runs in cases:
-        first = storage._insert_one(runs)  # type: ignore[attr-defined]
-        again = storage._insert_one(runs)  # type: ignore[attr-defined]
+        first = storage._runs.insert_one(runs)  # type: ignore[attr-defined]
+        again = storage._runs.insert_one(runs)  # type: ignore[attr-defined]
         assert first == again == [InsertedRun(runs.ids[0], "default", True)]
     assert commits(db, schema) == len(cases)
     rows = [run_row(db, schema, runs.ids[0]) for runs in cases]
@@ -302,7 +302,7 @@ def test_a_call_written_alone_repeated_after_its_answer_was_lost_finds_its_run(
         timedelta(seconds=89) < rows[3]["due_at"] - rows[3]["created_at"] <= timedelta(seconds=91)
     )
     # the same key under a new id resolves to the stored run, not created
-    other = storage._insert_one(new_runs(idempotency_keys=["k"]))  # type: ignore[attr-defined]
+    other = storage._runs.insert_one(new_runs(idempotency_keys=["k"]))  # type: ignore[attr-defined]
     assert other == [InsertedRun(cases[1].ids[0], "default", False)]
 
 
@@ -319,8 +319,8 @@ def test_a_latin1_client_encoding_stores_text_as_a_cursor_does(
         payload = '{"s": "zürich"}'
         lone = new_runs(payload, idempotency_keys=["clé"])
         shared = [new_runs(payload), new_runs(payload, idempotency_keys=["schön"])]
-        assert storage._insert_one(lone) == [InsertedRun(lone.ids[0], "default", True)]
-        storage._insert_together(shared)
+        assert storage._runs.insert_one(lone) == [InsertedRun(lone.ids[0], "default", True)]
+        storage._runs.insert_together(shared)
         rows = [run_row(db, schema, r.ids[0]) for r in (lone, *shared)]
         assert [r["payload"] for r in rows] == [{"s": "zürich"}] * 3
         assert [r["idempotency_key"] for r in rows] == ["clé", None, "schön"]
@@ -328,12 +328,12 @@ def test_a_latin1_client_encoding_stores_text_as_a_cursor_does(
         direct = new_runs(
             payloads=[payload, payload], ids=new_run_ids(2), idempotency_keys=["clé", "schön"]
         )
-        met = storage._insert_direct(direct)
+        met = storage._runs.insert_direct(direct)
         assert [(m.id, m.created) for m in met] == [
             (lone.ids[0], False),
             (shared[1].ids[0], False),
         ]
-        again = storage._insert_one(new_runs(idempotency_keys=["schön"]))
+        again = storage._runs.insert_one(new_runs(idempotency_keys=["schön"]))
         assert again == [InsertedRun(shared[1].ids[0], "default", False)]
     finally:
         storage.close()
@@ -347,9 +347,9 @@ def test_the_statement_count_sees_the_shared_insert(
     storage = storage_of(make_runlane(tasks=[greet]))
     batches = [new_runs(), new_runs()]
     with counting_statements() as count:
-        made = storage._insert_together(batches)  # type: ignore[attr-defined]
+        made = storage._runs.insert_together(batches)  # type: ignore[attr-defined]
         first = count.value
-        storage._insert_together([new_runs(), new_runs()])  # type: ignore[attr-defined]
+        storage._runs.insert_together([new_runs(), new_runs()])  # type: ignore[attr-defined]
     assert made == [[InsertedRun(b.ids[0], "default", True)] for b in batches]
     # the first also prepared it on its connection (and checked the schema, once)
     assert first >= 2
@@ -513,6 +513,8 @@ def test_eager_triggers_share_a_statement_and_one_claim_for_their_items(
     storage = PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=3)
     collector = Collector()
     storage.attach_eager_publisher(collector)
+    eager = storage._runs.eager
+    assert eager is not None
     try:
         storage.outbox_enable("default", timedelta(minutes=5))
         batches = [new_runs() for _ in range(4)]
@@ -522,7 +524,7 @@ def test_eager_triggers_share_a_statement_and_one_claim_for_their_items(
         results = grouped(
             database_url,
             schema,
-            storage._eager_group,
+            eager.group,
             [functools.partial(storage.run_insert_many, b) for b in batches],
         )
         assert commits(db, schema) == 2
@@ -557,15 +559,17 @@ def test_an_eager_group_without_keys_is_written_fresh_and_survives_a_repeat(
     storage = PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=3)
     collector = Collector()
     storage.attach_eager_publisher(collector)
+    eager = storage._runs.eager
+    assert eager is not None
     try:
         storage.outbox_enable("default", timedelta(minutes=5))
         batches = [new_runs(), new_runs(queue="other"), new_runs(delay=timedelta(hours=1))]
-        first = storage._insert_eager_together(batches)
+        first = eager.insert_together(batches)
         assert first == [[InsertedRun(b.ids[0], b.queue, True)] for b in batches]
         (handed,) = collector.handed
         assert sorted(i.run_id for i in handed) == sorted(b.ids[0] for b in batches[:2])
         assert {i.queue for i in handed} == {"default", "other"}
-        again = storage._insert_eager_together(batches)
+        again = eager.insert_together(batches)
         assert again == first
         assert len(collector.handed) == 1  # nothing handed over twice
         stored = dict(

@@ -38,9 +38,7 @@ from runlane import (
     WaitTokenStatus,
     task,
 )
-from runlane.postgres import _batches
-from runlane.postgres import _outbox as postgres_outbox
-from runlane.postgres import _storage as postgres_storage
+from runlane.postgres import _batches, _eager, _runs
 from runlane.storage import Completion, NewRuns, Storage
 from runlane.worker import _lifecycle
 from runlane.worker._leases import LeaseTracker
@@ -99,7 +97,7 @@ def small_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         statements.append(len(params))
         return _batches.pipelined(conn, statement, params)
 
-    for module in (postgres_storage, postgres_outbox):
+    for module in (_eager, _runs):
         monkeypatch.setattr(module, "pipelined", counted)
     yield statements
     assert max(statements, default=0) > 1, "no batch was split"

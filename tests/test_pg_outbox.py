@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from runlane.postgres import PostgresStorage
-from runlane.postgres._outbox import eager_item_id
+from runlane.postgres._eager import eager_item_id
 from runlane.storage import ClaimedRun, Failure, LeaseRef, NewRuns, OutboxItem
 from tests.helpers import Conn, SchemaDb
 
@@ -278,7 +278,7 @@ def test_failing_queues_are_read_from_the_failing_index(
     plan = "\n".join(
         str(row[0])
         for row in dbx.all(
-            "explain " + storage._sql["outbox_failing_queues"].replace("%(environment)s", "%s"),
+            "explain " + storage._db.sql["outbox_failing_queues"].replace("%(environment)s", "%s"),
             ENV,
         )
     )

@@ -24,7 +24,7 @@ import pytest
 
 from runlane import RunContext, queue, task
 from runlane.postgres import PostgresStorage, _sql
-from runlane.postgres._storage import CLAIM_FIELDS
+from runlane.postgres._attempts import CLAIM_FIELDS
 from runlane.storage import ClaimedRun, QueueLimits
 from tests.conftest import RunlaneFactory
 from tests.helpers import q

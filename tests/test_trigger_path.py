@@ -153,7 +153,7 @@ def test_the_group_statement_writes_each_rows_fields_as_given(
         new_runs(delay=timedelta(seconds=90.5), parent_run_id=parent.id),
         new_runs(trace_context='{"traceparent":"00-ab-cd-01"}', payloads=['"ü\\u00e9"']),
     ]
-    handles = storage_of(rl)._insert_together(groups)  # type: ignore[attr-defined]
+    handles = storage_of(rl)._runs.insert_together(groups)  # type: ignore[attr-defined]
     assert handles == [[InsertedRun(g.ids[0], "default", True)] for g in groups]
     first, second, third = (run_row(db, schema, g.ids[0]) for g in groups)
     assert (first["idempotency_key"], first["due_at"], first["priority"]) == (odd_key, when, 5)

@@ -20,11 +20,10 @@ from typing import Any, TypeVar
 
 import attrs
 import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from runlane.errors import PayloadValidationError
-from runlane.postgres._connections import Conn
+from runlane.postgres._connections import Conn, own_transaction
 from runlane.storage import NewRuns
 
 __all__ = [
@@ -101,10 +100,10 @@ def pipelined(
     if len(params) == 1:
         with conn.cursor(row_factory=tuple_row) as cursor:
             return cursor.execute(statement, params[0]).fetchall()
-    own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    transaction = own_transaction(conn)  # told before the pipeline starts
     with contextlib.ExitStack() as cursors:
         sent = [cursors.enter_context(conn.cursor(row_factory=tuple_row)) for _ in params]
-        with conn.pipeline(), conn.transaction() if own else contextlib.nullcontext():
+        with conn.pipeline(), transaction:
             for cursor, p in zip(sent, params, strict=True):
                 cursor.execute(statement, p)
         return [row for cursor in sent for row in cursor.fetchall()]

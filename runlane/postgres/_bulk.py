@@ -1,5 +1,5 @@
-"""The Postgres storage's bulk actions (retry, cancel, delete by filter) and attempt progress.
-Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in ``sql/bulk.sql``.
+"""The bulk repository: the operator's actions by filter (retry, cancel, delete) and their
+counts. Statements: ``sql/bulk.sql``.
 
 A batch is two statements in one transaction: ``run_bulk_pick`` picks the batch, then the
 single-run action's own statement, keyed by ids, locks what no one else holds and changes
@@ -9,23 +9,19 @@ migration 14's SECURITY DEFINER functions), so each transition is written once.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from runlane.models import RunStatus
-from runlane.postgres._connections import Conn
-from runlane.storage import BulkBatch, BulkFilter, ProgressWrite
+from runlane.postgres._connections import Conn, own_transaction
+from runlane.postgres._executor import Executor
+from runlane.postgres._maintenance import prune_ids
+from runlane.storage import BulkBatch, BulkFilter
 
-__all__ = ["BulkMethods"]
-
-T = TypeVar("T")
+__all__ = ["BulkRepository"]
 
 # a walk starts above every run: no created_at reaches infinity
 _TOP = ("infinity", uuid.UUID(int=2**128 - 1))
@@ -46,15 +42,14 @@ def _filter_params(runs: BulkFilter) -> dict[str, Any]:
     }
 
 
-class BulkMethods:
-    """Bulk and progress statements; expects the attributes PostgresStorage has."""
+class BulkRepository:
+    """Counts and batches of the bulk actions."""
 
-    _sql: dict[str, str]
-    # (runs moved into queued by the current retry walk, the count that analyses next)
-    _requeued: tuple[int, int] = (0, ANALYZE_AFTER)
-
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, db: Executor) -> None:
+        self._db = db
+        self._sql = db.sql
+        # (runs moved into queued by the current retry walk, the count that analyses next)
+        self._requeued: tuple[int, int] = (0, ANALYZE_AFTER)
 
     def run_bulk_count(self, runs: BulkFilter, limit: int) -> int:
         params = {
@@ -67,7 +62,7 @@ class BulkMethods:
             row = conn.execute(self._sql["run_bulk_count"], params).fetchone()
             return 0 if row is None else int(row[0])
 
-        return self._with_conn(count)
+        return self._db.run(count)
 
     def run_bulk_count_within(
         self, runs: BulkFilter, limit: int, seconds: float
@@ -98,7 +93,7 @@ class BulkMethods:
             (limited,) = row[0][0]["Plan"]["Plans"]
             return int(limited["Plan Rows"]), False
 
-        return self._with_conn(count)
+        return self._db.run(count)
 
     def run_bulk_batch(
         self,
@@ -122,14 +117,14 @@ class BulkMethods:
 
         def batch(conn: Conn) -> BulkBatch:
             # the batch is its own transaction: the action's row locks hold until it commits
-            with self._transaction(conn):
+            with own_transaction(conn):
                 picked = conn.execute(self._sql["run_bulk_pick"], params).fetchall()
                 changed = act(conn, runs.environment, [row[0] for row in picked])
             # newest first: the last row picked is the cursor of the next batch
             last = None if not picked else (picked[-1][1], picked[-1][0])
             return BulkBatch(visited=len(picked), changed=changed, last=last)
 
-        done = self._with_conn(batch)
+        done = self._db.run(batch)
         if action == "retry":
             self._count_requeued(first=before is None, changed=done.changed)
         return done
@@ -140,15 +135,9 @@ class BulkMethods:
         moved, threshold = (0, ANALYZE_AFTER) if first else self._requeued
         moved += changed
         if moved >= threshold:
-            self._with_conn(lambda conn: conn.execute(self._sql["runs_analyze"]))
+            self._db.run(lambda conn: conn.execute(self._sql["runs_analyze"]))
             threshold = max(threshold, moved) * 10
         self._requeued = (moved, threshold)
-
-    def _transaction(self, conn: Conn) -> AbstractContextManager[object]:
-        """A transaction of its own on an idle autocommit connection; else the caller's
-        (a fenced maintenance write's), which the caller ends."""
-        own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
-        return conn.transaction() if own else contextlib.nullcontext()
 
     def _retry_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
         """retry_run's run_retry on the picked runs no one holds; how many were retried."""
@@ -170,29 +159,4 @@ class BulkMethods:
     def _delete_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
         """Cleanup's run_prune_ids on the picked runs no one holds; how many were deleted or
         tombstoned."""
-        return sum(self._prune_ids(conn, environment, ids, skip_locked=True))
-
-    def _prune_ids(
-        self, conn: Conn, environment: str, ids: list[uuid.UUID], *, skip_locked: bool
-    ) -> tuple[int, int]:
-        """run_prune_ids on these runs (those another transaction holds left alone with
-        skip_locked, else waited for): (deleted, tombstoned)."""
-        if not ids:
-            return 0, 0
-        params = {"environment": environment, "ids": ids, "skip_locked": skip_locked}
-        row = conn.execute(self._sql["run_prune_ids"], params).fetchone()
-        assert row is not None
-        return int(row[0]), int(row[1])
-
-    def run_progress_many(self, writes: Sequence[ProgressWrite]) -> set[uuid.UUID]:
-        if not writes:
-            return set()
-        params = {
-            "ids": [w.lease.run_id for w in writes],
-            "attempts": [w.lease.attempt for w in writes],
-            "lease_tokens": [w.lease.lease_token for w in writes],
-            "progress": "[" + ",".join(w.progress for w in writes) + "]",
-        }
-        return self._with_conn(
-            lambda conn: {row[0] for row in conn.execute(self._sql["run_progress_many"], params)}
-        )
+        return sum(prune_ids(conn, self._sql["run_prune_ids"], environment, ids, skip_locked=True))

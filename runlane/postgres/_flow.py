@@ -1,23 +1,22 @@
-"""The Postgres storage's flow-control claim: rate limits and per-key concurrency.
+"""The flow repository: the claim of queues with rate limits and per-key concurrency.
 
-Mixed into :class:`~runlane.postgres.PostgresStorage`; the statement is ``run_claim_limited``
-in ``sql/flow.sql`` and its tables are migration 8's. One statement serves the polling
-claim (the queue's next runs) and the claim by id of a transport lane's deliveries.
+The statement is ``run_claim_limited`` in ``sql/flow.sql`` and its tables are migration 8's.
+One statement serves the polling claim (the queue's next runs) and the claim by id of a
+transport lane's deliveries.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
 
+from runlane.postgres._attempts import claimed
 from runlane.postgres._connections import Conn
-from runlane.storage import ClaimedRun, LimitedClaim, QueueLimits
+from runlane.postgres._executor import Executor
+from runlane.storage import LimitedClaim, QueueLimits
 
-__all__ = ["EVERY_KEY", "KEY_VISIT_LIMIT", "FlowMethods"]
-
-T = TypeVar("T")
+__all__ = ["EVERY_KEY", "KEY_VISIT_LIMIT", "FlowRepository"]
 
 #: keys one polling claim of a keyed queue may look at (those at their limit, and those
 #: whose queued runs are not due yet, are passed over): a bound on one claim's work
@@ -27,17 +26,11 @@ KEY_VISIT_LIMIT = 1_000
 EVERY_KEY = 2**31 - 1
 
 
-class FlowMethods:
-    """The limited claim; expects the attributes PostgresStorage has."""
+class FlowRepository:
+    """The limited claim."""
 
-    _sql: dict[str, str]
-    schema: str
-
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
-
-    def _claimed_rows(self, rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
-        raise NotImplementedError
+    def __init__(self, db: Executor) -> None:
+        self._db = db
 
     def run_claim_limited(
         self,
@@ -64,21 +57,23 @@ class FlowMethods:
             "rate_per_us": limits.rate_per_us,
             "rate_burst": limits.rate_burst,
             "visit_limit": KEY_VISIT_LIMIT if visit_limit is None else visit_limit,
-            "lock_scope": f"runlane:{self.schema}:{environment}",
+            "lock_scope": f"runlane:{self._db.schema}:{environment}",
         }
+
+        sql = self._db.sql
 
         def claim(conn: Conn) -> LimitedClaim:
             # two statements, one transaction: every count comes after the queue's lock
             with conn.transaction():
-                conn.execute(self._sql["queue_claim_lock_flow"], params)
-                rows = conn.execute(self._sql["run_claim_limited"], params).fetchall()
+                conn.execute(sql["queue_claim_lock_flow"], params)
+                rows = conn.execute(sql["run_claim_limited"], params).fetchall()
             # the last row carries the rate limit's wait and whether the walk stopped at
             # its visit limit; the others are the claimed runs
-            *claimed, (*_, wait, walked_on) = rows
+            *claimed_rows, (*_, wait, walked_on) = rows
             return LimitedClaim(
-                runs=self._claimed_rows(claimed),
+                runs=claimed(claimed_rows),
                 rate_wait=None if wait is None else float(wait),
                 walked_on=bool(walked_on),
             )
 
-        return self._with_conn(claim)
+        return self._db.run(claim)

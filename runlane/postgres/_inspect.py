@@ -1,25 +1,32 @@
-"""The Postgres storage's inspection and operator statements: list runs, a run's history,
-retry a run. Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in
-``sql/inspect.sql`` and the indexes that serve listing in migration 4.
+"""The operator's repository of runs: the status counts, list runs, a run's history, retry
+or cancel a run. Statements: ``sql/inspect.sql`` (the indexes that serve listing are
+migration 4's), ``sql/status.sql``, ``sql/cancel.sql``.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from psycopg.rows import dict_row
 
 from runlane._operator.runs import run_error
-from runlane.models import AttemptRecord, RunHistory, RunSnapshot, RunStatus, StepRecord
+from runlane.models import (
+    AttemptRecord,
+    ResolvedTokenStatus,
+    RunHistory,
+    RunSnapshot,
+    RunStatus,
+    StepRecord,
+)
 from runlane.postgres._connections import Conn
+from runlane.postgres._executor import Executor
+from runlane.postgres._queues import status_queues
+from runlane.postgres._runs import snapshot
 from runlane.storage import RetryOutcome, RunListQuery
 
-__all__ = ["InspectMethods"]
-
-T = TypeVar("T")
+__all__ = ["InspectRepository"]
 
 # the first page starts below every run: no created_at reaches infinity
 _FIRST_PAGE_ID = uuid.UUID(int=2**128 - 1)
@@ -27,16 +34,28 @@ _FIRST_PAGE_ID = uuid.UUID(int=2**128 - 1)
 _STATUSES = [status.value for status in RunStatus]
 
 
-class InspectMethods:
-    """Inspection statements; expects the attributes PostgresStorage has."""
+class InspectRepository:
+    """What operators read of runs, and the single-run actions."""
 
-    _sql: dict[str, str]
+    def __init__(self, db: Executor) -> None:
+        self._db = db
+        self._sql = db.sql
 
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
+    def status_counts(self, environment: str) -> dict[str, Any]:
+        params = {"environment": environment}
 
-    def _snapshot_row(self, row: dict[str, Any]) -> RunSnapshot:
-        raise NotImplementedError
+        def counts(conn: Conn) -> dict[str, Any]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["status_counts"], params)
+                row = cur.fetchone()
+                assert row is not None
+                cur.execute(self._sql["queue_list"], params)
+                queues = status_queues(cur.fetchall())
+                cur.execute(self._sql["status_resolved_tokens"], params)
+                resolved = tuple(ResolvedTokenStatus(**token) for token in cur.fetchall())
+            return {**row, "queues": queues, "resolved_tokens": resolved}
+
+        return self._db.run(counts)
 
     def run_list_statement(self, query: RunListQuery) -> tuple[str, dict[str, Any]]:
         """The statement ``run_list`` executes for ``query``, and its parameters."""
@@ -64,9 +83,9 @@ class InspectMethods:
         def listed(conn: Conn) -> list[RunSnapshot]:
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(statement, params)
-                return [self._snapshot_row(row) for row in cur.fetchall()]
+                return [snapshot(row) for row in cur.fetchall()]
 
-        return self._with_conn(listed)
+        return self._db.run(listed)
 
     def run_history(self, environment: str, run_id: uuid.UUID) -> RunHistory | None:
         params = {"environment": environment, "id": run_id}
@@ -93,9 +112,9 @@ class InspectMethods:
                 )
                 cur.execute(self._sql["run_step_list"], params)
                 steps = tuple(StepRecord(**row) for row in cur.fetchall())
-            return RunHistory(run=self._snapshot_row(run), attempts=attempts, steps=steps)
+            return RunHistory(run=snapshot(run), attempts=attempts, steps=steps)
 
-        return self._with_conn(read)
+        return self._db.run(read)
 
     def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
         # run_retry is keyed by ids: retry_runs passes it a batch (see _bulk.py)
@@ -113,9 +132,23 @@ class InspectMethods:
                     with conn.cursor(row_factory=dict_row) as cur:
                         cur.execute(self._sql["run_get"], {"id": run_id, **params})
                         found = cur.fetchone()
-                    run = None if found is None else self._snapshot_row(found)
+                    run = None if found is None else snapshot(found)
             return RetryOutcome(
                 previous=RunStatus(status), pruned=bool(pruned), retried=bool(retried), run=run
             )
 
-        return self._with_conn(retry)
+        return self._db.run(retry)
+
+    def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
+        # run_cancel is keyed by ids: cancel_runs passes it a batch (see _bulk.py)
+        params = {"environment": environment, "ids": [run_id], "skip_locked": False}
+
+        def cancel(conn: Conn) -> tuple[RunStatus, RunStatus] | None:
+            row = conn.execute(self._sql["run_cancel"], params).fetchone()
+            if row is None:
+                return None
+            _, before, after = row
+            previous = RunStatus(before)
+            return previous, RunStatus(after) if after is not None else previous
+
+        return self._db.run(cancel)

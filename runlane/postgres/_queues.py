@@ -1,25 +1,24 @@
-"""The Postgres storage's queue operator statements: pause, resume, list.
+"""The queues repository: the operator's pause, resume and list.
 
-Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in
-``sql/queues.sql`` and the table in migration 6. The pause itself is enforced by the claim
-statements (``run_claim``, ``run_claim_ids``), which leave paused queues out.
+The statements are in ``sql/queues.sql`` and the table in migration 6. The pause itself is
+enforced by the claim statements (``run_claim``, ``run_claim_ids``), which leave paused
+queues out.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from psycopg.rows import dict_row
 
 from runlane.postgres._connections import Conn
+from runlane.postgres._executor import Executor
 
-__all__ = ["QueueMethods", "status_queues"]
+__all__ = ["QueueRepository", "status_queues"]
 
 log = logging.getLogger("runlane.postgres")
-
-T = TypeVar("T")
 
 # queue_list's count columns, one per unfinished status
 _UNFINISHED = ("queued", "running", "cancellation_requested", "retrying", "released", "waiting")
@@ -28,13 +27,12 @@ _UNFINISHED = ("queued", "running", "cancellation_requested", "retrying", "relea
 RESUME_BATCH = 1_000
 
 
-class QueueMethods:
-    """Queue operator statements; expects the attributes PostgresStorage has."""
+class QueueRepository:
+    """Queue operator statements."""
 
-    _sql: dict[str, str]
-
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, db: Executor) -> None:
+        self._db = db
+        self._sql = db.sql
 
     def queue_pause(self, environment: str, queue: str, reason: str | None) -> bool:
         """Pause ``queue`` with ``reason`` (replacing an earlier one); True when it was not
@@ -45,7 +43,7 @@ class QueueMethods:
             row = conn.execute(self._sql["queue_pause"], params).fetchone()
             return bool(row and row[0])
 
-        return self._with_conn(pause)
+        return self._db.run(pause)
 
     def queue_resume(self, environment: str, queue: str) -> bool:
         """Resume ``queue`` and announce it; True when it was paused. On a transport lane
@@ -59,9 +57,9 @@ class QueueMethods:
             assert row is not None
             return bool(row[0]), bool(row[1])
 
-        changed, has_outbox = self._with_conn(resume)
+        changed, has_outbox = self._db.run(resume)
         if has_outbox:
-            written = self._with_conn(lambda conn: self._write_outbox_items(conn, params))
+            written = self._db.run(lambda conn: self._write_outbox_items(conn, params))
             log.debug("runlane: queue %r resumed: %d outbox items written", queue, written)
         return changed
 
@@ -86,7 +84,7 @@ class QueueMethods:
             row = conn.execute(self._sql["queue_known"], params).fetchone()
             return bool(row and row[0])
 
-        return self._with_conn(known)
+        return self._db.run(known)
 
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
         """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
@@ -100,7 +98,7 @@ class QueueMethods:
                 cur.execute(self._sql["queue_list"], {"environment": environment})
                 return [dict(row) for row in cur.fetchall()]
 
-        return self._with_conn(listed)
+        return self._db.run(listed)
 
 
 def status_queues(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

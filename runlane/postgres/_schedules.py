@@ -1,19 +1,19 @@
-"""The Postgres storage's schedule statements: the SCHEDULES phase's state, definitions and
-fires, and the operator's list, pause, resume and late check. Mixed into
-:class:`~runlane.postgres.PostgresStorage`; the statements are in ``sql/schedules.sql`` (and
-``status_late_schedules`` in ``sql/status.sql``).
+"""The schedules repository: the SCHEDULES phase's state, definitions and
+fires, and the operator's list, pause, resume and late check. The statements are in
+``sql/schedules.sql`` (and ``status_late_schedules`` in ``sql/status.sql``).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 
 from runlane.postgres._connections import Conn
+from runlane.postgres._executor import Executor
 from runlane.storage import (
     InsertedRun,
     MaintenanceFence,
@@ -23,9 +23,7 @@ from runlane.storage import (
     StoredSchedule,
 )
 
-__all__ = ["ScheduleMethods"]
-
-T = TypeVar("T")
+__all__ = ["ScheduleRepository"]
 
 
 def _definition_params(definition: ScheduleDefinition | None) -> dict[str, Any]:
@@ -34,16 +32,12 @@ def _definition_params(definition: ScheduleDefinition | None) -> dict[str, Any]:
     return attrs.asdict(definition)
 
 
-class ScheduleMethods:
-    """Schedule statements; expects the attributes PostgresStorage has."""
+class ScheduleRepository:
+    """Schedule statements."""
 
-    _sql: dict[str, str]
-
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
-
-    def _fenced(self, fence: MaintenanceFence | None, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, db: Executor) -> None:
+        self._db = db
+        self._sql = db.sql
 
     # -- maintenance ---------------------------------------------------------------------
 
@@ -51,7 +45,7 @@ class ScheduleMethods:
         self, environment: str, schedule_ids: Sequence[str]
     ) -> list[ScheduleState]:
         params = {"environment": environment, "schedule_ids": list(schedule_ids)}
-        return self._with_conn(
+        return self._db.run(
             lambda conn: [
                 ScheduleState(
                     schedule_id=row[0],
@@ -81,7 +75,7 @@ class ScheduleMethods:
             "next_slot_at": state.next_slot_at,
             **_definition_params(definition),
         }
-        self._fenced(fence, lambda conn: conn.execute(self._sql["schedule_state_reset"], params))
+        self._db.fenced(fence, lambda conn: conn.execute(self._sql["schedule_state_reset"], params))
 
     def schedule_define(
         self,
@@ -103,7 +97,7 @@ class ScheduleMethods:
                 row = conn.execute(self._sql["schedule_definition_digest"], params).fetchone()
             return None if row is None else bytes(row[0])
 
-        return self._fenced(fence, define)
+        return self._db.fenced(fence, define)
 
     def schedule_fire(
         self,
@@ -127,13 +121,13 @@ class ScheduleMethods:
                 conn.execute(self._sql["schedule_advance"], advance)
             return created
 
-        return self._fenced(fence, fire)
+        return self._db.fenced(fence, fire)
 
     # -- operators -----------------------------------------------------------------------
 
     def schedule_list(self, environment: str) -> list[StoredSchedule]:
         params = {"environment": environment}
-        return self._with_conn(
+        return self._db.run(
             lambda conn: [
                 StoredSchedule(*row) for row in conn.execute(self._sql["schedule_list"], params)
             ]
@@ -164,7 +158,7 @@ class ScheduleMethods:
                 definition=definition,
             )
 
-        return self._with_conn(get)
+        return self._db.run(get)
 
     def schedule_pause(self, environment: str, schedule_id: str) -> bool | None:
         params = {"environment": environment, "schedule_id": schedule_id}
@@ -173,7 +167,7 @@ class ScheduleMethods:
             row = conn.execute(self._sql["schedule_pause"], params).fetchone()
             return None if row is None else bool(row[0])
 
-        return self._with_conn(pause)
+        return self._db.run(pause)
 
     def schedule_resume(
         self, environment: str, schedule_id: str, cron: str, timezone: str, next_slot_at: datetime
@@ -185,7 +179,7 @@ class ScheduleMethods:
             "timezone": timezone,
             "next_slot_at": next_slot_at,
         }
-        return self._with_conn(
+        return self._db.run(
             lambda conn: conn.execute(self._sql["schedule_resume"], params).fetchone() is not None
         )
 
@@ -211,7 +205,7 @@ class ScheduleMethods:
                 return None
             return InsertedRun(id=row[0], queue=row[2], created=bool(row[3]))
 
-        return self._with_conn(run_now)
+        return self._db.run(run_now)
 
     def schedule_list_late(self, environment: str, late: timedelta, limit: int) -> list[str]:
         params = {
@@ -219,7 +213,7 @@ class ScheduleMethods:
             "late_seconds": late.total_seconds(),
             "limit": limit,
         }
-        return self._with_conn(
+        return self._db.run(
             lambda conn: [
                 row[0] for row in conn.execute(self._sql["status_late_schedules"], params)
             ]

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Protocol
 
 from runlane.errors import ConfigurationError
-from runlane.postgres._outbox import EagerPublisher
+from runlane.postgres._eager import EagerPublisher
 from runlane.postgres._storage import PostgresStorage
 from runlane.storage import (
     ClaimedRun,

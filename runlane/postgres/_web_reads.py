@@ -1,32 +1,29 @@
-"""The Postgres storage's reads for the web console (:mod:`runlane.web`): throughput over
-the last hour, a run's wait, trace context and children, and the estimated size of runs.
-Mixed into :class:`~runlane.postgres.PostgresStorage`; the statements are in
-``sql/web.sql``. Each is served by an index (or the catalog) whatever the table's size.
+"""The web repository: the console's reads (:mod:`runlane.web`): throughput over the last
+hour, a run's wait, trace context and children, and the estimated size of runs. The
+statements are in ``sql/web.sql``; each is served by an index (or the catalog) whatever the
+table's size.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from psycopg.rows import dict_row
 
 from runlane.postgres._connections import Conn
+from runlane.postgres._executor import Executor
 
-__all__ = ["WebReadMethods"]
-
-T = TypeVar("T")
+__all__ = ["WebReadRepository"]
 
 
-class WebReadMethods:
-    """Console reads; expects the attributes PostgresStorage has."""
+class WebReadRepository:
+    """Console reads."""
 
-    _sql: dict[str, str]
-
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, db: Executor) -> None:
+        self._db = db
+        self._sql = db.sql
 
     def web_throughput(self, environment: str, cap: int) -> dict[str, Any]:
         params = {"environment": environment, "cap": cap}
@@ -41,7 +38,7 @@ class WebReadMethods:
             ]
             return {"now_minute": row["now_minute"], "edge": row["edge"], "minutes": minutes}
 
-        return self._with_conn(read)
+        return self._db.run(read)
 
     def web_run_extras(
         self, environment: str, run_id: uuid.UUID, children_limit: int
@@ -57,11 +54,11 @@ class WebReadMethods:
                 cur.execute(self._sql["web_run_children"], params)
                 return {**row, "children": cur.fetchall()}
 
-        return self._with_conn(read)
+        return self._db.run(read)
 
     def web_runs_estimate(self) -> int:
         def read(conn: Conn) -> int:
             row = conn.execute(self._sql["web_runs_estimate"]).fetchone()
             return 0 if row is None else int(row[0])
 
-        return self._with_conn(read)
+        return self._db.run(read)

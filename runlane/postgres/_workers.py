@@ -1,36 +1,29 @@
-"""The Postgres storage's statements about delivery workers: the operator's list and
-cleanup. A worker's own writes (its registration and heartbeat) ride in the lease extension
-statement (``run_extend_leases``). Mixed into :class:`~runlane.postgres.PostgresStorage`;
-the statements are in ``sql/workers.sql``.
+"""The workers repository: the operator's list of delivery workers and their cleanup. A
+worker's own writes (its registration and heartbeat) ride in the lease extension
+statement (``run_extend_leases``, ``_attempts.py``). The statements are in
+``sql/workers.sql``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
-from typing import TypeVar
 
 from psycopg.rows import dict_row
 
 from runlane.models import WorkerInfo, WorkerState
 from runlane.postgres._connections import Conn
+from runlane.postgres._executor import Executor
 from runlane.storage import MaintenanceFence
 
-__all__ = ["WorkerMethods"]
-
-T = TypeVar("T")
+__all__ = ["WorkerRepository"]
 
 
-class WorkerMethods:
-    """Worker statements; expects the attributes PostgresStorage has."""
+class WorkerRepository:
+    """Worker statements."""
 
-    _sql: dict[str, str]
-
-    def _with_conn(self, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
-
-    def _fenced(self, fence: MaintenanceFence | None, fn: Callable[[Conn], T]) -> T:
-        raise NotImplementedError
+    def __init__(self, db: Executor) -> None:
+        self._db = db
+        self._sql = db.sql
 
     def worker_list(self, environment: str, *, include_stopped: bool) -> list[WorkerInfo]:
         params = {"environment": environment, "include_stopped": include_stopped}
@@ -54,7 +47,7 @@ class WorkerMethods:
                     for row in cur.fetchall()
                 ]
 
-        return self._with_conn(listed)
+        return self._db.run(listed)
 
     def worker_prune(
         self,
@@ -69,6 +62,6 @@ class WorkerMethods:
             "retention_seconds": retention.total_seconds(),
             "limit": limit,
         }
-        return self._fenced(
+        return self._db.fenced(
             fence, lambda conn: conn.execute(self._sql["worker_prune"], params).rowcount
         )
