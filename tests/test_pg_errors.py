@@ -22,6 +22,7 @@ from runlane.postgres import (
     apply_postgres_storage_migrations,
     postgres_polling_lane,
 )
+from runlane.postgres._connections import _scrubbed
 from runlane.storage import Completion, NewRuns
 from tests._proxy import TcpProxy, tcp_proxy
 from tests.helpers import Conn, q, wait_until
@@ -248,3 +249,18 @@ def test_a_dedicated_statement_timeout_ends_a_blocked_write(
     assert 0.4 < time.monotonic() - started < 3
     view.close()
     storage.close()
+
+
+def test_a_short_password_is_masked_where_a_connection_string_shows_and_garbles_nothing() -> None:
+    """A password masked wherever its text stood garbled every message when it was short
+    ("a": "the server ***t /tmp/d***t***") and showed where its letters were; it is masked
+    where a connection string is echoed, and anywhere only when long."""
+    short = "host=/tmp/data password=a"
+    message = "the server at /tmp/data:5432 is unreachable: is a server running there?"
+    assert _scrubbed(message, short) == message
+    echoed = "conninfo 'host=x password=a user=u'; url postgresql://u:a@h/db"
+    assert _scrubbed(echoed, short) == (
+        "conninfo 'host=x password=*** user=u'; url postgresql://u:***@h/db"
+    )
+    long = f"host=/tmp password={PASSWORD}"
+    assert PASSWORD not in _scrubbed(f"before {PASSWORD} after", long)

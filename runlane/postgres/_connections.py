@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,6 @@ from typing import Any, Protocol
 import psycopg
 import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
@@ -36,7 +36,6 @@ __all__ = [
     "connection_failed",
     "connection_lost",
     "describe_target",
-    "own_transaction",
     "shut_down",
     "storage_error",
 ]
@@ -66,13 +65,6 @@ _POOL_WORKERS = 3
 # how long interrupt() waits for a cancel request (a connection of its own, which a stalled
 # server never answers) before it shuts the connection's socket down under the blocked call
 _CANCEL_SECONDS = 0.25
-
-
-def own_transaction(conn: psycopg.Connection[Any]) -> AbstractContextManager[object]:
-    """A transaction of its own on an idle autocommit connection; else nothing: the
-    caller's transaction (a fenced maintenance write's), which the caller ends."""
-    own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
-    return conn.transaction() if own else contextlib.nullcontext()
 
 
 def check_conninfo(connection_string: object) -> dict[str, Any]:
@@ -147,12 +139,24 @@ def connection_lost(exc: psycopg.OperationalError) -> bool:
     return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
 
+# a password at least this long is masked wherever it stands in a message
+_BARE_MASK_LENGTH = 8
+
+
 def _scrubbed(text: str, connection_string: str) -> str:
+    """``text`` without the connection string's password: masked where a connection string
+    is echoed (``password=...``, ``user:...@``), and anywhere only when it is long enough not
+    to be part of ordinary words (a password "a" masked everywhere garbled every message and
+    showed where its letter stood)."""
     try:
         password = conninfo_to_dict(connection_string).get("password")
     except psycopg.Error:
         return "(detail withheld)"
-    if password:
+    if not password:
+        return text
+    secret = re.escape(str(password))
+    text = re.sub(rf"(password\s*=\s*'?){secret}|(:){secret}(?=@)", r"\1\2***", text)
+    if len(str(password)) >= _BARE_MASK_LENGTH:
         text = text.replace(str(password), "***")
     return text
 
