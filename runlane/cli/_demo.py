@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 from datetime import timedelta
+from typing import Any
 
 import attrs
 
 from runlane.cli._rabbit_host import rabbitmq_available
 from runlane.cli._rabbit_nodes import RabbitNode, start_rabbitmq_node
+from runlane.cli._setup import DATABASE_URL_HELP, given_database_url
+from runlane.cli._target import LoadApp
 from runlane.context import RunContext
 from runlane.errors import ConfigurationError, NonRetryableError
 from runlane.models import RunHandle
@@ -17,9 +22,9 @@ from runlane.retry import RetryPolicy
 from runlane.runtime import Runlane, create_runlane
 from runlane.tasks import queue, task
 from runlane.testing import start_embedded_postgres
-from runlane.toolkit import count_of, shown
+from runlane.toolkit import as_int, count_of, shown
 
-__all__ = ["DEMO_LANES", "run_demo"]
+__all__ = ["DEMO_LANES", "add_demo_command", "run_demo"]
 
 DEMO_LANES = ("polling", "rabbitmq")
 WAIT_SECONDS = 60.0  # per run, on the RabbitMQ lane
@@ -131,3 +136,49 @@ def _rabbitmq(database_url: str, schema: str, count: int, amqp_url: str) -> None
         _print_runs(runlane, all_handles)
         status = RabbitMQStatus.of(runlane.status())
         print(f"pending outbox items: {status.outbox_pending}; broker {status.broker}")
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    as_int("--runs", args.runs, 0)
+    run_demo(
+        database_url=given_database_url(args.database_url),
+        schema=args.schema,
+        count=args.runs,
+        lane=args.lane,
+        amqp_url=args.amqp_url or os.environ.get("RUNLANE_AMQP_URL") or None,
+    )
+    return 0
+
+
+def add_demo_command(commands: Any, load_app: LoadApp) -> None:
+    """``demo`` (``load_app`` unused: it brings its own tasks)."""
+    demo = commands.add_parser(
+        "demo",
+        help="trigger and drain a few runs on a throw-away (or given) database",
+        description=(
+            "Trigger a few runs and execute them. --lane polling (the default) drains them in "
+            "this process; --lane rabbitmq publishes them through RabbitMQ to a worker: the "
+            "broker at --amqp-url, else a private node on 127.0.0.1 started from the Debian "
+            "rabbitmq-server package (apt-get install rabbitmq-server) and removed afterwards."
+        ),
+    )
+    demo.add_argument(
+        "--database-url",
+        help=DATABASE_URL_HELP[:-1] + "; without any, a throw-away embedded server)",
+    )
+    demo.add_argument(
+        "--schema", default="runlane_demo", help="schema name (default: runlane_demo)"
+    )
+    demo.add_argument("--runs", type=int, default=5, help="how many runs to trigger")
+    demo.add_argument(
+        "--lane",
+        choices=DEMO_LANES,
+        default="polling",
+        help="polling (default), or rabbitmq: deliveries through a RabbitMQ broker",
+    )
+    demo.add_argument(
+        "--amqp-url",
+        help="with --lane rabbitmq: the broker (default: $RUNLANE_AMQP_URL; without it, a "
+        "private node on 127.0.0.1)",
+    )
+    demo.set_defaults(handler=_cmd_demo)

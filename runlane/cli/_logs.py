@@ -18,7 +18,9 @@ __all__ = [
     "configure_logging",
     "flush_logging",
     "json_lines",
+    "logged_parent",
     "logging_options",
+    "one_line",
     "say",
     "stop_logging",
 ]
@@ -47,6 +49,14 @@ def logging_options(parser: argparse.ArgumentParser, *, argparse_default: bool) 
         choices=["text", "json"],
         help="text lines or one JSON object per line (default text)",
     )
+
+
+def logged_parent() -> argparse.ArgumentParser:
+    """A parent parser for a command that logs: the same options after the command too
+    (``runlane worker APP --log-level DEBUG``)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    logging_options(parser, argparse_default=True)
+    return parser
 
 
 class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -194,3 +204,8 @@ def say(message: str, level: int = logging.INFO, **fields: Any) -> None:
         print(JsonFormatter().format(record), file=sys.stderr, flush=True)
         return
     print(f"runlane: {message}", file=sys.stderr, flush=True)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line of text (its type's name when it has no message)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -41,53 +41,21 @@ import itertools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Protocol
 
 import attrs
 import pika
-import pika.exceptions
-from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError
 from runlane.postgres import PostgresListener
-from runlane.rabbitmq._amqp import (
-    AMQP_ERRORS,
-    Watchdog,
-    declare_queue,
-    describe,
-    message_body,
-    name_too_long,
-    queue_name,
-    queue_type_mismatch,
-)
+from runlane.rabbitmq._amqp import describe
+from runlane.rabbitmq._records import Claimed, OutboxRecords, OutboxStorage
+from runlane.rabbitmq._sender import Sender
 from runlane.storage import OutboxItem
 from runlane.toolkit import Backoff, Closing, Deadline
 
-__all__ = ["OutboxPublisher", "OutboxStorage", "PublisherStats"]
-
-
-class OutboxStorage(Protocol):
-    """The part of :class:`runlane.postgres.Outbox` a publisher uses."""
-
-    def outbox_claim_page(
-        self, environment: str, limit: int, claim: timedelta
-    ) -> list[OutboxItem]: ...
-
-    def outbox_extend(self, items: Sequence[OutboxItem], claim: timedelta) -> set[uuid.UUID]: ...
-
-    def outbox_published(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]: ...
-
-    def outbox_failed(
-        self, items: Sequence[OutboxItem], error: str, delay: timedelta
-    ) -> set[uuid.UUID]: ...
-
-    def outbox_unclaim(self, items: Sequence[OutboxItem]) -> set[uuid.UUID]: ...
-
-    def outbox_next_due(self, environment: str) -> float | None: ...
-
+__all__ = ["OutboxPublisher"]
 
 log = logging.getLogger("runlane.rabbitmq.publisher")
 
@@ -98,38 +66,10 @@ _IDLE_SLICE = 5.0  # seconds: the connection's heartbeats are served at least th
 # after a sweep, the next one is due when the next item becomes publishable, within these
 _RESWEEP_MIN = 0.05
 _RESWEEP_MAX = 60.0
-# an item whose broker queue name is longer than AMQP allows (written by a producer that
-# never checked it: an older runlane, a polling-lane runtime of the environment) is tried
-# again this late, with that reason as its error: the broker is not asked and not blamed
-_REFUSED_DELAY = 60.0
 # while idle, the outbox is asked when its next item becomes publishable this often (at most
 # half a claim apart, so an item claimed by a producer that died is seen before its claim
 # expires, and swept as it does)
 _IDLE_POLL = 5.0
-# what a claim must still have left, past one publish's timeout, for an item to be published
-# under it: time to record the chunk's results (at most half of what the claim leaves past
-# the publish timeout, so that a short claim still publishes)
-_RECORD_ALLOWANCE = 5.0
-
-
-@attrs.define
-class PublisherStats:
-    published: int = 0  # confirmed and recorded
-    failed: int = 0  # not confirmed (broker down, unroutable, nacked); released to retry
-    stale: int = 0  # results written under a lost claim: changed nothing
-    unclaimed: int = 0  # not published under a claim about to expire: left to a sweep
-    lost: int = 0  # not published: their claim was lost (expired or taken) before their chunk
-    foreign: int = 0  # eager items of another environment: released, never published here
-
-
-@attrs.frozen
-class _Claimed:
-    """Items under a claim. ``deadline``: for a page this thread has just claimed, the
-    monotonic time after which none of its first chunk is published; None for items
-    claimed elsewhere (an eager trigger's), whose every chunk is extended first."""
-
-    items: list[OutboxItem]
-    deadline: float | None = None
 
 
 @attrs.define(eq=False)
@@ -141,6 +81,9 @@ class _Request:
 
 
 class OutboxPublisher:
+    """The thread, what other threads hand it, and when it sweeps; its outbox writes are
+    ``OutboxRecords``', its broker connection a ``Sender``'s."""
+
     def __init__(
         self,
         storage: OutboxStorage,
@@ -154,26 +97,31 @@ class OutboxPublisher:
         page_size: int = 100,
         max_backoff: float = 5.0,
     ) -> None:
-        self._storage = storage
         self._environment: str | None = None  # the environment served (``serve``)
-        self._params = params
-        self._schema = schema
-        self._claim = claim
-        self._publish_timeout = publish_timeout
-        self._delivery_limit = delivery_limit
-        self._queue_type = queue_type
         self._page_size = page_size
         self.name = f"runlane-publisher-{next(_numbers)}"
-        self.stats = PublisherStats()
-        claim_s = claim.total_seconds()
-        # a claim with less than this left publishes nothing more (see the module docstring)
-        self._margin = publish_timeout + min(
-            _RECORD_ALLOWANCE, max(0.0, claim_s - publish_timeout) / 2
+        self._records = OutboxRecords(
+            storage,
+            self.name,
+            schema=schema,
+            claim=claim,
+            publish_timeout=publish_timeout,
+            on_sweep=self._ask_sweep,
         )
-        self._poll_interval = min(_IDLE_POLL, claim_s / 2)
+        self.stats = self._records.stats
+        self._sender = Sender(
+            self.name,
+            params=params,
+            schema=schema,
+            publish_timeout=publish_timeout,
+            delivery_limit=delivery_limit,
+            queue_type=queue_type,
+        )
+        self.connected = self._sender.connected
+        self._poll_interval = min(_IDLE_POLL, claim.total_seconds() / 2)
         self._next_poll = time.monotonic() + self._poll_interval
         self._cond = threading.Condition()
-        self._eager: list[_Claimed] = []
+        self._eager: list[Claimed] = []
         self._requests: list[_Request] = []
         self._sweep = False
         self._next_sweep: float | None = None  # monotonic time of a sweep after a back-off
@@ -183,19 +131,7 @@ class OutboxPublisher:
         self._closing = False
         self._deadline: float | None = None
         self._thread: threading.Thread | None = None
-        self._conn: BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None
-        self._declared: set[str] = set()
-        # the broker queue whose publish the last _publish cut off (no confirm in time)
-        self._cut_queue: str | None = None
-        # the broker is gone (a publish found no connection and none could be made): the
-        # monotonic time of the next try and the error; until then eager items wait untried
-        self._down: tuple[float, str] | None = None
         self._listeners: list[PostgresListener] = []
-        self.connected = threading.Event()
-        # bounds each publish and its confirm, which pika does not (a broker that accepts
-        # the connection but never answers would otherwise block this thread for good)
-        self._watchdog = Watchdog(f"{self.name}-watchdog")
 
     # -- other threads -------------------------------------------------------------------
 
@@ -232,11 +168,8 @@ class OutboxPublisher:
             if self._closing:
                 return  # their claim expires and another publisher takes them
             self._ensure_thread()
-            self._eager.append(_Claimed(list(items)))
+            self._eager.append(Claimed(list(items)))
             self._cond.notify_all()
-
-    def _deadline_of(self, claimed_at: float) -> float:
-        return claimed_at + self._claim.total_seconds() - self._margin
 
     def wake(self) -> None:
         """Items were stored unclaimed: sweep the outbox soon."""
@@ -266,7 +199,7 @@ class OutboxPublisher:
         if not request.done.wait(timeout):
             raise RunlaneError(
                 f"{self.name} did not finish publishing within {timeout:.0f}s "
-                f"(broker {describe(self._params)})"
+                f"(broker {describe(self._sender.params)})"
             )
         if request.error is not None:
             raise request.error
@@ -296,7 +229,7 @@ class OutboxPublisher:
                 if thread.is_alive():
                     log.warning("runlane: %s did not stop within %ss", self.name, timeout)
         with closing.part(f"{self.name}'s watchdog"):
-            self._watchdog.stop(deadline.left())
+            self._sender.stop_watchdog(deadline.left())
         closing.raise_first()
 
     # -- the thread ----------------------------------------------------------------------
@@ -307,8 +240,8 @@ class OutboxPublisher:
         except BaseException:
             log.exception("runlane: %s failed", self.name)
         finally:
-            self._disconnect()
-            self._watchdog.stop()
+            self._sender.disconnect()
+            self._sender.stop_watchdog()
 
     def _loop(self) -> None:
         while True:
@@ -323,7 +256,7 @@ class OutboxPublisher:
                 self._finish_closing()
                 return
 
-    def _next_work(self) -> tuple[list[_Claimed], list[_Request], bool, bool]:
+    def _next_work(self) -> tuple[list[Claimed], list[_Request], bool, bool]:
         """Wait for work (serving heartbeats meanwhile), then take all of it; returns with
         none when the outbox is due to be asked when its next item is publishable."""
         with self._cond:
@@ -339,16 +272,16 @@ class OutboxPublisher:
                     break
                 self._cond.wait(wait)
                 if not (self._eager or self._requests or self._sweep or self._closing):
-                    self._serve_heartbeats()
+                    self._sender.serve_heartbeats()
             eager, self._eager = self._eager, []
             requests, self._requests = self._requests, []
             sweep, self._sweep = self._sweep, False
             return eager, requests, sweep, self._closing
 
-    def _publish_eager(self, eager: list[_Claimed], closing: bool) -> None:
+    def _publish_eager(self, eager: list[Claimed], closing: bool) -> None:
         """Publish what eager triggers handed over, together (one claim extension per
         chunk, however many triggers they came from). While the broker is gone (see
-        ``_down``), their items wait with those that failed, released in one write with the
+        ``Sender.down``), their items wait with those that failed, released in one write with the
         same error and due at the next try, when a sweep is scheduled: a trigger made
         during an outage costs no connection attempt, and maintenance's request, served
         after these, is not held up by one attempt per trigger."""
@@ -356,17 +289,19 @@ class OutboxPublisher:
         if not items:
             return
         if closing:
-            self._flush_on_close(_Claimed(items))
-        elif self._down is not None and time.monotonic() < self._down[0]:
-            retry_at, error = self._down
-            self._record_failure(items, error, max(0.0, retry_at - time.monotonic()))
+            self._flush_on_close(Claimed(items))
+        elif (down := self._sender.down) is not None and time.monotonic() < down[0]:
+            retry_at, error = down
+            self._records.record_failure(items, error, max(0.0, retry_at - time.monotonic()))
         else:
-            self._publish_and_record(_Claimed(items))
+            self._publish_and_record(Claimed(items))
 
     def _serve(self, requests: list[_Request]) -> None:
         for request in requests:
             try:
-                request.published = self._publish_and_record(self._claim_page(request.limit))
+                request.published = self._publish_and_record(
+                    self._records.claim_page(self._environment, request.limit)
+                )
             except BaseException as exc:
                 request.error = exc
             finally:
@@ -381,22 +316,14 @@ class OutboxPublisher:
             request.done.set()
         items = [item for claimed in rest for item in claimed.items]
         if items:
-            self._flush_on_close(_Claimed(items))
+            self._flush_on_close(Claimed(items))
 
-    def _serve_heartbeats(self) -> None:
-        conn = self._conn
-        if conn is None:
-            return
-        try:
-            conn.process_data_events(0)
-        except AMQP_ERRORS as exc:
-            log.info("runlane: %s lost its broker connection (%s)", self.name, exc)
-            self._disconnect()
-
-    def _flush_on_close(self, claimed: _Claimed) -> None:
+    def _flush_on_close(self, claimed: Claimed) -> None:
         deadline = self._deadline
         if deadline is not None and time.monotonic() >= deadline:
-            self._record_failure(claimed.items, "the publisher closed before publishing", 0.0)
+            self._records.record_failure(
+                claimed.items, "the publisher closed before publishing", 0.0
+            )
             return
         self._publish_and_record(claimed)
 
@@ -405,7 +332,7 @@ class OutboxPublisher:
         publishable (a deferred run, a back-off, a claim of a producer that died)."""
         for _ in range(_PAGES_PER_SWEEP):
             try:
-                page = self._claim_page(self._page_size)
+                page = self._records.claim_page(self._environment, self._page_size)
             except RunlaneError as exc:
                 log.warning("runlane: %s could not read the outbox (%s)", self.name, exc)
                 self._schedule_sweep()
@@ -415,8 +342,7 @@ class OutboxPublisher:
             if len(page.items) < self._page_size:
                 break
         else:
-            with self._cond:
-                self._sweep = True  # more to do: go on after serving other work
+            self._ask_sweep()  # more to do: go on after serving other work
             return
         self._poll_due(sweep_now=False)
 
@@ -428,7 +354,7 @@ class OutboxPublisher:
         if self._environment is None:
             return
         try:
-            wait = self._storage.outbox_next_due(self._environment)
+            wait = self._records.next_due(self._environment)
         except RunlaneError:
             wait = _RESWEEP_MAX
         if wait is None:
@@ -441,14 +367,6 @@ class OutboxPublisher:
             if self._next_sweep is None or due < self._next_sweep:
                 self._next_sweep = due
 
-    def _claim_page(self, limit: int) -> _Claimed:
-        environment = self._environment
-        if environment is None:  # not prepared yet: nothing of any environment is taken
-            return _Claimed([], time.monotonic())
-        start = time.monotonic()  # the claims start after this
-        items = self._storage.outbox_claim_page(environment, limit, self._claim)
-        return _Claimed(items, self._deadline_of(start))
-
     def _schedule_sweep(self, delay: float | None = None) -> None:
         """Sweep again after ``delay`` (None: the next back-off)."""
         wait = self._backoff.next() if delay is None else delay
@@ -459,46 +377,21 @@ class OutboxPublisher:
         """Items that failed to publish: due again after the next back-off (returned), and
         a sweep then."""
         delay = self._backoff.next()
-        self._record_failure(failed, error, delay)
+        self._records.record_failure(failed, error, delay)
         self._schedule_sweep(delay)
         return delay
 
-    # -- publishing ----------------------------------------------------------------------
+    def _ask_sweep(self) -> None:
+        with self._cond:
+            self._sweep = True
 
-    def _connect(self) -> BlockingChannel:
-        if self._channel is not None and self._channel.is_open:
-            return self._channel
-        self._disconnect()
-        params = self._params
-        params.blocked_connection_timeout = self._publish_timeout
-        params.socket_timeout = self._publish_timeout
-        params.stack_timeout = self._publish_timeout
-        conn = pika.BlockingConnection(params)
-        channel = conn.channel()
-        channel.confirm_delivery()
-        self._conn, self._channel = conn, channel
-        self._declared.clear()
-        self._down = None
-        self.connected.set()
-        log.info("runlane: %s connected to %s", self.name, describe(params))
-        return channel
-
-    def _disconnect(self) -> None:
-        conn, self._conn, self._channel = self._conn, None, None
-        self.connected.clear()
-        if conn is not None:
-            try:
-                conn.close()
-            except AMQP_ERRORS:
-                log.debug("closing a broken broker connection failed", exc_info=True)
-
-    def _publish_and_record(self, claimed: _Claimed) -> int:
+    def _publish_and_record(self, claimed: Claimed) -> int:
         """Publish with confirms and record the results, a chunk (at most a page) at a time,
         each chunk only under claims the database has just extended (see the module
         docstring): an item whose claim was lost is not published; what is left when the
         claim is about to expire is released for a sweep, and what is left when the broker
         is gone is released with the failure. Returns the items recorded as published."""
-        items = self._refuse_unnameable(self._own(claimed.items))
+        items = self._records.refuse_unnameable(self._records.own(claimed.items, self._environment))
         recorded = 0
         deadline = claimed.deadline  # a page just claimed: its first chunk needs no extension
         for start in range(0, len(items), self._page_size):
@@ -509,245 +402,44 @@ class OutboxPublisher:
                 if held is None:  # not known to be held: left to expire, and to a sweep
                     return recorded
                 chunk, deadline = held
-            done, failed, error, late = self._publish(chunk, deadline)
+            sent = self._sender.publish(chunk, deadline)
             deadline = None  # the next chunk is extended first
-            if failed and not done and self._conn is None and self._cut_queue is None:
+            late = sent.late
+            if sent.failed and not sent.done and not self._sender.is_connected and sent.cut is None:
                 # the connection may have died since its last use: one fresh try, under the
                 # claims extended again
-                held = self._hold(failed)
+                held = self._hold(sent.failed)
                 if held is None:
                     return recorded
-                done, failed, error, later = self._publish(*held)
-                late += later
-            recorded += self._record_success(done)
-            if self._cut_queue is not None:
+                sent = self._sender.publish(*held)
+                late += sent.late
+            recorded += self._records.record_success(sent.done)
+            failed, error = sent.failed, sent.error
+            if sent.cut is not None:
                 # a queue the broker could not serve: its items fail (counted, backed off,
                 # shown by status); the rest go back at once, for a sweep on a new connection
                 self._back_off(failed, error)
-                self._unclaim(late + rest, "not tried after a queue the broker could not serve")
+                why = "not tried after a queue the broker could not serve"
+                self._records.unclaim(late + rest, why)
                 return recorded
             if late:
-                self._unclaim(late + rest)
+                self._records.unclaim(late + rest)
                 return recorded
             if failed:
-                if self._conn is None:  # the broker is gone: the rest waits with these
+                if not self._sender.is_connected:  # the broker is gone: the rest waits too
                     failed += rest
                 delay = self._back_off(failed, error)
-                if self._conn is None:
-                    self._down = (time.monotonic() + delay, error)
+                if not self._sender.is_connected:
+                    self._sender.down = (time.monotonic() + delay, error)
                     return recorded
             else:
                 self._backoff.reset()
         return recorded
 
-    def _own(self, items: list[OutboxItem]) -> list[OutboxItem]:
-        """The items of the environment served. Another environment's (never claimed by
-        this publisher; an eager trigger of a storage shared across environments) are
-        released at once for that environment's publishers, never published here: its
-        runs may belong to a broker or virtual host this one may not use."""
-        environment = self._environment
-        if environment is None:
-            return items
-        foreign = [item for item in items if item.environment != environment]
-        if not foreign:
-            return items
-        self.stats.foreign += len(foreign)
-        log.error(
-            "runlane: %s publishes environment %r and was handed %d item(s) of another; "
-            "released for that environment's publishers",
-            self.name,
-            environment,
-            len(foreign),
-        )
-        try:
-            self._storage.outbox_unclaim(foreign)
-        except RunlaneError as exc:
-            log.warning("runlane: %s could not release them (%s)", self.name, exc)
-        return [item for item in items if item.environment == environment]
-
     def _hold(self, items: list[OutboxItem]) -> tuple[list[OutboxItem], float] | None:
-        """Extend the items' claims in database time, fenced by their tokens: the items
-        still held and the monotonic time after which none of them is published; None when
-        the database could not say (nothing is published: the claims expire and a sweep
-        takes them). Items whose claim was lost are dropped, and a sweep is asked for:
-        a claim that expired unclaimed is taken afresh there."""
-        start = time.monotonic()  # the extended claims start after this
-        try:
-            kept = self._storage.outbox_extend(items, self._claim)
-        except RunlaneError as exc:
-            log.warning(
-                "runlane: %s could not extend the claims of %d item(s) (%s); they are "
-                "published after their claims expire",
-                self.name,
-                len(items),
-                exc,
-            )
+        """``OutboxRecords.hold``; when the database could not say, a sweep after the next
+        back-off."""
+        held = self._records.hold(items)
+        if held is None:
             self._schedule_sweep()
-            return None
-        held = [item for item in items if item.id in kept]
-        lost = len(items) - len(held)
-        if lost:
-            self.stats.lost += lost
-            log.info(
-                "runlane: %s: %d item(s) had lost their claim before publishing; not published "
-                "under it",
-                self.name,
-                lost,
-            )
-            with self._cond:
-                self._sweep = True
-        return held, self._deadline_of(start)
-
-    def _refuse_unnameable(self, items: list[OutboxItem]) -> list[OutboxItem]:
-        """The items whose broker queue can exist; the others are released for a late try
-        with the reason, so they neither break the connection nor hold up the rest."""
-        kept: list[OutboxItem] = []
-        for item in items:
-            problem = name_too_long(self._schema, item.environment, item.queue)
-            if problem is None:
-                kept.append(item)
-                continue
-            log.error("runlane: %s cannot publish run %s: %s", self.name, item.run_id, problem)
-            self._record_failure([item], problem, _REFUSED_DELAY)
-        return kept
-
-    def _publish(
-        self, items: list[OutboxItem], deadline: float
-    ) -> tuple[list[OutboxItem], list[OutboxItem], str, list[OutboxItem]]:
-        """Publish ``items`` until ``deadline``: (confirmed, failed, the error, not tried
-        because their claim is about to expire)."""
-        done: list[OutboxItem] = []
-        failed: list[OutboxItem] = []
-        error = ""
-        self._cut_queue = None
-        if time.monotonic() >= deadline:
-            return [], [], "", list(items)
-        try:
-            channel = self._connect()
-        except AMQP_ERRORS as exc:
-            error = f"broker {describe(self._params)} unreachable: {type(exc).__name__}: {exc}"
-            log.warning("runlane: %s: %s", self.name, error)
-            return [], list(items), error, []
-        for index, item in enumerate(items):
-            if time.monotonic() >= deadline:
-                return done, failed, error, items[index:]
-            name = self._queue_of(item)
-            fired = self._watchdog.fired
-            try:
-                with self._watchdog.bound(self._conn, self._publish_timeout):
-                    self._publish_one(channel, name, item)
-                done.append(item)
-            except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
-                error = f"the broker refused run {item.run_id}: {type(exc).__name__}"
-                failed.append(item)
-                self._declared.discard(name)  # deleted meanwhile? declare it again next time
-            except AMQP_ERRORS as exc:
-                cut = self._watchdog.fired != fired
-                self._disconnect()
-                if cut:
-                    self._cut_queue = name
-                    # no confirm within publish_timeout: this queue cannot be served (a quorum
-                    # queue without a leader). Its items fail (counted, backed off, shown by
-                    # status); the other queues' items go back unclaimed and are not held up.
-                    error = (
-                        f"queue {name}: the broker gave no confirm within "
-                        f"{self._publish_timeout:g}s (it cannot serve this queue)"
-                    )
-                    log.warning("runlane: %s: publishing failed (%s)", self.name, error)
-                    later = items[index:]
-                    failed += [it for it in later if self._queue_of(it) == name]
-                    return done, failed, error, [it for it in later if self._queue_of(it) != name]
-                error = queue_type_mismatch(exc, name, self._queue_type) or (
-                    f"broker {describe(self._params)}: {type(exc).__name__}: {exc}"
-                )
-                log.warning("runlane: %s: publishing failed (%s)", self.name, error)
-                failed.extend(items[index:])
-                break
-        return done, failed, error, []
-
-    def _queue_of(self, item: OutboxItem) -> str:
-        return queue_name(self._schema, item.environment, item.queue)
-
-    def _publish_one(self, channel: BlockingChannel, name: str, item: OutboxItem) -> None:
-        """Declare the queue once per connection, publish, and wait for the confirm."""
-        if name not in self._declared:
-            declare_queue(channel, self._schema, name, self._delivery_limit, self._queue_type)
-            self._declared.add(name)
-        channel.basic_publish(
-            exchange="",
-            routing_key=name,
-            body=message_body(item.run_id, item.environment),
-            properties=pika.BasicProperties(
-                message_id=str(item.id),
-                delivery_mode=pika.DeliveryMode.Persistent,
-                content_type="application/json",
-            ),
-            mandatory=True,
-        )
-
-    def _record_success(self, items: list[OutboxItem]) -> int:
-        if not items:
-            return 0
-        try:
-            applied = self._storage.outbox_published(items)
-        except RunlaneError as exc:
-            log.warning(
-                "runlane: %s published %d messages but could not record it (%s); their "
-                "items are published again after their claims expire (consumers drop the "
-                "duplicates)",
-                self.name,
-                len(items),
-                exc,
-            )
-            return 0
-        stale = len(items) - len(applied)
-        self.stats.published += len(applied)
-        if stale:
-            self.stats.stale += stale
-            log.warning(
-                "runlane: %s: %d published item(s) had lost their claim; nothing recorded",
-                self.name,
-                stale,
-            )
-        return len(applied)
-
-    def _unclaim(
-        self,
-        items: list[OutboxItem],
-        why: str = "the claim is about to expire before they are published",
-    ) -> None:
-        """Release items not published (their claim is about to expire, or they were not
-        tried after a queue the broker could not serve), and sweep for them."""
-        if not items:
-            return
-        self.stats.unclaimed += len(items)
-        log.info("runlane: %s: %d item(s) released for a sweep: %s", self.name, len(items), why)
-        try:
-            self._storage.outbox_unclaim(items)
-        except RunlaneError as exc:
-            log.warning(
-                "runlane: %s could not release %d item(s) (%s); they are published after "
-                "their claims expire",
-                self.name,
-                len(items),
-                exc,
-            )
-        with self._cond:
-            self._sweep = True
-
-    def _record_failure(self, items: list[OutboxItem], error: str, delay: float) -> None:
-        self.stats.failed += len(items)
-        try:
-            applied = self._storage.outbox_failed(items, error, timedelta(seconds=delay))
-        except RunlaneError as exc:
-            log.warning(
-                "runlane: %s could not release %d unpublished item(s) (%s); they are "
-                "published after their claims expire",
-                self.name,
-                len(items),
-                exc,
-            )
-            return
-        stale = len(items) - len(applied)
-        if stale:
-            self.stats.stale += stale
+        return held
