@@ -4,7 +4,9 @@ The transport toolkit is what a lane delivering through another system (a broker
 while Postgres keeps the truth: the storage's :class:`Outbox` (through :func:`outbox_of`),
 the :class:`EagerPublisher` a trigger hands its items to, the announcement
 :class:`PostgresListener` on the schema's :func:`notify_channel`, :class:`RunEnds` for
-``wait_for_run`` and :func:`check_postgres_storage_options`. See docs/lanes.md.
+``wait_for_run``, :func:`check_postgres_storage_options`, and the lane's Postgres side
+made once from its options (:func:`postgres_storage`, :func:`postgres_listener`,
+:func:`postgres_run_ends`). See docs/lanes.md.
 """
 
 from runlane.postgres._ends import RunEnds
@@ -16,9 +18,13 @@ from runlane.postgres._grants import (
     postgres_grant_sql,
 )
 from runlane.postgres._lane import (
+    PostgresOptions,
     PostgresPollingLane,
     check_postgres_storage_options,
+    postgres_listener,
     postgres_polling_lane,
+    postgres_run_ends,
+    postgres_storage,
 )
 from runlane.postgres._listener import PostgresListener
 from runlane.postgres._migrations import MigrationResult, apply_postgres_storage_migrations
@@ -34,6 +40,7 @@ __all__ = [
     "MigrationResult",
     "Outbox",
     "PostgresListener",
+    "PostgresOptions",
     "PostgresPollingLane",
     "PostgresStorage",
     "RunEnds",
@@ -43,5 +50,8 @@ __all__ = [
     "notify_channel",
     "outbox_of",
     "postgres_grant_sql",
+    "postgres_listener",
     "postgres_polling_lane",
+    "postgres_run_ends",
+    "postgres_storage",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Protocol
 
 import attrs
 
@@ -27,12 +28,74 @@ from runlane.postgres._storage import PostgresStorage
 from runlane.storage import MaintenanceFence, Storage
 from runlane.toolkit import as_int, as_seconds, as_timedelta
 
-__all__ = ["PostgresPollingLane", "check_postgres_storage_options", "postgres_polling_lane"]
+__all__ = [
+    "PostgresOptions",
+    "PostgresPollingLane",
+    "check_postgres_storage_options",
+    "postgres_listener",
+    "postgres_polling_lane",
+    "postgres_run_ends",
+    "postgres_storage",
+]
 
 # delivery recovery announces queues whose delayed runs came due within this window
 WAKE_WINDOW = timedelta(minutes=1)
 # the shortest poll interval: below it an idle worker polls the database in a busy loop
 _MIN_POLL_INTERVAL = timedelta(milliseconds=1)
+
+
+class PostgresOptions(Protocol):
+    """The storage options of a lane keeping its runs in Postgres (both lanes are one)."""
+
+    @property
+    def connection_string(self) -> str: ...
+    @property
+    def schema(self) -> str: ...
+    @property
+    def pool_min_size(self) -> int: ...
+    @property
+    def pool_max_size(self) -> int: ...
+    @property
+    def connect_timeout(self) -> float: ...
+
+
+def postgres_storage(options: PostgresOptions) -> PostgresStorage:
+    """The storage of a lane with these ``options``."""
+    return PostgresStorage(
+        connection_string=options.connection_string,
+        schema=options.schema,
+        pool_min_size=options.pool_min_size,
+        pool_max_size=options.pool_max_size,
+        connect_timeout=options.connect_timeout,
+    )
+
+
+def postgres_listener(
+    options: PostgresOptions,
+    environment: str,
+    on_wake: Callable[[str | None], None],
+    name: str,
+) -> PostgresListener:
+    """An announcement listener on the schema's ``notify_channel``, not started."""
+    return PostgresListener(
+        connection_string=options.connection_string,
+        channel=notify_channel(options.schema),
+        environment=environment,
+        on_wake=on_wake,
+        name=name,
+        connect_timeout=options.connect_timeout,
+    )
+
+
+def postgres_run_ends(options: PostgresOptions, environment: str, name: str) -> RunEnds:
+    """Wake-ups on runs ending, for ``wait_for_run`` (``watch_run_ends``)."""
+    return RunEnds(
+        connection_string=options.connection_string,
+        schema=options.schema,
+        environment=environment,
+        connect_timeout=options.connect_timeout,
+        name=name,
+    )
 
 
 @attrs.frozen
@@ -58,13 +121,7 @@ class PostgresPollingLane:
         return None
 
     def create_storage(self) -> PostgresStorage:
-        return PostgresStorage(
-            connection_string=self.connection_string,
-            schema=self.schema,
-            pool_min_size=self.pool_min_size,
-            pool_max_size=self.pool_max_size,
-            connect_timeout=self.connect_timeout,
-        )
+        return postgres_storage(self)
 
     def prepare(self, storage: Storage, environment: str) -> None:
         """Nothing to prepare: the polling lane keeps no outbox."""
@@ -108,30 +165,13 @@ class PostgresPollingLane:
 
     def watch_run_ends(self, environment: str, name: str) -> RunEnds | None:
         """Wake-ups on runs ending for ``wait_for_run``; None in poll-only mode."""
-        if not self.listen:
-            return None
-        return RunEnds(
-            connection_string=self.connection_string,
-            schema=self.schema,
-            environment=environment,
-            connect_timeout=self.connect_timeout,
-            name=name,
-        )
+        return postgres_run_ends(self, environment, name) if self.listen else None
 
     def create_listener(
         self, environment: str, on_wake: Callable[[str | None], None], name: str
     ) -> PostgresListener | None:
         """The wake-up listener of a worker, or None in poll-only mode (``listen=False``)."""
-        if not self.listen:
-            return None
-        return PostgresListener(
-            connection_string=self.connection_string,
-            channel=notify_channel(self.schema),
-            environment=environment,
-            on_wake=on_wake,
-            name=name,
-            connect_timeout=self.connect_timeout,
-        )
+        return postgres_listener(self, environment, on_wake, name) if self.listen else None
 
 
 def check_postgres_storage_options(

@@ -23,12 +23,13 @@ from runlane.errors import ConfigurationError
 from runlane.lanes import AcquirerOptions, LaneMaintenance
 from runlane.maintenance import MaintenanceLimits
 from runlane.postgres import (
-    PostgresListener,
     PostgresStorage,
     RunEnds,
     check_postgres_storage_options,
-    notify_channel,
     outbox_of,
+    postgres_listener,
+    postgres_run_ends,
+    postgres_storage,
 )
 from runlane.rabbitmq._amqp import (
     AMQP_ERRORS,
@@ -109,13 +110,7 @@ class RabbitMQLane:
         check_queue_names(self.schema, environment, queues)
 
     def create_storage(self) -> PostgresStorage:
-        storage = PostgresStorage(
-            connection_string=self.connection_string,
-            schema=self.schema,
-            pool_min_size=self.pool_min_size,
-            pool_max_size=self.pool_max_size,
-            connect_timeout=self.connect_timeout,
-        )
+        storage = postgres_storage(self)
         storage.attach_eager_publisher(
             OutboxPublisher(
                 storage,
@@ -152,26 +147,15 @@ class RabbitMQLane:
         outbox_of(storage).outbox_enable(environment, self.claim_duration)
         publisher = _publisher_of(storage)
         publisher.serve(environment)  # its environment's items only
-        listener = PostgresListener(
-            connection_string=self.connection_string,
-            channel=notify_channel(self.schema),
-            environment=environment,
-            on_wake=publisher.on_notify,
-            name=f"{publisher.name}-listener",
-            connect_timeout=self.connect_timeout,
+        listener = postgres_listener(
+            self, environment, publisher.on_notify, f"{publisher.name}-listener"
         )
         publisher.add_listener(listener)
         listener.start()  # its first (re)connect wakes the publisher: pending items go
 
     def watch_run_ends(self, environment: str, name: str) -> RunEnds:
         """Wake-ups on runs ending for ``wait_for_run`` (runs live in Postgres here too)."""
-        return RunEnds(
-            connection_string=self.connection_string,
-            schema=self.schema,
-            environment=environment,
-            connect_timeout=self.connect_timeout,
-            name=name,
-        )
+        return postgres_run_ends(self, environment, name)
 
     def create_acquirer(
         self,
@@ -190,13 +174,8 @@ class RabbitMQLane:
             queue_type=self.queue_type,
             poll_interval=self.poll_interval,
             defer_delay=self.defer_delay,
-            make_listener=lambda on_wake, name: PostgresListener(
-                connection_string=self.connection_string,
-                channel=notify_channel(self.schema),
-                environment=options.environment,
-                on_wake=on_wake,
-                name=name,
-                connect_timeout=self.connect_timeout,
+            make_listener=lambda on_wake, name: postgres_listener(
+                self, options.environment, on_wake, name
             ),
         )
 
