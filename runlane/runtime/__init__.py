@@ -1,10 +1,10 @@
 """The runtime: ``create_runlane`` and the blocking, thread-safe ``Runlane`` facade.
 
-``Runlane`` keeps the runtime's life (open, close, the workers and services it owns) and
-hands every call to the room that does it: ``_triggering`` (checks and stores new runs),
-``_reads`` (runs, listings, status), ``_actions`` (the operator's cancel, retry, bulk,
-queue and schedule actions), ``_waiting`` (``wait_for_run``, wait tokens) and ``_services``
-(``drain``, workers, maintenance)."""
+``Runlane`` checks the runtime is open and hands every call to the room that does it:
+``_lifetime`` (open, close, what the runtime started), ``_triggering`` (checks and stores
+new runs), ``_reads`` (runs, workers, status), the operator's ``_actions`` (cancel, retry,
+bulk), ``_queue_admin`` and ``_schedule_admin``, ``_waiting`` (``wait_for_run``, wait
+tokens) and ``_services`` (``drain``, workers, maintenance)."""
 
 from __future__ import annotations
 
@@ -47,10 +47,12 @@ from runlane.models import (
     WaitToken,
     WorkerInfo,
 )
-from runlane.runtime._actions import OperatorActions
+from runlane.runtime._actions import RunActions
 from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE
 from runlane.runtime._lifetime import Lifetime
+from runlane.runtime._queue_admin import QueueAdmin
 from runlane.runtime._reads import Reads
+from runlane.runtime._schedule_admin import ScheduleAdmin
 from runlane.runtime._services import ServiceStarts
 from runlane.runtime._triggering import Triggering
 from runlane.runtime._waiting import Waits
@@ -92,12 +94,15 @@ class Runlane:
         self._queues = {q.name: q for q in queues}
         self._tasks = {t.id: t for t in tasks}
         self._life = life = Lifetime(lane, environment, self, self._connected)
+        default_queue = next(q.name for q in queues if q.default)
         self._triggering = Triggering(
-            environment, self._tasks, self._queues, max_payload_bytes, life.opened
+            environment, self._tasks, self._queues, default_queue, max_payload_bytes, life.opened
         )
         entries = [self._triggering.schedule_entry(s) for s in schedules]
-        self._reads = Reads(environment, lane, self._queues, entries, life.opened)
-        self._actions = OperatorActions(environment, self._queues, entries, life.opened)
+        self._reads = Reads(environment, lane, self._queues, life.opened)
+        self._actions = RunActions(environment, life.opened)
+        self._queue_admin = QueueAdmin(environment, self._queues, life.opened)
+        self._schedule_admin = ScheduleAdmin(environment, entries, life.opened)
         self._waits = Waits(
             environment, max_output_bytes, life.opened, self.get_run, life.end_watcher
         )
@@ -108,7 +113,7 @@ class Runlane:
             queues=self._queues,
             schedules=entries,
             retention=retention,
-            middleware=middleware,
+            middleware=tuple(middleware),
             max_output_bytes=max_output_bytes,
             trigger=self._triggering.runs,
             life=life,
@@ -351,7 +356,7 @@ class Runlane:
         runtime or known to the database (runs or an earlier pause), else
         ConfigurationError. Returns True when the queue was not paused before."""
         self._life.check_open()
-        return self._actions.pause_queue(name, reason)
+        return self._queue_admin.pause(name, reason)
 
     def resume_queue(self, name: str) -> bool:
         """Resume a paused queue: idle workers serving it are woken at once (NOTIFY; their
@@ -360,7 +365,7 @@ class Runlane:
         interrupted part way left unpublished). Unknown queues as for ``pause_queue``.
         Returns True when the queue was paused."""
         self._life.check_open()
-        return self._actions.resume_queue(name)
+        return self._queue_admin.resume(name)
 
     def list_queues(self) -> list[QueueInfo]:
         """Every queue this runtime defines and every queue the database knows in this
@@ -368,7 +373,7 @@ class Runlane:
         state, limits, unfinished runs by status and the age of the oldest due queued run
         (database time). Index-served: terminal runs are not counted."""
         self._life.check_open()
-        return self._reads.queues()
+        return self._queue_admin.infos()
 
     # -- workers -------------------------------------------------------------------------
 
@@ -398,7 +403,7 @@ class Runlane:
         schedule only the database knows (defined by another application, or removed from
         the code). Works on a runtime built with no tasks."""
         self._life.check_open()
-        return self._reads.schedules()
+        return self._schedule_admin.infos()
 
     def pause_schedule(self, id: str) -> bool:
         """Pause schedule ``id`` in this environment: from the moment the pause commits no
@@ -408,7 +413,7 @@ class Runlane:
         schedule has (stored, or defined by this runtime) raises ConfigurationError; list
         them with ``runlane schedules list``."""
         self._life.check_open()
-        return self._actions.pause_schedule(id)
+        return self._schedule_admin.pause(id)
 
     def resume_schedule(self, id: str) -> bool:
         """Resume a paused schedule: it awaits the first slot after the database's time of
@@ -416,7 +421,7 @@ class Runlane:
         ``catch_up``). Idempotent (resuming a schedule that is not paused changes nothing).
         Returns True when it was paused. Unknown ids as for ``pause_schedule``."""
         self._life.check_open()
-        return self._actions.resume_schedule(id)
+        return self._schedule_admin.resume(id)
 
     def trigger_schedule_now(self, id: str, *, idempotency_key: str | None = None) -> RunHandle:
         """Create one run of schedule ``id`` now, as one of its slots would: its task, queue,
@@ -431,7 +436,7 @@ class Runlane:
         the run the first one created (``created`` is then False), for safe retries of the
         request. Unknown ids as for ``pause_schedule``."""
         self._life.check_open()
-        return self._actions.trigger_schedule_now(id, idempotency_key)
+        return self._schedule_admin.run_now(id, idempotency_key)
 
     # -- wait tokens ---------------------------------------------------------------------
 

@@ -1,40 +1,28 @@
-"""The operator's actions on runs, queues and schedules: cancel, retry, the bulk actions,
-pausing and resuming queues and schedules, running a schedule now."""
+"""The operator's actions on runs: cancel, retry and the bulk actions (queues' and
+schedules' are in ``_queue_admin.py`` and ``_schedule_admin.py``)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+
+import attrs
 
 from runlane._operator.bulk import BulkFilters, bulk_action, bulk_filter
 from runlane._operator.runs import retry_conflict
 from runlane._validation import run_key
 from runlane.errors import RunNotFound
-from runlane.maintenance import ScheduleEntry
-from runlane.models import BulkResult, CancelResult, RunHandle, RunSnapshot
-from runlane.runtime import _queue_admin, _schedule_admin
+from runlane.models import BulkResult, CancelResult, RunSnapshot
 from runlane.runtime._backend import Opened
-from runlane.tasks import Queue
 
-__all__ = ["OperatorActions"]
+__all__ = ["RunActions"]
 
 
-class OperatorActions:
-    """Each action through the storage ``opened()`` returns, in this runtime's environment;
-    queue and schedule names are checked against the runtime's definitions and the
-    database's."""
+@attrs.define(eq=False)
+class RunActions:
+    """Each action through the storage ``opened()`` returns, in one environment."""
 
-    def __init__(
-        self,
-        environment: str,
-        queues: Mapping[str, Queue],
-        schedules: Sequence[ScheduleEntry],
-        opened: Opened,
-    ) -> None:
-        self._environment = environment
-        self._queues = queues
-        self._schedules = schedules
-        self._opened = opened
+    _environment: str
+    _opened: Opened
 
     def cancel(self, run_id: uuid.UUID | str) -> CancelResult:
         key = run_key(run_id)
@@ -65,28 +53,3 @@ class OperatorActions:
     def bulk(self, action: str, filters: BulkFilters) -> BulkResult:
         runs, limit = bulk_filter(action, self._environment, filters)
         return bulk_action(self._opened(), action, runs, limit, filters)
-
-    def pause_queue(self, name: str, reason: str | None) -> bool:
-        storage = self._opened()
-        return _queue_admin.pause_queue(storage, self._environment, self._queues, name, reason)
-
-    def resume_queue(self, name: str) -> bool:
-        return _queue_admin.resume_queue(self._opened(), self._environment, self._queues, name)
-
-    def pause_schedule(self, schedule_id: str) -> bool:
-        storage = self._opened()
-        return _schedule_admin.pause_schedule(
-            storage, self._environment, self._schedules, schedule_id
-        )
-
-    def resume_schedule(self, schedule_id: str) -> bool:
-        storage = self._opened()
-        return _schedule_admin.resume_schedule(
-            storage, self._environment, self._schedules, schedule_id
-        )
-
-    def trigger_schedule_now(self, schedule_id: str, idempotency_key: str | None) -> RunHandle:
-        storage = self._opened()
-        return _schedule_admin.trigger_schedule_now(
-            storage, self._environment, self._schedules, schedule_id, idempotency_key
-        )

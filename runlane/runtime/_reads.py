@@ -1,5 +1,5 @@
-"""The runtime's reads: runs by id, pages of runs, a run's history, the operator's listings
-of queues, workers and schedules, and ``status()``.
+"""The runtime's reads: runs by id, pages of runs, a run's history, the workers, and
+``status()``.
 
 Concurrent point reads share a query, and no thread waits for a timer: the first caller of
 a quiet batcher becomes the leader and reads what is pending at once; callers arriving
@@ -15,25 +15,24 @@ import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+import attrs
+
 from runlane import _telemetry
 from runlane._operator import workers as _workers
 from runlane._operator.runs import list_query, run_page
 from runlane._validation import run_key
 from runlane.errors import RunNotFound
 from runlane.lanes import Lane
-from runlane.maintenance import ScheduleEntry
 from runlane.models import (
     MaintenanceLeaseStatus,
-    QueueInfo,
     RunHistory,
     RunPage,
     RunSnapshot,
     RunStatus,
-    ScheduleInfo,
     StatusReport,
     WorkerInfo,
 )
-from runlane.runtime import _queue_admin, _schedule_admin
+from runlane.runtime import _schedule_admin
 from runlane.runtime._backend import Opened
 from runlane.storage import Storage
 from runlane.tasks import Queue, Task
@@ -110,30 +109,21 @@ class PointReads(Generic[K, V]):
                     waiter.event.set()
 
 
+@attrs.define(eq=False)
 class Reads:
-    """The runtime's reads: runs by id (concurrent ones batched), pages, histories, and the
-    operator's listings and status, through the storage ``opened()`` returns."""
+    """The runtime's reads: runs by id (concurrent ones batched), pages, histories, the
+    workers and the status report, through the storage ``opened()`` returns."""
 
-    def __init__(
-        self,
-        environment: str,
-        lane: Lane,
-        queues: Mapping[str, Queue],
-        schedules: Sequence[ScheduleEntry],
-        opened: Opened,
-    ) -> None:
-        self._environment = environment
-        self._lane = lane
-        self._queues = queues
-        self._schedules = schedules
-        self._opened = opened
+    _environment: str
+    _lane: Lane
+    _queues: Mapping[str, Queue]
+    _opened: Opened
+    point_reads: PointReads[uuid.UUID, RunSnapshot] = attrs.field(init=False)
 
     def connect(self, storage: Storage) -> None:
         """Batch point reads on ``storage``: a new or reopened runtime's."""
         environment = self._environment
-        self.point_reads: PointReads[uuid.UUID, RunSnapshot] = PointReads(
-            lambda ids: storage.run_get_many(environment, ids)
-        )
+        self.point_reads = PointReads(lambda ids: storage.run_get_many(environment, ids))
 
     def run(self, run_id: uuid.UUID | str) -> RunSnapshot:
         key = run_key(run_id)
@@ -166,14 +156,8 @@ class Reads:
             raise RunNotFound(f"no run {key} in environment {self._environment!r}")
         return history
 
-    def queues(self) -> list[QueueInfo]:
-        return _queue_admin.list_queues(self._opened(), self._environment, self._queues)
-
     def workers(self, include_stopped: bool) -> list[WorkerInfo]:
         return _workers.list_workers(self._opened(), self._environment, include_stopped)
-
-    def schedules(self) -> list[ScheduleInfo]:
-        return _schedule_admin.list_schedules(self._opened(), self._environment, self._schedules)
 
     def status(self) -> StatusReport:
         storage = self._opened()

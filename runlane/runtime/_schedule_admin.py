@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import attrs
+
 from runlane import _telemetry
 from runlane._ids import new_run_id
 from runlane._limits import NAME_PATTERN
@@ -24,18 +26,12 @@ from runlane._validation import check_idempotency_key
 from runlane.errors import ConfigurationError
 from runlane.maintenance import BANDS, MaintenancePhase, ScheduleEntry
 from runlane.models import RunHandle, ScheduleInfo
+from runlane.runtime._backend import Opened
 from runlane.schedules import next_slot
 from runlane.storage import InsertedRun, NewRuns, ScheduleState, Storage
 from runlane.toolkit import shown
 
-__all__ = [
-    "LATE_AFTER",
-    "late_schedules",
-    "list_schedules",
-    "pause_schedule",
-    "resume_schedule",
-    "trigger_schedule_now",
-]
+__all__ = ["LATE_AFTER", "ScheduleAdmin", "late_schedules"]
 
 # a schedule whose awaited slot is further past than this (database time) is late: a minute
 # (a band's owner may die and its lease pass to another replica) plus one pass interval
@@ -81,56 +77,6 @@ def _local(instant: datetime | None, name: str) -> datetime | None:
     return None if instant is None else instant.astimezone(_zone(name))
 
 
-def list_schedules(
-    storage: Storage, environment: str, entries: Sequence[ScheduleEntry]
-) -> list[ScheduleInfo]:
-    """Every stored schedule of the environment and every one this runtime defines, by id."""
-    stored = {row.schedule_id: row for row in storage.schedule_list(environment)}
-    defined = {entry.schedule.id: entry for entry in entries}
-    # a schedule not stored yet awaits what its first sighting will set: the next slot
-    now = storage.database_now() if defined.keys() - stored.keys() else None
-    infos: list[ScheduleInfo] = []
-    for schedule_id in sorted(stored.keys() | defined.keys()):
-        row = stored.get(schedule_id)
-        entry = defined.get(schedule_id)
-        if row is None:
-            assert entry is not None
-            assert now is not None
-            sched = entry.schedule
-            infos.append(
-                ScheduleInfo(
-                    id=schedule_id,
-                    cron=sched.cron,
-                    timezone=sched.timezone,
-                    task_id=sched.task.id,
-                    queue=entry.queue,
-                    paused=False,
-                    next_fire_at=next_slot(sched.cron, sched.zone, now).astimezone(sched.zone),
-                    last_fired_at=None,
-                    last_run_id=None,
-                    defined=True,
-                )
-            )
-            continue
-        # a row stored before definitions were: this runtime's definition, if it has one
-        own = None if entry is None else entry.definition
-        infos.append(
-            ScheduleInfo(
-                id=schedule_id,
-                cron=row.cron,
-                timezone=row.timezone,
-                task_id=row.task_id if row.task_id is not None or own is None else own.task_id,
-                queue=row.queue if row.queue is not None or own is None else own.queue,
-                paused=row.paused,
-                next_fire_at=None if row.paused else _local(row.next_slot_at, row.timezone),
-                last_fired_at=_local(row.last_fired_at, row.timezone),
-                last_run_id=row.last_run_id,
-                defined=entry is not None,
-            )
-        )
-    return infos
-
-
 def _store(storage: Storage, environment: str, entry: ScheduleEntry) -> None:
     """Store a schedule this runtime defines as its first maintenance pass would."""
     sched = entry.schedule
@@ -139,106 +85,158 @@ def _store(storage: Storage, environment: str, entry: ScheduleEntry) -> None:
     storage.schedule_state_reset(environment, state, definition=entry.definition)
 
 
-def pause_schedule(
-    storage: Storage, environment: str, entries: Sequence[ScheduleEntry], schedule_id: object
-) -> bool:
-    """Pause; True when it was not paused before."""
-    sid = _check_id(environment, schedule_id)
-    was_paused = storage.schedule_pause(environment, sid)
-    if was_paused is None:
-        entry = _defined(entries, sid)
-        if entry is None:
-            raise _unknown(environment, sid)
-        _store(storage, environment, entry)
-        was_paused = storage.schedule_pause(environment, sid)
-        if was_paused is None:  # removed again meanwhile
-            raise _unknown(environment, sid)
-    return not was_paused
+@attrs.define(eq=False)
+class ScheduleAdmin:
+    """The schedules of one environment: those stored and those this runtime defines
+    (``entries``), through the storage ``opened()`` returns."""
 
+    _environment: str
+    _entries: Sequence[ScheduleEntry]
+    _opened: Opened
 
-def resume_schedule(
-    storage: Storage, environment: str, entries: Sequence[ScheduleEntry], schedule_id: object
-) -> bool:
-    """Resume, awaiting the first slot after the database's now; True when it was paused."""
-    sid = _check_id(environment, schedule_id)
-    while True:
-        row = storage.schedule_get(environment, sid)
-        if row is None:
-            if _defined(entries, sid) is None:
-                raise _unknown(environment, sid)
-            return False  # defined here and never stored: never paused
-        if not row.paused:
-            return False
-        try:
-            zone = ZoneInfo(row.timezone)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ConfigurationError(
-                f"schedule {sid!r} is stored with time zone {row.timezone!r}, which this "
-                "machine's time zone data lacks: install or update the tzdata package, or "
-                "resume it from the application that defines it"
-            ) from exc
-        following = next_slot(row.cron, zone, storage.database_now())
-        # guarded by what it was computed from: a concurrent redefinition is read again
-        if storage.schedule_resume(environment, sid, row.cron, row.timezone, following):
-            return True
-
-
-def trigger_schedule_now(
-    storage: Storage,
-    environment: str,
-    entries: Sequence[ScheduleEntry],
-    schedule_id: object,
-    idempotency_key: str | None,
-) -> RunHandle:
-    """One run of the schedule's task, queue and payload, due now; its slots are untouched.
-
-    A stored definition is used through the storage's ``schedule_run_now`` (on Postgres a
-    function the operator role may execute: it cannot insert runs of its own); a schedule
-    this runtime defines that is not stored yet is triggered like any run."""
-    sid = _check_id(environment, schedule_id)
-    if idempotency_key is not None:
-        check_idempotency_key(idempotency_key)
-    row = storage.schedule_get(environment, sid)
-    entry = _defined(entries, sid)
-    insert: Callable[[NewRuns], list[InsertedRun]]
-    if row is not None and row.definition is not None:
-        definition = row.definition
-
-        def insert(runs: NewRuns) -> list[InsertedRun]:
-            inserted = storage.schedule_run_now(
-                environment, sid, runs.ids[0], idempotency_key, runs.trace_context
+    def infos(self) -> list[ScheduleInfo]:
+        """Every stored schedule of the environment and every one this runtime defines, by id."""
+        storage = self._opened()
+        stored = {row.schedule_id: row for row in storage.schedule_list(self._environment)}
+        defined = {entry.schedule.id: entry for entry in self._entries}
+        # a schedule not stored yet awaits what its first sighting will set: the next slot
+        now = storage.database_now() if defined.keys() - stored.keys() else None
+        infos: list[ScheduleInfo] = []
+        for schedule_id in sorted(stored.keys() | defined.keys()):
+            row = stored.get(schedule_id)
+            entry = defined.get(schedule_id)
+            if row is None:
+                assert entry is not None
+                assert now is not None
+                sched = entry.schedule
+                infos.append(
+                    ScheduleInfo(
+                        id=schedule_id,
+                        cron=sched.cron,
+                        timezone=sched.timezone,
+                        task_id=sched.task.id,
+                        queue=entry.queue,
+                        paused=False,
+                        next_fire_at=next_slot(sched.cron, sched.zone, now).astimezone(sched.zone),
+                        last_fired_at=None,
+                        last_run_id=None,
+                        defined=True,
+                    )
+                )
+                continue
+            # a row stored before definitions were: this runtime's definition, if it has one
+            own = None if entry is None else entry.definition
+            infos.append(
+                ScheduleInfo(
+                    id=schedule_id,
+                    cron=row.cron,
+                    timezone=row.timezone,
+                    task_id=row.task_id if row.task_id is not None or own is None else own.task_id,
+                    queue=row.queue if row.queue is not None or own is None else own.queue,
+                    paused=row.paused,
+                    next_fire_at=None if row.paused else _local(row.next_slot_at, row.timezone),
+                    last_fired_at=_local(row.last_fired_at, row.timezone),
+                    last_run_id=row.last_run_id,
+                    defined=entry is not None,
+                )
             )
-            if inserted is None:  # removed (or its definition) since it was read
-                raise _unknown(environment, sid)
-            return [inserted]
+        return infos
 
-    elif entry is not None:
-        definition = entry.definition
-        insert = storage.run_insert_many
-    elif row is None:
-        raise _unknown(environment, sid)
-    else:
-        raise ConfigurationError(
-            f"schedule {sid!r} has no stored task, queue and payload yet (a runtime older "
-            "than schema version 6 stored it): the next maintenance pass of an application "
-            "that defines it stores them; or run it from that application"
+    def pause(self, schedule_id: object) -> bool:
+        """Pause; True when it was not paused before."""
+        storage = self._opened()
+        sid = _check_id(self._environment, schedule_id)
+        was_paused = storage.schedule_pause(self._environment, sid)
+        if was_paused is None:
+            entry = _defined(self._entries, sid)
+            if entry is None:
+                raise _unknown(self._environment, sid)
+            _store(storage, self._environment, entry)
+            was_paused = storage.schedule_pause(self._environment, sid)
+            if was_paused is None:  # removed again meanwhile
+                raise _unknown(self._environment, sid)
+        return not was_paused
+
+    def resume(self, schedule_id: object) -> bool:
+        """Resume, awaiting the first slot after the database's now; True when it was
+        paused."""
+        storage = self._opened()
+        sid = _check_id(self._environment, schedule_id)
+        while True:
+            row = storage.schedule_get(self._environment, sid)
+            if row is None:
+                if _defined(self._entries, sid) is None:
+                    raise _unknown(self._environment, sid)
+                return False  # defined here and never stored: never paused
+            if not row.paused:
+                return False
+            try:
+                zone = ZoneInfo(row.timezone)
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"schedule {sid!r} is stored with time zone {row.timezone!r}, which this "
+                    "machine's time zone data lacks: install or update the tzdata package, or "
+                    "resume it from the application that defines it"
+                ) from exc
+            following = next_slot(row.cron, zone, storage.database_now())
+            # guarded by what it was computed from: a concurrent redefinition is read again
+            if storage.schedule_resume(self._environment, sid, row.cron, row.timezone, following):
+                return True
+
+    def run_now(self, schedule_id: object, idempotency_key: str | None) -> RunHandle:
+        """One run of the schedule's task, queue and payload, due now; its slots are untouched.
+
+        A stored definition is used through the storage's ``schedule_run_now`` (on Postgres a
+        function the operator role may execute: it cannot insert runs of its own); a schedule
+        this runtime defines that is not stored yet is triggered like any run."""
+        storage = self._opened()
+        sid = _check_id(self._environment, schedule_id)
+        if idempotency_key is not None:
+            check_idempotency_key(idempotency_key)
+        row = storage.schedule_get(self._environment, sid)
+        entry = _defined(self._entries, sid)
+        insert: Callable[[NewRuns], list[InsertedRun]]
+        if row is not None and row.definition is not None:
+            definition = row.definition
+
+            def insert(runs: NewRuns) -> list[InsertedRun]:
+                inserted = storage.schedule_run_now(
+                    self._environment, sid, runs.ids[0], idempotency_key, runs.trace_context
+                )
+                if inserted is None:  # removed (or its definition) since it was read
+                    raise _unknown(self._environment, sid)
+                return [inserted]
+
+        elif entry is not None:
+            definition = entry.definition
+            insert = storage.run_insert_many
+        elif row is None:
+            raise _unknown(self._environment, sid)
+        else:
+            raise ConfigurationError(
+                f"schedule {sid!r} has no stored task, queue and payload yet (a runtime older "
+                "than schema version 6 stored it): the next maintenance pass of an application "
+                "that defines it stores them; or run it from that application"
+            )
+        runs = NewRuns(
+            environment=self._environment,
+            task_id=definition.task_id,
+            queue=definition.queue,
+            ids=[new_run_id()],
+            payloads=[definition.payload],
+            idempotency_keys=[idempotency_key],
+            priority=definition.priority,
+            max_attempts=definition.max_attempts,
+            delay=timedelta(0),
+            run_at=None,
         )
-    runs = NewRuns(
-        environment=environment,
-        task_id=definition.task_id,
-        queue=definition.queue,
-        ids=[new_run_id()],
-        payloads=[definition.payload],
-        idempotency_keys=[idempotency_key],
-        priority=definition.priority,
-        max_attempts=definition.max_attempts,
-        delay=timedelta(0),
-        run_at=None,
-    )
-    (inserted,) = _telemetry.trigger(runs, insert)
-    return RunHandle(
-        id=inserted.id, task_id=definition.task_id, queue=inserted.queue, created=inserted.created
-    )
+        (inserted,) = _telemetry.trigger(runs, insert)
+        return RunHandle(
+            id=inserted.id,
+            task_id=definition.task_id,
+            queue=inserted.queue,
+            created=inserted.created,
+        )
 
 
 def late_schedules(storage: Storage, environment: str) -> tuple[str, ...]:

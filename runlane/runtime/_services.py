@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from runlane._attempt import Middleware
 from runlane._limits import MAX_CLAIM_BATCH, MAX_LEASE, MIN_LEASE
 from runlane.errors import ConfigurationError, WorkerFailed
@@ -40,35 +42,23 @@ log = logging.getLogger("runlane")
 _START_FAILED_CLOSE_SECONDS = 10.0
 
 
+@attrs.define(eq=False, kw_only=True)
 class ServiceStarts:
     """Starts workers and maintenance on the runtime's storage, each owned by its lifetime
     (closed by its close, refused once it is closed)."""
 
-    def __init__(
-        self,
-        *,
-        environment: str,
-        lane: Lane,
-        tasks: dict[str, Task[Any, Any]],
-        queues: dict[str, Queue],
-        schedules: Sequence[ScheduleEntry],
-        retention: RetentionPolicy,
-        middleware: Sequence[Middleware],
-        max_output_bytes: int,
-        trigger: TriggerRuns,
-        life: Lifetime,
-    ) -> None:
-        self._environment = environment
-        self._lane = lane
-        self._tasks = tasks
-        self._queues = queues
-        self._schedules = schedules
-        self._retention = retention
-        self._middleware = tuple(middleware)
-        self._max_output_bytes = max_output_bytes
-        self._trigger = trigger
-        self._life = life
-        self._lock = threading.Lock()
+    _environment: str
+    _lane: Lane
+    _tasks: dict[str, Task[Any, Any]]
+    _queues: dict[str, Queue]
+    _schedules: Sequence[ScheduleEntry]
+    _retention: RetentionPolicy
+    _middleware: tuple[Middleware, ...]
+    _max_output_bytes: int
+    _trigger: TriggerRuns
+    _life: Lifetime
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _scope: MaintenanceScope = attrs.field(init=False)
 
     def connect(self, storage: Storage) -> None:
         """Maintain through ``storage``: a new or reopened runtime's."""

@@ -44,26 +44,19 @@ class _Plan:
     delay: timedelta
 
 
+@attrs.define(eq=False)
 class Triggering:
-    """The task catalog's side of a trigger: runs checked against this runtime's tasks and
-    queues, then stored through the storage ``opened()`` returns."""
+    """Runs checked against this runtime's tasks and queues, then stored through the
+    storage ``opened()`` returns."""
 
-    def __init__(
-        self,
-        environment: str,
-        tasks: Mapping[str, Task[Any, Any]],
-        queues: Mapping[str, Queue],
-        max_payload_bytes: int,
-        opened: Opened,
-    ) -> None:
-        self._environment = environment
-        self._tasks = tasks
-        self._queues = queues
-        self._default_queue = next(q.name for q in queues.values() if q.default)
-        self._max_payload_bytes = max_payload_bytes
-        self._opened = opened
-        # the checked plan of each task's triggers with default options (see plan)
-        self._default_plans: dict[Task[Any, Any] | str, _Plan] = {}
+    _environment: str
+    _tasks: Mapping[str, Task[Any, Any]]
+    _queues: Mapping[str, Queue]
+    _default_queue: str
+    _max_payload_bytes: int
+    _opened: Opened
+    # the checked plan of each task's triggers with default options (see plan)
+    _default_plans: dict[Task[Any, Any] | str, _Plan] = attrs.field(init=False, factory=dict)
 
     def resolve_task(self, task: Task[Any, Any] | str) -> Task[Any, Any]:
         task_id = task if isinstance(task, str) else getattr(task, "id", None)

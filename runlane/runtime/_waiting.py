@@ -9,6 +9,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from runlane._codec import OutputNotSerializable, encode_output
 from runlane._ids import new_run_id
 from runlane._validation import as_duration, check_idempotency_key, run_key, token_key
@@ -26,24 +28,17 @@ _EAGER_RESUME_LIMIT = 100
 _ENDS_FALLBACK_POLL_SECONDS = 1.0
 
 
+@attrs.define(eq=False)
 class Waits:
     """``wait_for_run`` wakes on the run-end announcements of ``end_watcher()`` (None: the
     lane announces nothing, so it polls) and reads through ``get_run``; tokens go through
     the storage ``opened()`` returns."""
 
-    def __init__(
-        self,
-        environment: str,
-        max_output_bytes: int,
-        opened: Opened,
-        get_run: Callable[[uuid.UUID], RunSnapshot],
-        end_watcher: Callable[[], RunEndWatcher | None],
-    ) -> None:
-        self._environment = environment
-        self._max_output_bytes = max_output_bytes
-        self._opened = opened
-        self._get_run = get_run
-        self._end_watcher = end_watcher
+    _environment: str
+    _max_output_bytes: int
+    _opened: Opened
+    _get_run: Callable[[uuid.UUID], RunSnapshot]
+    _end_watcher: Callable[[], RunEndWatcher | None]
 
     def for_run(self, run_id: uuid.UUID | str, timeout: timedelta | float | None) -> RunSnapshot:
         limit = None if timeout is None else as_duration("timeout", timeout).total_seconds()
