@@ -222,7 +222,7 @@ def with_default_queue(queues: Sequence[Queue]) -> list[Queue]:
 class TriggerOptions:
     """What a trigger call says about its runs besides the payloads and idempotency keys
     (one key per payload): every run of the call shares these. Values are as the caller
-    gave them; the runtime checks them (``Runlane._plan``) before anything is written."""
+    gave them; the runtime checks them (``runtime._triggering``) before anything is written."""
 
     queue: str | None = None
     delay: timedelta | float | None = None
