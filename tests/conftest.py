@@ -87,6 +87,14 @@ def pytest_report_to_serializable(
     return None if data is None else encodable(data)
 
 
+@pytest.fixture(autouse=True)
+def _forget_cliapp() -> Iterator[None]:
+    """Tests write a ``cliapp.py`` of their own and import it in this process: no test meets
+    another's module (test_cli after test_wait_for_database got its closed runtime)."""
+    yield
+    sys.modules.pop("cliapp", None)
+
+
 @pytest.fixture(scope="session")
 def database_url(runlane_database_url: str) -> str:  # noqa: F811 - the fixture, by name
     """RUNLANE_TEST_DATABASE_URL when set, else an embedded server for the session (one per
