@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import psycopg
 import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
@@ -36,6 +37,7 @@ __all__ = [
     "connection_failed",
     "connection_lost",
     "describe_target",
+    "own_transaction",
     "shut_down",
     "storage_error",
 ]
@@ -65,6 +67,13 @@ _POOL_WORKERS = 3
 # how long interrupt() waits for a cancel request (a connection of its own, which a stalled
 # server never answers) before it shuts the connection's socket down under the blocked call
 _CANCEL_SECONDS = 0.25
+
+
+def own_transaction(conn: psycopg.Connection[Any]) -> AbstractContextManager[object]:
+    """A transaction of its own on an idle autocommit connection; else nothing: the
+    caller's transaction (a fenced maintenance write's), which the caller ends."""
+    own = conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    return conn.transaction() if own else contextlib.nullcontext()
 
 
 def check_conninfo(connection_string: object) -> dict[str, Any]:
