@@ -101,7 +101,7 @@ class AttemptRepository:
             "limit": limit,
             "lease_seconds": lease.total_seconds(),
             "worker_id": worker_id,
-            "lock_scope": f"runlane:{self._db.schema}:{environment}",
+            "lock_scope": self._db.lock_scope(environment),
         }
         return self._db.run(lambda conn: self._locked_claim(conn, "run_claim", params))
 
@@ -126,7 +126,7 @@ class AttemptRepository:
             "queue": queue,
             "concurrency_limit": concurrency_limit,
             "lease_seconds": lease.total_seconds(),
-            "lock_scope": f"runlane:{self._db.schema}:{environment}",
+            "lock_scope": self._db.lock_scope(environment),
             "worker_id": worker_id,
         }
         if concurrency_limit is not None:

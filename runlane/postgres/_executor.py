@@ -172,6 +172,11 @@ class Executor:
     def interrupt(self) -> None:
         self._source.interrupt()
 
+    def lock_scope(self, environment: str) -> str:
+        """The scope of a queue's claim lock (``queue_claim_lock``): claimers of one queue of
+        one environment in this schema serialise on it."""
+        return f"runlane:{self.schema}:{environment}"
+
     def closed_error(self) -> RunlaneClosed:
         return RunlaneClosed(
             f"this runlane storage (schema {self.schema!r}) was closed: call start() on the "

@@ -57,7 +57,7 @@ class FlowRepository:
             "rate_per_us": limits.rate_per_us,
             "rate_burst": limits.rate_burst,
             "visit_limit": KEY_VISIT_LIMIT if visit_limit is None else visit_limit,
-            "lock_scope": f"runlane:{self._db.schema}:{environment}",
+            "lock_scope": self._db.lock_scope(environment),
         }
 
         sql = self._db.sql
