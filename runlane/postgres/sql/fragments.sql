@@ -74,12 +74,13 @@ updated_at = now()
 -- returns, for each, id, attempt, lease_token, outcome, error (jsonb or null) and the run's
 -- attempt_started_at and worker_id. Each attempt ends once (the fence), so a row already
 -- there was written by no runlane statement: it is left as it is rather than failing the
--- batch (one row forged through SQL stalled every completion and expiry of its batch).
+-- batch (one row forged through SQL stalled every completion and expiry of its batch). No
+-- conflict target: naming one needs SELECT on its columns, which the worker job lacks.
 recorded as (
     insert into {schema}.attempts (run_id, attempt, lease_token, outcome, error, started_at,
                                    worker_id)
     select id, attempt, lease_token, outcome, error, attempt_started_at, worker_id from ended
-    on conflict (run_id, attempt) do nothing
+    on conflict do nothing
 )
 
 -- fragment: run_snapshot_columns
