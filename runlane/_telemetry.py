@@ -43,9 +43,7 @@ from runlane.models import QueueStatus, StatusReport
 from runlane.storage import ClaimedRun, Completion, Failure, InsertedRun, LeaseRef, NewRuns
 
 if TYPE_CHECKING:
-    from runlane.context import RunContext
     from runlane.tasks import Queue
-    from runlane.worker import Outcome
 
 try:
     from opentelemetry import context as otel_context
@@ -270,15 +268,13 @@ LEASE_LOST = "lease_lost"
 DISCARDED = "discarded"  # finished after close handed the run back: its result is dropped
 
 
-def outcome_kind(outcome: Outcome, context: RunContext) -> str:
-    """What an attempt's outcome means: completed, retried, failed, handed_back,
-    cancelled, suspended, timed_out or lease_lost."""
-    write = outcome.write
+def outcome_kind(write: Completion | Failure | LeaseRef | None, reason: StopReason | None) -> str:
+    """What an attempt's outcome means (the write that ends it, the stop asked of it):
+    completed, retried, failed, handed_back, cancelled, suspended, timed_out or lease_lost."""
     if isinstance(write, Completion):
         return COMPLETED
     if isinstance(write, Failure):
         return FAILED if write.retry_delay is None else RETRIED
-    reason = context.stop_reason
     if isinstance(write, LeaseRef):
         return CANCELLED if reason is StopReason.CANCEL_REQUESTED else HANDED_BACK
     if reason is StopReason.TIMEOUT:
@@ -369,9 +365,8 @@ class Attempt:
         otel_context.detach(self._token)
         self._span = None
 
-    def end(self, kind: str, outcome: Outcome, seconds: float) -> None:
+    def end(self, kind: str, write: Completion | Failure | LeaseRef | None, seconds: float) -> None:
         claimed = self._claimed
-        write = outcome.write
         if self._span is not None:
             span = self._span
             span.set_attribute("runlane.outcome", kind)

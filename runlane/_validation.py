@@ -18,7 +18,7 @@ import attrs
 from runlane._codec import exception_text
 from runlane._limits import MAX_TEXT_BYTES, MAX_TEXT_CHARS
 from runlane.errors import ConfigurationError, RunNotFound, WaitTokenNotFound
-from runlane.tasks import Queue
+from runlane.flow import Queue
 from runlane.toolkit import INT32_MAX, MAX_DURATION, as_int32, clipped, shown
 
 __all__ = [

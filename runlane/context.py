@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, Unpack, cast, overload
+from typing import Any, NoReturn, Protocol, TypeVar, Unpack, cast, overload
 
 import attrs
 
@@ -45,10 +45,7 @@ from runlane.errors import (
 from runlane.models import RunHandle, RunStatus, WaitTokenStatus
 from runlane.storage import LeaseRef, ProgressWrite, Storage
 
-if TYPE_CHECKING:
-    from runlane.tasks import Task
-
-__all__ = ["RESERVED_PREFIX", "ContextBackend", "RunContext", "Suspended"]
+__all__ = ["RESERVED_PREFIX", "ContextBackend", "RunContext", "Suspended", "TaskRef"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -86,6 +83,14 @@ class Suspended(BaseException):
     """
 
 
+class TaskRef(Protocol):
+    """A task as a child trigger names it: a :class:`~runlane.Task`, by its ``id`` (a task
+    defines its handler on a RunContext, so the context names tasks by what it reads)."""
+
+    @property
+    def id(self) -> str: ...
+
+
 class ContextBackend(Protocol):
     """What a context needs from the runtime executing it."""
 
@@ -94,7 +99,7 @@ class ContextBackend(Protocol):
 
     def trigger_child(
         self,
-        task: Task[Any, Any] | str,
+        task: TaskRef | str,
         payload: Any,
         *,
         idempotency_key: str,
@@ -366,7 +371,7 @@ class RunContext:
 
     @_outages_recorded
     def trigger_child(
-        self, task: Task[Any, Any] | str, payload: Any, **options: Unpack[ChildTriggerOptions]
+        self, task: TaskRef | str, payload: Any, **options: Unpack[ChildTriggerOptions]
     ) -> RunHandle:
         """Trigger a run linked to this one as its parent; ``options`` are ``trigger``'s
         (``queue``, ``delay``, ``run_at``, ``idempotency_key``, ``priority``,

@@ -1,7 +1,8 @@
 """The package's layout keeps its promises (issue 24, "rooms that say what they hold"):
 
-- no import circle between runlane's modules (imports inside functions count; imports under
-  ``if TYPE_CHECKING:`` do not, as they never run);
+- no import circle between runlane's modules (imports inside functions count, and so do
+  imports under ``if TYPE_CHECKING:``: they never run, but a circle of types is one of
+  modules all the same, none of which can be read, tested or moved without the others);
 - no module reads another object's private attributes (``runtime._started``) nor imports
   another module's private names (``from runlane.tasks import _check_name``): a part that
   needs something from another gets a method, property or shared module for it;
@@ -88,14 +89,15 @@ def _imports(
             yield from _imports(list(ast.iter_child_nodes(node)), module, package, type_only)
 
 
-def import_graph(root: Path) -> dict[str, dict[str, int]]:
-    """Each module of the package at ``root`` -> the package's modules it imports (by line)."""
+def import_graph(root: Path, type_only: bool = False) -> dict[str, dict[str, int]]:
+    """Each module of the package at ``root`` -> the package's modules it imports (by line;
+    with ``type_only``, those it imports for type checkers too)."""
     modules = _modules(root)
     graph: dict[str, dict[str, int]] = {}
     for name, path in modules.items():
         edges: dict[str, int] = {}
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        for target, line in _imports(tree.body, name, path.name == "__init__.py"):
+        for target, line in _imports(tree.body, name, path.name == "__init__.py", type_only):
             if target in modules and target != name:
                 edges.setdefault(target, line)
         graph[name] = edges
@@ -250,8 +252,9 @@ def single_users(root: Path) -> dict[str, set[str]]:
 
 
 def test_no_import_circle_between_runlane_modules() -> None:
-    graph = _without_names(import_graph(ROOT))
+    graph = _without_names(import_graph(ROOT, type_only=True))
     assert "runlane.toolkit" in graph["runlane.worker._worker"]  # the walk sees imports
+    assert "runlane.context" in graph["runlane.tasks"]  # and type-only ones
     cycle = find_cycle(graph)
     assert cycle is None, f"an import circle: {_described(cycle, graph)}"
 
@@ -339,6 +342,18 @@ def test_the_walk_names_a_circle_through_a_lazy_import(pkg: Path) -> None:
 def test_the_walk_finds_no_circle_once_it_is_broken(pkg: Path) -> None:
     (pkg / "b.py").write_text("def late():\n    return 1\n")
     assert find_cycle(_without_names(import_graph(pkg))) is None
+
+
+def test_the_walk_names_a_circle_through_a_type_only_import(pkg: Path) -> None:
+    (pkg / "b.py").write_text("def late():\n    return 1\n")
+    assert find_cycle(_without_names(import_graph(pkg))) is None
+    graph = _without_names(import_graph(pkg, type_only=True))
+    cycle = find_cycle(graph)
+    # a imports sub._peer for type checkers only, and sub._peer imports a
+    assert cycle == ["pkg.a", "pkg.sub._peer", "pkg.a"]
+    assert _described(cycle, graph) == "pkg.a (line 6) -> pkg.sub._peer (line 1) -> pkg.a"
+    (pkg / "sub" / "_peer.py").write_text("P = 1\n")
+    assert find_cycle(_without_names(import_graph(pkg, type_only=True))) is None
 
 
 def test_the_walk_finds_a_private_attribute_read_on_another_object(pkg: Path) -> None:

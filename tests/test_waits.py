@@ -35,7 +35,6 @@ from runlane import (
     RunNotFound,
     RunStatus,
     StaleLease,
-    Task,
     WaitToken,
     WaitTokenNotFound,
     WaitTokenStatus,
@@ -44,6 +43,7 @@ from runlane import (
     task,
 )
 from runlane._validation import TriggerOptions
+from runlane.context import TaskRef
 from runlane.storage import ClaimedRun, LeaseRef, StepStored, Storage
 from tests.conftest import RunlaneFactory
 from tests.helpers import (
@@ -373,7 +373,7 @@ class ManualBackend:
 
     def trigger_child(
         self,
-        task: Task[Any, Any] | str,
+        task: TaskRef | str,
         payload: Any,
         *,
         idempotency_key: str,

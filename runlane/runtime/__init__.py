@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Unpack
 
-from runlane._attempt import Middleware, check_middleware
 from runlane._limits import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -60,7 +59,7 @@ from runlane.schedules import Schedule
 from runlane.storage import Storage
 from runlane.tasks import Queue, Task
 from runlane.toolkit import shown
-from runlane.worker import Worker
+from runlane.worker import Middleware, Worker, check_middleware
 
 __all__ = ["DEFAULT_WAIT_FOR_DATABASE", "Runlane", "create_runlane"]
 

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runlane._validation import TriggerOptions
+from runlane.context import TaskRef
 from runlane.models import RunHandle
 from runlane.storage import Storage
-from runlane.tasks import Task
 
 __all__ = ["Backend", "Opened", "TriggerRuns"]
 
@@ -17,7 +17,7 @@ __all__ = ["Backend", "Opened", "TriggerRuns"]
 Opened = Callable[[], Storage]
 # the runtime's trigger path: a task, its payloads and their idempotency keys, the options
 TriggerRuns = Callable[
-    [Task[Any, Any] | str, list[Any], Sequence[str | None], TriggerOptions],
+    [TaskRef | str, list[Any], Sequence[str | None], TriggerOptions],
     list[RunHandle],
 ]
 
@@ -33,7 +33,7 @@ class Backend:
 
     def trigger_child(
         self,
-        task: Task[Any, Any] | str,
+        task: TaskRef | str,
         payload: Any,
         *,
         idempotency_key: str,

@@ -12,7 +12,6 @@ from typing import Any
 
 import attrs
 
-from runlane._attempt import Middleware
 from runlane._limits import MAX_CLAIM_BATCH, MAX_LEASE, MIN_LEASE
 from runlane.errors import ConfigurationError, WorkerFailed
 from runlane.lanes import Lane
@@ -32,7 +31,7 @@ from runlane.runtime._lifetime import Lifetime
 from runlane.storage import Storage
 from runlane.tasks import Queue, Task
 from runlane.toolkit import as_int, as_timedelta, shown
-from runlane.worker import Worker, WorkerOptions, check_worker_arguments
+from runlane.worker import Middleware, Worker, WorkerOptions, check_worker_arguments
 
 __all__ = ["ServiceStarts"]
 

@@ -21,6 +21,7 @@ from runlane._validation import (
     as_run_at,
     check_idempotency_key,
 )
+from runlane.context import TaskRef
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
 from runlane.flow import check_run_key
 from runlane.maintenance import ScheduleEntry
@@ -56,9 +57,9 @@ class Triggering:
     _max_payload_bytes: int
     _opened: Opened
     # the checked plan of each task's triggers with default options (see plan)
-    _default_plans: dict[Task[Any, Any] | str, _Plan] = attrs.field(init=False, factory=dict)
+    _default_plans: dict[TaskRef | str, _Plan] = attrs.field(init=False, factory=dict)
 
-    def resolve_task(self, task: Task[Any, Any] | str) -> Task[Any, Any]:
+    def resolve_task(self, task: TaskRef | str) -> Task[Any, Any]:
         task_id = task if isinstance(task, str) else getattr(task, "id", None)
         registered = self._tasks.get(task_id) if isinstance(task_id, str) else None
         if registered is None or (isinstance(task, Task) and registered is not task):
@@ -107,7 +108,7 @@ class Triggering:
             max_attempts=task.retry.max_attempts,
         )
 
-    def plan(self, task: Task[Any, Any] | str, options: TriggerOptions) -> _Plan:
+    def plan(self, task: TaskRef | str, options: TriggerOptions) -> _Plan:
         """``options`` checked for runs of ``task``: its task, queue, attempts and due time.
 
         A call with every option at its default gets the plan its task's first such call
@@ -142,7 +143,7 @@ class Triggering:
 
     def new_runs(
         self,
-        task: Task[Any, Any] | str,
+        task: TaskRef | str,
         payloads: Iterable[Any],
         idempotency_keys: Sequence[str | None] | None,
         options: TriggerOptions,
@@ -199,7 +200,7 @@ class Triggering:
 
     def runs(
         self,
-        task: Task[Any, Any] | str,
+        task: TaskRef | str,
         payloads: list[Any],
         idempotency_keys: Sequence[str | None] | None,
         options: TriggerOptions,

@@ -10,8 +10,8 @@ from typing import Any
 import attrs
 
 from runlane.errors import RunlaneError
+from runlane.flow import Queue
 from runlane.models import RunSnapshot, RunStatus, WorkerState
-from runlane.tasks import Queue
 
 
 class OutputRefused(RunlaneError):

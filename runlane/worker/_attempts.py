@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from runlane import _telemetry
-from runlane._attempt import AttemptControl, Middleware
+from runlane._attempt import AttemptControl
 from runlane._limits import output_limit
 from runlane.context import RunContext
 from runlane.errors import StopReason
@@ -28,6 +28,7 @@ from runlane.worker._failure_log import log_failure
 from runlane.worker._handoff import HandOff
 from runlane.worker._leases import LeaseTracker
 from runlane.worker._lifecycle import LifecycleWriter
+from runlane.worker._middleware import Middleware
 from runlane.worker._slots import Slot, SlotPool
 
 __all__ = ["Attempts"]
@@ -132,7 +133,7 @@ class Attempts:
             still_ours = self._tracker.untrack(claimed) is not None
         self.runs_executed += outcome.handler_ran
         if attempt is not None or self._drain:
-            kind = _telemetry.outcome_kind(outcome, context)
+            kind = _telemetry.outcome_kind(outcome.write, context.stop_reason)
             if not still_ours and outcome.write is not None:
                 # failed at its task timeout, or handed back by close: the result is dropped
                 timed_out = context.stop_reason is StopReason.TIMEOUT
@@ -143,10 +144,11 @@ class Attempts:
                     # the lifecycle writer failed the attempt at its timeout: drain counts
                     # what that made of the run (retried, or failed for good)
                     task = self._tasks.get(claimed.task_id)
-                    drained = _telemetry.outcome_kind(timeout_failure(claimed, task), context)
+                    failure = timeout_failure(claimed, task).write
+                    drained = _telemetry.outcome_kind(failure, context.stop_reason)
                 self.outcomes[drained] = self.outcomes.get(drained, 0) + 1
             if attempt is not None:
-                attempt.end(kind, outcome, elapsed)
+                attempt.end(kind, outcome.write, elapsed)
         if outcome.write is None:
             return  # suspended (written on the slot's connection), timed out or lease lost
         if still_ours:

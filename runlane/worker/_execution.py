@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from runlane._attempt import AttemptControl, Middleware, MiddlewareStack
+from runlane._attempt import AttemptControl
 from runlane._codec import (
     OutputNotSerializable,
     OutputTooLarge,
@@ -36,6 +36,7 @@ from runlane.models import RunError
 from runlane.retry import next_retry_delay
 from runlane.storage import ClaimedRun, Completion, Failure, LeaseRef
 from runlane.tasks import Task
+from runlane.worker._middleware import Middleware, MiddlewareStack
 
 __all__ = [
     "Outcome",

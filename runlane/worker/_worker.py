@@ -43,7 +43,6 @@ from typing import Any
 import attrs
 
 from runlane import _telemetry
-from runlane._attempt import Middleware
 from runlane._limits import MAX_CONCURRENCY
 from runlane._operator.workers import new_beat
 from runlane.context import ContextBackend
@@ -58,6 +57,7 @@ from runlane.worker._drain import StopWatcher
 from runlane.worker._handoff import HandOff
 from runlane.worker._leases import LeaseTracker, Tracked
 from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
+from runlane.worker._middleware import Middleware
 from runlane.worker._slots import Slot, SlotPool
 from runlane.worker._watch import MaintenanceWatch
 
