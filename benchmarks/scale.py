@@ -91,7 +91,7 @@ def claim_rate(url: str, schema: str, runs: int) -> float:
     connection with asynchronous commit (as a worker's acquirer claims)."""
     lane = postgres_polling_lane(connection_string=url, schema=schema)
     base = lane.create_storage()
-    storage = base.dedicated("bench-claims", synchronous_commit=False)
+    storage = base.dedicated("bench-claims", durable_commits=False)
     try:
         storage.run_claim("default", ["default"], 1, LEASE)  # connect
         claimed = 0

@@ -60,7 +60,7 @@ class PollingAcquirer:
         self._storage = (
             storage
             if options.drain
-            else storage.dedicated(f"{options.name}-claims", synchronous_commit=False)
+            else storage.dedicated(f"{options.name}-claims", durable_commits=False)
         )
         self._wake = threading.Event()
         self._listener = (

@@ -178,7 +178,7 @@ class OutboxRepository:
 
     def wal_flush(self) -> None:
         """Return once the WAL is flushed past every commit that returned before this call,
-        asynchronous ones (a dedicated view's with ``synchronous_commit=False``) included.
+        asynchronous ones (a dedicated view's with ``durable_commits=False``) included.
         Needs a connection that commits synchronously (the pool's)."""
         self._db.run(lambda conn: conn.execute(self._sql["wal_flush"]))
 

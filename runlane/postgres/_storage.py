@@ -190,15 +190,15 @@ class PostgresStorage:
         :class:`~runlane.StorageUnavailable`. A no-op when idle, and on the pooled storage."""
         self._db.interrupt()
 
-    def dedicated(self, name: str, *, synchronous_commit: bool = True) -> PostgresStorage:
+    def dedicated(self, name: str, *, durable_commits: bool = True) -> PostgresStorage:
         """A view of this storage on one connection of its own, for one thread.
 
-        ``synchronous_commit=False`` lets commits return before their WAL is flushed; only
-        claims use it: a claim lost to a server crash only makes its run claimable again."""
+        ``durable_commits=False`` (claims only: one a server crash loses only makes its run
+        claimable again) turns ``synchronous_commit`` off: commits return before the WAL flush."""
         return PostgresStorage(
             connection_string=self._db.conninfo,
             schema=self.schema,
-            _db=self._db.dedicated(name, synchronous_commit=synchronous_commit),
+            _db=self._db.dedicated(name, synchronous_commit=durable_commits),
             _eager=self._eager,
         )
 

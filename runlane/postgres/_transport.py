@@ -165,7 +165,7 @@ class Outbox(Protocol):
 
     # -- connections -----------------------------------------------------------------------
 
-    def dedicated(self, name: str, *, synchronous_commit: bool = True) -> Outbox:
+    def dedicated(self, name: str, *, durable_commits: bool = True) -> Outbox:
         """A view on one connection of its own, for one thread (a consumer's claims)."""
 
     def interrupt(self) -> None:

@@ -146,7 +146,7 @@ class RabbitAcquirer:
         self._name = options.name
         # claims commit asynchronously (their handlers start at once); their deliveries are
         # acknowledged once a synchronous flush on the pool has made them durable (_acks)
-        self._claims = storage.dedicated(f"{options.name}-claims", synchronous_commit=False)
+        self._claims = storage.dedicated(f"{options.name}-claims", durable_commits=False)
         self._acks: AckAfterFlush[_Delivery] = AckAfterFlush(
             options.name, storage.wal_flush, self._settle_flushed
         )

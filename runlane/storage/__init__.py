@@ -107,10 +107,11 @@ class StorageConnections(Protocol):
         lets go (a transport lane's pending publishes) gets at most ``timeout`` seconds
         (None: the storage's own bound)."""
 
-    def dedicated(self, name: str, *, synchronous_commit: bool = True) -> Storage:
-        """A view of this storage on a connection of its own, for one thread. Without
-        ``synchronous_commit`` a commit may be lost to a server crash (never to a client
-        failure); only claims, which a crash merely returns to the queue, use that."""
+    def dedicated(self, name: str, *, durable_commits: bool = True) -> Storage:
+        """A view of this storage on a connection of its own, for one thread. With
+        ``durable_commits=False`` a commit may return before it is durable and be lost to a
+        server crash (never to a client failure); only claims, which a crash merely returns
+        to the queue, ask for that."""
 
     def interrupt(self) -> None:
         """Cancel the statement in flight on a dedicated view's connection, from another
