@@ -14,16 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Unpack
 
-from runlane._limits import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    check_limit,
-    check_name,
-)
+from runlane._limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from runlane._operator.bulk import BulkFilters
-from runlane._validation import as_payload_list, call_options, with_default_queue
-from runlane.errors import ConfigurationError
-from runlane.lanes import ChecksQueueNames, Lane
+from runlane._validation import as_payload_list, call_options
+from runlane.lanes import Lane
 from runlane.maintenance import (
     MaintenanceLimits,
     MaintenanceResult,
@@ -51,6 +45,7 @@ from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE
 from runlane.runtime._lifetime import Lifetime
 from runlane.runtime._queue_admin import QueueAdmin
 from runlane.runtime._reads import Reads
+from runlane.runtime._registrations import check_registrations
 from runlane.runtime._schedule_admin import ScheduleAdmin
 from runlane.runtime._services import ServiceStarts
 from runlane.runtime._triggering import Triggering
@@ -58,7 +53,6 @@ from runlane.runtime._waiting import Waits
 from runlane.schedules import Schedule
 from runlane.storage import Storage
 from runlane.tasks import Queue, Task
-from runlane.toolkit import shown
 from runlane.worker import Middleware, Worker, check_middleware
 
 __all__ = ["DEFAULT_WAIT_FOR_DATABASE", "Runlane", "create_runlane"]
@@ -574,33 +568,16 @@ def create_runlane(
     taking one argument, a generator function without ``@contextmanager``, annotated to
     return something else) is refused here with a ConfigurationError.
     """
-    check_name("environment", environment)
-    checked_middleware = check_middleware(middleware)
-    check_limit("max_payload_bytes", max_payload_bytes)
-    check_limit("max_output_bytes", max_output_bytes)
-    if retention is not None and not isinstance(retention, RetentionPolicy):
-        raise ConfigurationError(f"retention must be a RetentionPolicy, got {shown(retention)}")
-    schedule_ids = [getattr(s, "id", s) for s in schedules]
-    repeated = sorted({str(i) for i in schedule_ids if schedule_ids.count(i) > 1})
-    if repeated:
-        raise ConfigurationError(f"schedules registered twice: {repeated}")
-    queue_list = with_default_queue(queues)
-    registered = {q.name for q in queue_list}
-    task_ids: set[str] = set()
-    for t in tasks:
-        if not isinstance(t, Task):
-            raise ConfigurationError(f"tasks takes @task-decorated functions, got {shown(t)}")
-        if t.id in task_ids:
-            raise ConfigurationError(f"two tasks share the id {t.id!r}")
-        task_ids.add(t.id)
-        if t.queue is not None and t.queue not in registered:
-            raise ConfigurationError(
-                f"task {t.id!r} names queue {t.queue!r}, which is not registered: add "
-                f"queue({t.queue!r}) to create_runlane(queues=[...])"
-            )
-    # a lane whose transport limits names (RabbitMQ's 255-byte queue names) refuses them here
-    if isinstance(lane, ChecksQueueNames):
-        lane.check_queue_names(environment, [q.name for q in queue_list])
+    queue_list, checked_middleware = check_registrations(
+        lane=lane,
+        queues=queues,
+        tasks=tasks,
+        schedules=schedules,
+        retention=retention,
+        environment=environment,
+        limits=(max_payload_bytes, max_output_bytes),
+        middleware=middleware,
+    )
     return Runlane(
         lane=lane,
         queues=queue_list,
