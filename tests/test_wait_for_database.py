@@ -43,6 +43,7 @@ from runlane.cli import EXIT_FAILURE, main
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.postgres._connect_errors import waiting_helps
 from runlane.runtime import Runlane
+from runlane.runtime._database_wait import DatabaseWait
 from runlane.testing import restart_embedded_postgres, start_embedded_postgres
 from tests._proxy import TcpProxy
 from tests.helpers import cli_process, closed_port, wait_until
@@ -567,3 +568,18 @@ def test_which_connection_errors_a_wait_may_fix(
         own_server.start()
     assert "No such file or directory" in str(no_socket)
     assert waiting_helps(no_socket)
+
+
+def test_a_close_during_a_connect_attempt_ends_the_wait_as_closed() -> None:
+    """close() lands while an attempt to connect is under way (it takes up to the connect
+    timeout): the attempt's failure then ends the wait as closed (RunlaneClosed, which the
+    CLI reports as a stop, exit 0), not as the storage's error (exit 1)."""
+    wait: DatabaseWait
+
+    def start() -> None:
+        wait.end()  # the close arrives while this connect attempt fails
+        raise StorageUnavailable("the server is starting up", transient=True)
+
+    wait = DatabaseWait(start, None, lambda: RunlaneClosed("closed"))  # type: ignore[arg-type]
+    with pytest.raises(RunlaneClosed):
+        wait.until_ready(60, "starting a worker")

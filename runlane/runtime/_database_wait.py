@@ -72,8 +72,10 @@ class DatabaseWait:
             try:
                 self._ready()
             except StorageUnavailable as exc:
+                if self._ended.is_set():  # closed while it connected: a stop, not a failure
+                    raise self._closed() from exc
                 left = deadline.left()
-                if not exc.transient or self._ended.is_set():
+                if not exc.transient:
                     raise
                 if left is not None and left <= 0:
                     if retries:
