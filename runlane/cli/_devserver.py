@@ -47,10 +47,8 @@ __all__ = ["DevDatabase", "Reset", "default_directory", "dev_database"]
 MARKER = "runlane-dev-db.json"  # written by start before anything else; reset requires it
 LOCK = "runlane-dev-db.lock"  # flock'ed by start, stop and reset
 DATA = "data"  # the server's data directory (PGDATA)
-OURS = (DATA, LOCK, MARKER)  # what reset deletes: nothing else in the directory
 ROOT_DIRECTORY = Path("/var/lib/runlane/dev-db")
 LOCK_WAIT_SECONDS = 120.0
-SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last a NUL
 
 
 def default_directory() -> Path:
