@@ -9,8 +9,9 @@ what no wait fixes (a host name that does not resolve, a refused password, a mis
 database or schema, a missing privilege) fails at once, as before. Which storage errors a
 wait may fix is the storage's to say (``StorageUnavailable.transient``).
 
-Every wait ends at once when the runtime is closed (another thread's ``close()``, a CLI's
-stop signal) and, on the main thread, when Ctrl-C raises ``KeyboardInterrupt``.
+Every wait ends when the runtime is closed (another thread's ``close()``, a CLI's stop
+signal): at once between two attempts, and when the attempt under way ends (within its
+connect timeout) otherwise; on the main thread, Ctrl-C raises ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations

@@ -96,6 +96,9 @@ class Lifetime:
     def close(self, timeout: float | None) -> None:
         limit = as_wait_timeout("timeout", timeout)
         deadline = None if limit is None else time.monotonic() + limit
+        # first, before the lock an open under way holds: a wait for the database then ends
+        # when that attempt does, as closed
+        self._database_wait.end()
         with self._lock:
             if self._closed:
                 return
@@ -104,7 +107,6 @@ class Lifetime:
             _telemetry.unregister_runtime(self._runtime)
             owned, self._owned = self._owned, []
             run_ends, self._run_ends = self._run_ends, False
-        self._database_wait.end()
         # every part runs even when one raises; the first error is raised at the end
         closing = Closing(f"the runtime of environment {self._environment!r}")
         for item in owned:
