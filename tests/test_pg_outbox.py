@@ -278,7 +278,10 @@ def test_failing_queues_are_read_from_the_failing_index(
     plan = "\n".join(
         str(row[0])
         for row in dbx.all(
-            "explain " + storage._db.sql["outbox_failing_queues"].replace("%(environment)s", "%s"),
+            "explain "
+            + storage._db.sql["outbox_failing_queues"]
+            .replace("%(environment)s", "%s")
+            .replace("%(now)s", "null"),
             ENV,
         )
     )

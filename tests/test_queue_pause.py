@@ -142,6 +142,7 @@ def test_a_claim_does_not_read_a_paused_queues_backlog(
         "lease_seconds": 60.0,
         "concurrency_limit": None,
         "worker_id": None,
+        "now": None,
     }
     claim = statements(schema)["run_claim"]
     with db.transaction(force_rollback=True):

@@ -192,7 +192,7 @@ def test_each_statement_that_ends_an_attempt_records_it(
         )
         fence = {"id": run_id, "attempt": 2, "lease_token": token}
         batch = {"ids": [run_id], "attempts": [2], "lease_tokens": [token]}
-        db.execute(texts[name], {**fence, **batch, **params}).fetchall()
+        db.execute(texts[name], {**fence, **batch, **params, "now": None}).fetchall()
         row: tuple[Any, ...] | None = db.execute(
             q(
                 "select attempt, lease_token = %s, outcome, error, started_at, worker_id "

@@ -38,6 +38,7 @@ from runlane.postgres._connections import (
     storage_error,
 )
 from runlane.postgres._migrations import known_checksums
+from runlane.postgres._now import Clock, now_cursor
 from runlane.postgres._pq import RawStatement
 from runlane.postgres._sql import statements
 from runlane.storage import MaintenanceFence
@@ -74,12 +75,13 @@ def _migrate_hint(schema: str) -> str:
 
 
 class _Shared:
-    """What a storage and its dedicated views share: the schema's statements, and whether
-    the schema was found current."""
+    """What a storage and its dedicated views share: the schema's statements, the clock
+    they read as now (_now.py), and whether the schema was found current."""
 
-    def __init__(self, schema: str) -> None:
+    def __init__(self, schema: str, clock: Clock | None) -> None:
         self.sql = statements(schema)
-        self.raw = {name: RawStatement(name, self.sql[name]) for name in _RAW_STATEMENTS}
+        self.raw = {name: RawStatement(name, self.sql[name], clock) for name in _RAW_STATEMENTS}
+        self.cursor = now_cursor(clock)
         self.checked = False
 
 
@@ -96,6 +98,7 @@ class Executor:
         source: ConnectionSource,
         connect_timeout: float,
         statement_timeout: float | None,
+        clock: Clock | None = None,
         _shared: _Shared | None = None,
     ) -> None:
         self.schema = schema
@@ -104,7 +107,7 @@ class Executor:
         # of dedicated views' statements: a statement blocked longer than this fails
         self.statement_timeout = statement_timeout
         self._source = source
-        self._shared = _shared or _Shared(schema)
+        self._shared = _shared or _Shared(schema, clock)
         self.sql, self.raw = self._shared.sql, self._shared.raw
         self._lock = threading.Lock()
         self._opened = False
@@ -199,6 +202,7 @@ class Executor:
         for retries_left in range(_RECONNECT_TRIES, -1, -1):
             try:
                 with self._source.connection() as conn:
+                    conn.cursor_factory = self._shared.cursor
                     self._check_schema(conn)
                     return fn(conn)
             except psycopg.OperationalError as exc:
@@ -237,12 +241,15 @@ class Executor:
             )
         if not self._shared.checked:
             self.run(lambda conn: None)
+        factory, connection.cursor_factory = connection.cursor_factory, self._shared.cursor
         try:
             return fn(connection)
         except psycopg.Error as exc:
             raise self._translation(exc) or storage_error(
                 exc, self.conninfo, "insert runs on the caller's connection (connection=)"
             ) from exc
+        finally:
+            connection.cursor_factory = factory
 
     # -- errors --------------------------------------------------------------------------
 

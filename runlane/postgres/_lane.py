@@ -23,6 +23,7 @@ from runlane.postgres._acquirer import PollingAcquirer
 from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, check_conninfo
 from runlane.postgres._ends import RunEnds
 from runlane.postgres._listener import PostgresListener
+from runlane.postgres._now import Clock
 from runlane.postgres._sql import notify_channel, validate_schema_name
 from runlane.postgres._storage import PostgresStorage
 from runlane.storage import MaintenanceFence, Storage
@@ -59,14 +60,16 @@ class PostgresOptions(Protocol):
     def connect_timeout(self) -> float: ...
 
 
-def postgres_storage(options: PostgresOptions) -> PostgresStorage:
-    """The storage of a lane with these ``options``."""
+def postgres_storage(options: PostgresOptions, clock: Clock | None = None) -> PostgresStorage:
+    """The storage of a lane with these ``options``; its statements read ``clock()`` as now
+    when given (a test's :class:`runlane.testing.MovableClock`)."""
     return PostgresStorage(
         connection_string=options.connection_string,
         schema=options.schema,
         pool_min_size=options.pool_min_size,
         pool_max_size=options.pool_max_size,
         connect_timeout=options.connect_timeout,
+        clock=clock,
     )
 
 
@@ -110,6 +113,7 @@ class PostgresPollingLane:
     connect_timeout: float
     poll_interval: timedelta
     listen: bool
+    clock: Clock | None = attrs.field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -121,7 +125,7 @@ class PostgresPollingLane:
         return None
 
     def create_storage(self) -> PostgresStorage:
-        return postgres_storage(self)
+        return postgres_storage(self, self.clock)
 
     def prepare(self, storage: Storage, environment: str) -> None:
         """Nothing to prepare: the polling lane keeps no outbox."""
@@ -213,6 +217,7 @@ def postgres_polling_lane(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     poll_interval: timedelta = timedelta(seconds=1),
     listen: bool = True,
+    clock: Clock | None = None,
 ) -> PostgresPollingLane:
     """A lane storing runs in ``schema`` of the database at ``connection_string``.
 
@@ -220,7 +225,9 @@ def postgres_polling_lane(
     stops extending (crash, freeze) loses the run to maintenance after at most this long.
     Idle workers wake on NOTIFY and also poll every ``poll_interval`` (jittered), which is
     what finds delayed runs and covers lost notifications; ``listen=False`` polls only (for
-    connection poolers that cannot LISTEN). ``connect_timeout`` (seconds, 5 by default; a
+    connection poolers that cannot LISTEN). ``clock``: the time every statement of the lane's
+    storages reads as now instead of the database's (tests: :class:`runlane.testing.MovableClock`,
+    docs/testing.md). ``connect_timeout`` (seconds, 5 by default; a
     ``connect_timeout`` in the connection string wins) bounds making a connection: a wrong
     host, port, password or database fails the first call within it, with a
     :class:`~runlane.StorageUnavailable` naming the cause. A free pooled connection is waited
@@ -248,4 +255,5 @@ def postgres_polling_lane(
         connect_timeout=connect_timeout,
         poll_interval=poll_interval,
         listen=listen,
+        clock=clock,
     )

@@ -29,7 +29,7 @@ import os
 import re
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -86,12 +86,13 @@ class RawStatement:
     """One named statement of ``sql/`` (psycopg's ``%(name)s`` placeholders), executed
     through libpq on a connection of the storage's (autocommit, idle, not in a pipeline).
 
-    Its parameters are sent as text, in the order they first appear in the statement;
+    Its parameters are sent as text, in the order they first appear in the statement (its
+    ``now``, if it reads the clock, is ``clock()``: see _now.py; None without a clock);
     ``rows()`` returns the statement's rows as text (None for NULL). The prepared name
     carries a digest of the rendered text, so storages of different schemas sharing a
     connection never meet each other's statement."""
 
-    def __init__(self, name: str, text: str) -> None:
+    def __init__(self, name: str, text: str, clock: Callable[[], datetime] | None = None) -> None:
         params: list[str] = []
 
         def positional(match: re.Match[str]) -> str:
@@ -107,6 +108,7 @@ class RawStatement:
         digest = hashlib.md5(converted.encode(), usedforsecurity=False).hexdigest()[:12]
         self.name = name
         self.params = tuple(params)
+        self._clock = clock
         self._source = text
         self._prepared_name = f"runlane_{name}_{digest}".encode()
         self._text = converted
@@ -117,6 +119,8 @@ class RawStatement:
     def rows(self, conn: Conn, values: Mapping[str, object]) -> list[tuple[str | None, ...]]:
         """Execute with ``values`` (by parameter name: None for NULL, or a str, int, float,
         UUID or datetime, sent as its text); the rows it returned."""
+        if "now" in self.params:
+            values = {**values, "now": None if self._clock is None else self._clock()}
         args = self._encoded(conn, values)
         if not RAW_PATH:
             return self._cursor_rows(conn, values)

@@ -95,7 +95,8 @@ def parse_blocks(
 
 def with_fragments(blocks: dict[str, str], fragments: dict[str, str]) -> dict[str, str]:
     """``blocks`` with each ``{@name}`` replaced by fragment ``name`` (its comment lines
-    left out); a name no fragment has, or a fragment no block uses, is an error."""
+    left out, its own ``{@name}`` replaced in turn); a name no fragment has, or a fragment
+    nothing uses, is an error."""
     texts = {
         name: "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
         for name, text in fragments.items()
@@ -107,7 +108,7 @@ def with_fragments(blocks: dict[str, str], fragments: dict[str, str]) -> dict[st
         if name not in texts:
             raise RuntimeError(f"a statement uses fragment {name!r}, which {FRAGMENTS_FILE} lacks")
         used.add(name)
-        return texts[name]
+        return _FRAGMENT_USE.sub(put, texts[name])  # a fragment may name others ({@now})
 
     done = {name: _FRAGMENT_USE.sub(put, body) for name, body in blocks.items()}
     unused = sorted(set(texts) - used)

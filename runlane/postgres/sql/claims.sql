@@ -26,7 +26,7 @@ with live as (
       and environment = %(environment)s
       and queue = any(%(queues)s::text[])
       and status in ('running', 'cancellation_requested')
-      and lease_expires_at > now()
+      and lease_expires_at > {@now}
 ), served as (
     select distinct q
     from unnest(%(queues)s::text[]) as q
@@ -41,7 +41,7 @@ with live as (
         where environment = %(environment)s
           and queue = served.q
           and status = 'queued'
-          and due_at <= now()
+          and due_at <= {@now}
         order by priority desc, due_at, id
         limit greatest(0, least(%(limit)s,
                                 coalesce(%(concurrency_limit)s::int - (select n from live),
@@ -55,8 +55,8 @@ with live as (
 )
 update {schema}.runs as r
 set {@claim_set},
-    attempt_started_at = now(),
-    started_at = coalesce(r.started_at, now())
+    attempt_started_at = {@now},
+    started_at = coalesce(r.started_at, {@now})
 from candidates as c
 where r.id = c.id
 returning {@claim_returning};

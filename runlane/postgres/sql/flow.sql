@@ -35,7 +35,7 @@ with flow as materialized (
     from {schema}.queue_flow as f
     where f.environment = %(environment)s and f.queue = %(queue)s
 ), stamp as materialized (
-    select greatest(clock_timestamp(), coalesce(flow.last_start, '-infinity')) as t
+    select greatest({@clock_now}, coalesce(flow.last_start, '-infinity')) as t
     from flow
 ), per as materialized (
     select %(rate_per_us)s::bigint * interval '1 microsecond' as d
@@ -77,7 +77,7 @@ with flow as materialized (
       and environment = %(environment)s
       and queue = %(queue)s
       and status = 'queued'
-      and due_at <= now()
+      and due_at <= {@now}
     order by priority desc, due_at, id
     limit (select n from room)
     for update skip locked
@@ -93,7 +93,7 @@ with flow as materialized (
                 and environment = %(environment)s
                 and queue = %(queue)s
                 and status = 'queued'
-                and due_at <= now()
+                and due_at <= {@now}
               order by priority desc, due_at, id
               limit (select n from room)) as h
         where h.concurrency_key is null))
@@ -152,7 +152,7 @@ with flow as materialized (
         where environment = %(environment)s and queue = %(queue)s
           and concurrency_key = walk.k
           and status in ('running', 'cancellation_requested')
-          and lease_expires_at > now()) as lv
+          and lease_expires_at > {@now}) as lv
     left join lateral (
         -- the key as a range and the order led by it (one key: the same rows, the same
         -- order) so that only runs_claimable_by_key serves it: with "= walk.k" the generic
@@ -162,7 +162,7 @@ with flow as materialized (
         where environment = %(environment)s and queue = %(queue)s
           and concurrency_key >= walk.k and concurrency_key <= walk.k
           and status = 'queued'
-          and due_at <= now()
+          and due_at <= {@now}
         order by concurrency_key, priority desc, due_at, id
         limit greatest(0, %(key_limit)s::int - lv.n)
         for update skip locked) as c on true
@@ -182,7 +182,7 @@ with flow as materialized (
                 and r.environment = %(environment)s
                 and r.queue = %(queue)s
                 and r.status = 'queued'
-                and r.due_at <= now()) as n
+                and r.due_at <= {@now}) as n
         where n.concurrency_key is null or %(key_limit)s::int is null
            or n.rank <= %(key_limit)s::int - (
                 select count(*)
@@ -190,7 +190,7 @@ with flow as materialized (
                 where l.environment = %(environment)s and l.queue = %(queue)s
                   and l.concurrency_key = n.concurrency_key
                   and l.status in ('running', 'cancellation_requested')
-                  and l.lease_expires_at > now())
+                  and l.lease_expires_at > {@now})
         order by n.priority desc, n.due_at, n.id
         limit (select n from room)))
       and status = 'queued'

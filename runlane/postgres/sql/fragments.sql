@@ -8,9 +8,9 @@
 status = 'running',
 attempt = r.attempt + 1,
 lease_token = gen_random_uuid(),
-lease_expires_at = now() + %(lease_seconds)s * interval '1 second',
+lease_expires_at = {@now} + %(lease_seconds)s * interval '1 second',
 worker_id = %(worker_id)s::uuid,
-updated_at = now()
+updated_at = {@now}
 
 -- fragment: claim_returning
 -- What a claim returns of each run it took: one column per field of
@@ -36,10 +36,10 @@ status = case
 due_at = case
     when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
         then r.due_at
-    else now() + i.retry_delay_seconds * interval '1 second' end,
+    else {@now} + i.retry_delay_seconds * interval '1 second' end,
 finished_at = case
     when r.status = 'cancellation_requested' or i.retry_delay_seconds is null
-        then now() end
+        then {@now} end
 
 -- fragment: attempt_fence
 -- The fence of every write an attempt makes (the runs table aliased r, the attempt's row i:
@@ -63,11 +63,11 @@ from unnest(%(ids)s::uuid[], %(attempts)s::int[], %(lease_tokens)s::uuid[],
 -- cancellation was requested, else back_to; the attempt is not consumed (releases counts
 -- it) and its lease is gone. The statement sets due_at.
 status = case when r.status = 'cancellation_requested' then 'cancelled' else i.back_to end,
-finished_at = case when r.status = 'cancellation_requested' then now() end,
+finished_at = case when r.status = 'cancellation_requested' then {@now} end,
 releases = r.releases + 1,
 lease_token = null,
 lease_expires_at = null,
-updated_at = now()
+updated_at = {@now}
 
 -- fragment: attempt_record
 -- Keeps each attempt a statement ended in attempts, the history: the statement's CTE ended
@@ -129,7 +129,7 @@ insert into {schema}.runs as r (
     id, environment, task_id, queue, status, priority, payload, max_attempts,
     idempotency_key, parent_run_id, due_at, trace_context)
 select i.id, i.e, i.t, i.q, 'queued', i.p, coalesce(i.payload, 'null'::jsonb), i.a, i.k, i.pr,
-       coalesce(i.r, now() + i.d * interval '1 second'), i.c
+       coalesce(i.r, {@now} + i.d * interval '1 second'), i.c
 from json_to_recordset(%(rows)s::json)
     as i(id uuid, e text, t text, q text, p integer, payload jsonb, a integer, k text,
          pr uuid, r timestamptz, d float8, c jsonb)
@@ -143,4 +143,15 @@ where %(concurrency_limit)s::int is not null
   and environment = %(environment)s
   and queue = %(queue)s
   and status in ('running', 'cancellation_requested')
-  and lease_expires_at > now()
+  and lease_expires_at > {@now}
+
+-- fragment: now
+-- The time a statement reads as now: the transaction's now(), unless the executor was given
+-- a clock to move (runlane.testing.MovableClock: tests move time instead of sleeping).
+-- Every statement that reads the clock names it, never now() itself.
+coalesce(%(now)s::timestamptz, now())
+
+-- fragment: clock_now
+-- The same for a time read after a lock is taken (clock_timestamp(), which moves on within
+-- a transaction): maintenance leases and fences, the flow-control claim's start stamps.
+coalesce(%(now)s::timestamptz, clock_timestamp())

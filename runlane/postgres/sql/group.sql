@@ -33,7 +33,7 @@ with claim as materialized (
 cross join claim
 order by i.e collate "C", i.t collate "C", i.k collate "C", i.id
 on conflict do nothing
-returning r.id, r.due_at <= now() as due_now;
+returning r.id, r.due_at <= {@now} as due_now;
 
 -- name: run_insert_group_claimed_fresh
 -- run_insert_group_claimed for a group without idempotency keys (the usual case): as
@@ -45,4 +45,4 @@ with claim as materialized (
 )
 {@group_insert}
 cross join claim
-returning r.id, r.due_at <= now() as due_now;
+returning r.id, r.due_at <= {@now} as due_now;

@@ -25,8 +25,8 @@ with input as (
         error = null,
         lease_token = null,
         lease_expires_at = null,
-        finished_at = now(),
-        updated_at = now()
+        finished_at = {@now},
+        updated_at = {@now}
     from input as i
     where {@attempt_fence}
     returning r.id, r.attempt, i.lease_token, r.status as outcome, r.error,
@@ -46,7 +46,7 @@ with input as (
         error = i.error::jsonb,
         lease_token = null,
         lease_expires_at = null,
-        updated_at = now()
+        updated_at = {@now}
     from input as i
     where {@attempt_fence}
     returning r.id, r.attempt, i.lease_token, r.status, r.status as outcome, r.error,
@@ -63,7 +63,7 @@ with input as (
 ), ended as (
     update {schema}.runs as r
     set {@attempt_hand_back_set},
-        due_at = now()
+        due_at = {@now}
     from input as i
     where {@attempt_fence}
     returning r.id, r.attempt, i.lease_token,
@@ -94,10 +94,10 @@ with beat as (
         state, stopped_at)
     select %(worker_id)s::uuid, %(environment)s, %(host)s, %(pid)s, %(runlane_version)s,
            %(queues)s::text[], %(concurrency)s, %(heartbeat_seconds)s, %(worker_state)s,
-           case when %(worker_state)s = 'stopped' then now() end
+           case when %(worker_state)s = 'stopped' then {@now} end
     where %(worker_id)s::uuid is not null
     on conflict (id) do update
-    set last_seen_at = now(),
+    set last_seen_at = {@now},
         state = excluded.state,
         stopped_at = excluded.stopped_at
     where w.state <> 'stopped'
@@ -107,8 +107,8 @@ with beat as (
         as i(id, attempt, lease_token)
 )
 update {schema}.runs as r
-set lease_expires_at = now() + %(lease_seconds)s * interval '1 second'
+set lease_expires_at = {@now} + %(lease_seconds)s * interval '1 second'
 from input as i
 where {@attempt_fence}
-  and r.lease_expires_at > now()
+  and r.lease_expires_at > {@now}
 returning r.id, r.attempt, r.lease_token, r.status;

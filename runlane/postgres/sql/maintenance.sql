@@ -17,7 +17,7 @@ where environment = %(environment)s
   and band = %(band)s
   and owner = %(owner)s
   and fencing = %(fencing)s
-  and expires_at > clock_timestamp()
+  and expires_at > {@clock_now}
 for share;
 
 -- name: maintenance_lease_acquire
@@ -26,37 +26,37 @@ for share;
 insert into {schema}.maintenance_leases as l (
     environment, band, owner, fencing, expires_at, acquired_at)
 values (%(environment)s, %(band)s, %(owner)s, 1,
-        clock_timestamp() + %(lease_seconds)s * interval '1 second', clock_timestamp())
+        {@clock_now} + %(lease_seconds)s * interval '1 second', {@clock_now})
 on conflict (environment, band) do update
 set owner = excluded.owner,
     fencing = l.fencing + 1,
-    expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
-    acquired_at = clock_timestamp()
-where l.expires_at <= clock_timestamp()
+    expires_at = {@clock_now} + %(lease_seconds)s * interval '1 second',
+    acquired_at = {@clock_now}
+where l.expires_at <= {@clock_now}
 returning fencing;
 
 -- name: maintenance_lease_refresh
 update {schema}.maintenance_leases
-set expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
+set expires_at = {@clock_now} + %(lease_seconds)s * interval '1 second'
 where environment = %(environment)s
   and band = %(band)s
   and owner = %(owner)s
   and fencing = %(fencing)s
-  and expires_at > clock_timestamp()
+  and expires_at > {@clock_now}
 returning fencing;
 
 -- name: maintenance_lease_release
 update {schema}.maintenance_leases
-set expires_at = clock_timestamp()
+set expires_at = {@clock_now}
 where environment = %(environment)s
   and band = %(band)s
   and owner = %(owner)s
   and fencing = %(fencing)s
-  and expires_at > clock_timestamp()
+  and expires_at > {@clock_now}
 returning fencing;
 
 -- name: maintenance_lease_list
-select band, owner, fencing, expires_at, expires_at > clock_timestamp() as live
+select band, owner, fencing, expires_at, expires_at > {@clock_now} as live
 from {schema}.maintenance_leases
 where environment = %(environment)s
 order by band;
@@ -68,19 +68,19 @@ with due as materialized (
     select id
     from {schema}.runs
     where environment = %(environment)s
-      and due_at <= now()
+      and due_at <= {@now}
       and (status in ('retrying', 'released') or (status = 'waiting' and wait_kind = 'sleep'))
     order by due_at, id
     limit %(limit)s
     for update skip locked
 )
 update {schema}.runs as r
-set status = 'queued', wait_kind = null, updated_at = now()
+set status = 'queued', wait_kind = null, updated_at = {@now}
 from due
 where r.id = due.id
   and (r.status in ('retrying', 'released')
        or (r.status = 'waiting' and r.wait_kind = 'sleep'))
-  and r.due_at <= now()
+  and r.due_at <= {@now}
 returning r.id, r.queue;
 
 -- name: run_list_expired
@@ -92,7 +92,7 @@ select id, task_id, attempt, attempt - releases as attempts_consumed, max_attemp
 from {schema}.runs
 where environment = %(environment)s
   and status in ('running', 'cancellation_requested')
-  and lease_expires_at < now()
+  and lease_expires_at < {@now}
   and lease_token is not null
 order by lease_expires_at
 limit %(limit)s;
@@ -109,7 +109,7 @@ with input as (
     select r.id
     from {schema}.runs as r
     join input as i on {@attempt_fence}
-    where r.lease_expires_at < now()
+    where r.lease_expires_at < {@now}
     for update of r skip locked
 ), ended as (
     update {schema}.runs as r
@@ -118,11 +118,11 @@ with input as (
                      else i.error::jsonb end,
         lease_token = null,
         lease_expires_at = null,
-        updated_at = now()
+        updated_at = {@now}
     from input as i
     join locked as l on l.id = i.id
     where {@attempt_fence}
-      and r.lease_expires_at < now()
+      and r.lease_expires_at < {@now}
     returning r.id, r.attempt, i.lease_token, r.status, 'expired' as outcome, r.error,
               r.attempt_started_at, r.worker_id
 ), {@attempt_record}
@@ -136,8 +136,8 @@ with recent as (
     from {schema}.runs
     where environment = %(environment)s
       and status = 'queued'
-      and due_at <= now()
-      and due_at > now() - %(window_seconds)s * interval '1 second'
+      and due_at <= {@now}
+      and due_at > {@now} - %(window_seconds)s * interval '1 second'
       and not exists (select from {schema}.queue_states as s
                       where s.environment = %(environment)s and s.queue = runs.queue
                         and s.paused)
@@ -155,21 +155,21 @@ with candidates as materialized (
     (select id
      from {schema}.runs
      where environment = %(environment)s and pruned_at is null and status = 'completed'
-       and finished_at < now() - %(completed_seconds)s * interval '1 second'
+       and finished_at < {@now} - %(completed_seconds)s * interval '1 second'
      order by finished_at
      limit %(limit)s)
     union all
     (select id
      from {schema}.runs
      where environment = %(environment)s and pruned_at is null and status = 'failed'
-       and finished_at < now() - %(failed_seconds)s * interval '1 second'
+       and finished_at < {@now} - %(failed_seconds)s * interval '1 second'
      order by finished_at
      limit %(limit)s)
     union all
     (select id
      from {schema}.runs
      where environment = %(environment)s and pruned_at is null and status = 'cancelled'
-       and finished_at < now() - %(cancelled_seconds)s * interval '1 second'
+       and finished_at < {@now} - %(cancelled_seconds)s * interval '1 second'
      order by finished_at
      limit %(limit)s)
     union all
@@ -187,7 +187,7 @@ where r.id in (select id from candidates)
   and r.environment = %(environment)s
   and ((r.pruned_at is null
         and r.status in ('completed', 'failed', 'cancelled')
-        and r.finished_at < now() - case r.status
+        and r.finished_at < {@now} - case r.status
             when 'completed' then %(completed_seconds)s
             when 'failed' then %(failed_seconds)s
             else %(cancelled_seconds)s end * interval '1 second')

@@ -23,7 +23,7 @@ insert into {schema}.runs as r (
     idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
 select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
        i.payload, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
-       coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
+       coalesce(%(run_at)s::timestamptz, {@now} + %(delay_seconds)s * interval '1 second'),
        %(trace_context)s::jsonb, %(concurrency_key)s::text
 from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb),
                 unnest(%(idempotency_keys)s::text[]))
@@ -31,7 +31,7 @@ from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::json
 cross join claim
 order by i.idempotency_key collate "C", i.id
 on conflict do nothing
-returning r.id, r.due_at <= now() as due_now;
+returning r.id, r.due_at <= {@now} as due_now;
 
 -- name: outbox_claim_page
 -- One bounded page of publishable items of the publisher's environment (SPEC section 2:
@@ -43,15 +43,15 @@ with page as materialized (
     select id
     from {schema}.outbox
     where environment = %(environment)s
-      and available_at <= now()
-      and (claim_token is null or claim_expires_at < now())
+      and available_at <= {@now}
+      and (claim_token is null or claim_expires_at < {@now})
     order by available_at, id
     limit %(limit)s
     for update skip locked
 )
 update {schema}.outbox as o
 set claim_token = gen_random_uuid(),
-    claim_expires_at = now() + %(claim_seconds)s * interval '1 second'
+    claim_expires_at = {@now} + %(claim_seconds)s * interval '1 second'
 from page
 where o.id = page.id
 returning o.id, o.run_id, o.environment, o.queue, o.claim_token;
@@ -62,11 +62,11 @@ returning o.id, o.run_id, o.environment, o.queue, o.claim_token;
 -- taken by another publisher, published, the run gone) are left out of the answer and
 -- must not be published under this claim.
 update {schema}.outbox as o
-set claim_expires_at = now() + %(claim_seconds)s * interval '1 second'
+set claim_expires_at = {@now} + %(claim_seconds)s * interval '1 second'
 from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[])
     as i(id, token, environment)
 where {@outbox_claim_fence}
-  and o.claim_expires_at > now()
+  and o.claim_expires_at > {@now}
 returning o.id;
 
 -- name: outbox_published
@@ -96,7 +96,7 @@ set claim_token = null,
     claim_expires_at = null,
     failures = o.failures + 1,
     last_error = i.error,
-    available_at = now() + i.delay_seconds * interval '1 second'
+    available_at = {@now} + i.delay_seconds * interval '1 second'
 from unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(environments)s::text[],
             %(errors)s::text[], %(delay_seconds)s::float8[])
     as i(id, token, environment, error, delay_seconds)
@@ -110,7 +110,7 @@ returning o.id;
 with written as (
     insert into {schema}.outbox (id, environment, run_id, queue, available_at)
     select gen_random_uuid(), r.environment, r.id, r.queue,
-           greatest(r.due_at, now() + %(delay_seconds)s * interval '1 second')
+           greatest(r.due_at, {@now} + %(delay_seconds)s * interval '1 second')
     from {schema}.runs as r
     where r.id = any(%(ids)s::uuid[])
       and r.environment = %(environment)s
@@ -136,11 +136,11 @@ select extract(epoch from least(
     (select min(due.claim_expires_at)
      from (select claim_token, claim_expires_at
            from {schema}.outbox
-           where environment = %(environment)s and available_at <= now()
+           where environment = %(environment)s and available_at <= {@now}
            order by available_at, id
            limit 1000) as due
      where due.claim_token is not null)
-) - now())::float8;
+) - {@now})::float8;
 
 -- name: outbox_recover
 -- Delivery recovery: runs queued and due for longer than the threshold, untouched for as
@@ -152,8 +152,8 @@ with lost as materialized (
     from {schema}.runs as r
     where r.environment = %(environment)s
       and r.status = 'queued'
-      and r.due_at < now() - %(threshold_seconds)s * interval '1 second'
-      and r.updated_at < now() - %(threshold_seconds)s * interval '1 second'
+      and r.due_at < {@now} - %(threshold_seconds)s * interval '1 second'
+      and r.updated_at < {@now} - %(threshold_seconds)s * interval '1 second'
       and not exists (select from {schema}.outbox as o where o.run_id = r.id)
       and not {@queue_paused}
     order by r.due_at, r.id
@@ -161,19 +161,19 @@ with lost as materialized (
     for update of r skip locked
 ), touched as (
     update {schema}.runs as r
-    set updated_at = now()
+    set updated_at = {@now}
     from lost
     where r.id = lost.id and r.status = 'queued'
     returning r.id, r.environment, r.queue
 )
 insert into {schema}.outbox (id, environment, run_id, queue, available_at)
-select gen_random_uuid(), environment, id, queue, now()
+select gen_random_uuid(), environment, id, queue, {@now}
 from touched
 returning run_id;
 
 -- name: outbox_status
 select count(*) as outbox_pending,
-       extract(epoch from now() - min(created_at))::float8 as outbox_oldest_age_seconds
+       extract(epoch from {@now} - min(created_at))::float8 as outbox_oldest_age_seconds
 from {schema}.outbox
 where environment = %(environment)s;
 
@@ -186,7 +186,7 @@ select queue,
        count(*) as items,
        max(failures) as failures,
        (array_agg(last_error order by failures desc, created_at))[1] as last_error,
-       extract(epoch from now() - min(created_at))::float8 as oldest_age_seconds
+       extract(epoch from {@now} - min(created_at))::float8 as oldest_age_seconds
 from {schema}.outbox
 where environment = %(environment)s
   and failures >= 2
@@ -206,7 +206,7 @@ with live as (
     where id = any(%(ids)s::uuid[])
       and environment = %(environment)s
       and status = 'queued'
-      and due_at <= now()
+      and due_at <= {@now}
       and not {@queue_paused}
     order by priority desc, due_at, id
     limit greatest(0, coalesce(%(concurrency_limit)s::int - (select n from live),
@@ -215,8 +215,8 @@ with live as (
 )
 update {schema}.runs as r
 set {@claim_set},
-    attempt_started_at = now(),
-    started_at = coalesce(r.started_at, now())
+    attempt_started_at = {@now},
+    started_at = coalesce(r.started_at, {@now})
 from candidates as c
 where r.id = c.id
 returning {@claim_returning};
@@ -224,7 +224,7 @@ returning {@claim_returning};
 -- name: run_delivery_state
 -- Why named runs were not claimed: their status, queue, whether they are due and whether
 -- their queue is paused.
-select r.id, r.status, r.queue, r.due_at <= now() as due_now,
+select r.id, r.status, r.queue, r.due_at <= {@now} as due_now,
        {@queue_paused} as paused
 from {schema}.runs as r
 where r.id = any(%(ids)s::uuid[]) and r.environment = %(environment)s;

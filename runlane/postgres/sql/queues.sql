@@ -15,12 +15,12 @@ with before as (
 ), upserted as (
     insert into {schema}.queue_states as s (
         environment, queue, paused, paused_reason, paused_at, updated_at)
-    values (%(environment)s, %(queue)s, true, %(reason)s, now(), now())
+    values (%(environment)s, %(queue)s, true, %(reason)s, {@now}, {@now})
     on conflict (environment, queue) do update
     set paused = true,
         paused_reason = excluded.paused_reason,
-        paused_at = case when s.paused then s.paused_at else now() end,
-        updated_at = now()
+        paused_at = case when s.paused then s.paused_at else {@now} end,
+        updated_at = {@now}
     returning s.queue
 )
 select not coalesce((select paused from before), false) as changed,
@@ -32,7 +32,7 @@ select not coalesce((select paused from before), false) as changed,
 -- transport lane: the queue's runs need items again, see queue_outbox_ids).
 with resumed as (
     update {schema}.queue_states
-    set paused = false, paused_reason = null, paused_at = null, updated_at = now()
+    set paused = false, paused_reason = null, paused_at = null, updated_at = {@now}
     where environment = %(environment)s and queue = %(queue)s and paused
     returning queue
 ), told as (
@@ -57,7 +57,7 @@ where environment = %(environment)s and status = 'queued' and queue = %(queue)s;
 -- publishers publish them now.
 with written as (
     insert into {schema}.outbox (id, environment, run_id, queue, available_at)
-    select gen_random_uuid(), r.environment, r.id, r.queue, greatest(r.due_at, now())
+    select gen_random_uuid(), r.environment, r.id, r.queue, greatest(r.due_at, {@now})
     from {schema}.runs as r
     where r.id = any(%(ids)s::uuid[])
       and r.environment = %(environment)s
@@ -96,8 +96,8 @@ with counts as (
            count(*) filter (where status = 'cancellation_requested')
                as cancellation_requested,
            count(*) filter (where status in ('running', 'cancellation_requested')
-                              and lease_expires_at > now()) as live_leases,
-           min(due_at) filter (where status = 'queued' and due_at <= now()) as oldest_due
+                              and lease_expires_at > {@now}) as live_leases,
+           min(due_at) filter (where status = 'queued' and due_at <= {@now}) as oldest_due
     from {schema}.runs
     where environment = %(environment)s
       and status in ('queued', 'running', 'cancellation_requested', 'retrying', 'released',
@@ -120,7 +120,7 @@ select coalesce(c.queue, s.queue) as queue,
        coalesce(c.waiting, 0) as waiting,
        coalesce(c.cancellation_requested, 0) as cancellation_requested,
        coalesce(c.live_leases, 0) as live_leases,
-       extract(epoch from now() - c.oldest_due)::float8 as oldest_queued_age
+       extract(epoch from {@now} - c.oldest_due)::float8 as oldest_queued_age
 from counts as c
 full join states as s on s.queue = c.queue
 order by 1;

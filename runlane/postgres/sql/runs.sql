@@ -13,7 +13,7 @@ from {schema}.runlane_migrations as l
 order by version;
 
 -- name: database_now
-select now();
+select {@now};
 
 -- name: run_insert_many
 -- Runs with idempotency keys. Runs inserted due now are announced by the insert trigger (at
@@ -25,7 +25,7 @@ insert into {schema}.runs as r (
     idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
 select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
        i.payload, %(max_attempts)s, i.idempotency_key, %(parent_run_id)s,
-       coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
+       coalesce(%(run_at)s::timestamptz, {@now} + %(delay_seconds)s * interval '1 second'),
        %(trace_context)s::jsonb, %(concurrency_key)s::text
 from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb),
                 unnest(%(idempotency_keys)s::text[]))
@@ -48,7 +48,7 @@ insert into {schema}.runs (
     parent_run_id, due_at, trace_context, concurrency_key)
 select i.id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
        i.payload, %(max_attempts)s, %(parent_run_id)s,
-       coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
+       coalesce(%(run_at)s::timestamptz, {@now} + %(delay_seconds)s * interval '1 second'),
        %(trace_context)s::jsonb, %(concurrency_key)s::text
 from rows from (unnest(%(ids)s::uuid[]), jsonb_array_elements(%(payloads)s::jsonb))
     as i(id, payload);
@@ -61,7 +61,7 @@ insert into {schema}.runs as r (
     idempotency_key, parent_run_id, due_at, trace_context, concurrency_key)
 values (%(id)s, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
         %(payload)s::jsonb, %(max_attempts)s, %(idempotency_key)s, %(parent_run_id)s,
-        coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
+        coalesce(%(run_at)s::timestamptz, {@now} + %(delay_seconds)s * interval '1 second'),
         %(trace_context)s::jsonb, %(concurrency_key)s::text)
 on conflict do nothing
 returning r.id;
@@ -73,7 +73,7 @@ insert into {schema}.runs (
     parent_run_id, due_at, trace_context, concurrency_key)
 values (%(id)s, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
         %(payload)s::jsonb, %(max_attempts)s, %(parent_run_id)s,
-        coalesce(%(run_at)s::timestamptz, now() + %(delay_seconds)s * interval '1 second'),
+        coalesce(%(run_at)s::timestamptz, {@now} + %(delay_seconds)s * interval '1 second'),
         %(trace_context)s::jsonb, %(concurrency_key)s::text);
 
 -- name: run_find_existing

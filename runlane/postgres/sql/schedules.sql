@@ -36,7 +36,7 @@ set cron = excluded.cron,
     payload = coalesce(excluded.payload, s.payload),
     priority = coalesce(excluded.priority, s.priority),
     max_attempts = coalesce(excluded.max_attempts, s.max_attempts),
-    updated_at = now()
+    updated_at = {@now}
 where s.cron is distinct from excluded.cron or s.timezone is distinct from excluded.timezone;
 
 -- name: schedule_define
@@ -48,7 +48,7 @@ set task_id = %(task_id)s,
     payload = %(payload)s::jsonb,
     priority = %(priority)s,
     max_attempts = %(max_attempts)s,
-    updated_at = now()
+    updated_at = {@now}
 where environment = %(environment)s
   and schedule_id = %(schedule_id)s
   and (s.task_id, s.queue, s.payload, s.priority, s.max_attempts)
@@ -85,7 +85,7 @@ with schedule as (
     insert into {schema}.runs (
         id, environment, task_id, queue, status, priority, payload, max_attempts, due_at)
     select slot.run_id, %(environment)s, %(task_id)s, %(queue)s, 'queued', %(priority)s,
-           %(payload)s::jsonb, %(max_attempts)s, now()
+           %(payload)s::jsonb, %(max_attempts)s, {@now}
     from slot
     returning id
 ), fired as (
@@ -100,7 +100,7 @@ select id from inserted;
 
 -- name: schedule_advance
 update {schema}.schedules
-set next_slot_at = %(next_slot_at)s, updated_at = now()
+set next_slot_at = %(next_slot_at)s, updated_at = {@now}
 where environment = %(environment)s
   and schedule_id = %(schedule_id)s
   and next_slot_at = %(expected_slot_at)s
@@ -132,7 +132,7 @@ with target as (
     for update
 ), changed as (
     update {schema}.schedules
-    set paused = true, updated_at = now()
+    set paused = true, updated_at = {@now}
     where environment = %(environment)s
       and schedule_id = %(schedule_id)s
       and not paused
@@ -144,7 +144,7 @@ select paused from target;
 -- database time by the caller): missed slots are not caught up. Guarded by the cron and
 -- timezone the caller computed with; a schedule not paused is left alone.
 update {schema}.schedules
-set paused = false, next_slot_at = %(next_slot_at)s, updated_at = now()
+set paused = false, next_slot_at = %(next_slot_at)s, updated_at = {@now}
 where environment = %(environment)s
   and schedule_id = %(schedule_id)s
   and paused

@@ -79,7 +79,7 @@ select (select count(*) from target) as target_open,
 with ended as (
     update {schema}.runs as r
     set {@attempt_hand_back_set},
-        due_at = now() + %(delay_seconds)s * interval '1 second'
+        due_at = {@now} + %(delay_seconds)s * interval '1 second'
     from (select %(id)s::uuid as id, %(attempt)s::int as attempt,
                  %(lease_token)s::uuid as lease_token, 'released'::text as back_to) as i
     where {@attempt_fence}
@@ -118,8 +118,8 @@ with ready as (
     for update skip locked
 ), resumed as (
     update {schema}.runs as r
-    set status = 'queued', due_at = now(), wait_kind = null, wait_token_id = null,
-        wait_run_id = null, updated_at = now()
+    set status = 'queued', due_at = {@now}, wait_kind = null, wait_token_id = null,
+        wait_run_id = null, updated_at = {@now}
     from locked
     where r.id = locked.id and r.status = 'waiting'
     returning r.id
@@ -129,7 +129,7 @@ select id from resumed;
 -- name: wait_token_insert
 insert into {schema}.wait_tokens (id, environment, status, idempotency_key, timeout_at)
 values (%(id)s, %(environment)s, 'pending', %(idempotency_key)s,
-        now() + %(timeout_seconds)s::float8 * interval '1 second')
+        {@now} + %(timeout_seconds)s::float8 * interval '1 second')
 on conflict do nothing
 returning id;
 
@@ -147,7 +147,7 @@ where t.environment = %(environment)s
 -- name: wait_token_complete
 -- Exactly one of completion and timeout wins: both require status = 'pending'.
 update {schema}.wait_tokens
-set status = 'completed', output = %(output)s::jsonb, resolved_at = now()
+set status = 'completed', output = %(output)s::jsonb, resolved_at = {@now}
 where id = %(id)s and environment = %(environment)s and status = 'pending'
 returning id;
 
@@ -155,13 +155,13 @@ returning id;
 with due as materialized (
     select id
     from {schema}.wait_tokens
-    where environment = %(environment)s and status = 'pending' and timeout_at <= now()
+    where environment = %(environment)s and status = 'pending' and timeout_at <= {@now}
     order by timeout_at
     limit %(limit)s
     for update skip locked
 )
 update {schema}.wait_tokens as t
-set status = 'timed_out', resolved_at = now()
+set status = 'timed_out', resolved_at = {@now}
 from due
-where t.id = due.id and t.status = 'pending' and t.timeout_at <= now()
+where t.id = due.id and t.status = 'pending' and t.timeout_at <= {@now}
 returning t.id;

@@ -10,8 +10,8 @@
 -- %(cap)s-th newest on ("edge": found by walking the index newest first), so that millions
 -- of finishes an hour still answer fast. Pruned runs are not counted.
 with bounds as (
-    select date_trunc('minute', now()) as now_minute,
-           date_trunc('minute', now()) - interval '59 minutes' as hour_start
+    select date_trunc('minute', {@now}) as now_minute,
+           date_trunc('minute', {@now}) - interval '59 minutes' as hour_start
 ), edge as (
     select finished_at
     from {schema}.runs

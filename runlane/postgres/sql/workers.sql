@@ -11,7 +11,7 @@
 -- retention (cleanup deletes stopped and lost rows).
 select id, host, pid, runlane_version, queues, concurrency, started_at, last_seen_at,
        case when state <> 'stopped'
-                 and last_seen_at < now() - 3 * heartbeat_seconds * interval '1 second'
+                 and last_seen_at < {@now} - 3 * heartbeat_seconds * interval '1 second'
             then 'lost' else state end as state,
        stopped_at
 from {schema}.workers
@@ -29,11 +29,11 @@ where w.id in (
     select id
     from {schema}.workers
     where environment = %(environment)s
-      and last_seen_at < now() - %(retention_seconds)s * interval '1 second'
+      and last_seen_at < {@now} - %(retention_seconds)s * interval '1 second'
       and (state = 'stopped'
-           or last_seen_at < now() - 3 * heartbeat_seconds * interval '1 second')
+           or last_seen_at < {@now} - 3 * heartbeat_seconds * interval '1 second')
     order by last_seen_at
     limit %(limit)s)
-  and w.last_seen_at < now() - %(retention_seconds)s * interval '1 second'
+  and w.last_seen_at < {@now} - %(retention_seconds)s * interval '1 second'
   and (w.state = 'stopped'
-       or w.last_seen_at < now() - 3 * w.heartbeat_seconds * interval '1 second');
+       or w.last_seen_at < {@now} - 3 * w.heartbeat_seconds * interval '1 second');

@@ -1,0 +1,57 @@
+"""The time the statements read as now (``{@now}`` in ``sql/fragments.sql``): the
+database's own, unless a test gave the lane a clock it moves
+(:class:`runlane.testing.MovableClock`).
+
+Every statement that reads the clock takes a ``now`` parameter, None in production; the
+executor's cursors add it, so no caller passes it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, cast
+
+import psycopg
+from psycopg.abc import Params, Query, QueryNoTemplate
+
+__all__ = ["NOW_PARAMETER", "Clock", "now_cursor"]
+
+#: A clock a test moves: the time the statements read as now.
+Clock = Callable[[], datetime]
+
+#: How a statement names the moved time (the placeholder of the fragment ``now``).
+NOW_PARAMETER = "%(now)s"
+
+
+def now_cursor(clock: Clock | None) -> type[psycopg.Cursor[Any]]:
+    """A cursor class that adds ``now`` (``clock()``, or None: the database's) to the
+    parameters of each statement naming it."""
+
+    def with_now(query: Query, params: Params | None) -> Params | None:
+        if not isinstance(query, str) or NOW_PARAMETER not in query:
+            return params
+        if params is not None and not isinstance(params, Mapping):
+            raise TypeError("a statement reading the clock takes its parameters by name")
+        return {**(params or {}), "now": None if clock is None else clock()}
+
+    class NowCursor(psycopg.Cursor[Any]):
+        def execute(
+            self,
+            query: Query,
+            params: Params | None = None,
+            *,
+            prepare: bool | None = None,
+            binary: bool | None = None,
+        ) -> NowCursor:
+            # a template query (t-string) takes no parameters and is passed on as it is
+            text = cast(QueryNoTemplate, query)
+            super().execute(text, with_now(query, params), prepare=prepare, binary=binary)
+            return self
+
+        def executemany(
+            self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
+        ) -> None:
+            rows = [with_now(query, params) or {} for params in params_seq]
+            super().executemany(query, rows, returning=returning)
+
+    return NowCursor
