@@ -31,6 +31,7 @@ from runlane.postgres import (
     postgres_polling_lane,
 )
 from runlane.pytest_plugin import runlane_database_url  # noqa: F401 - registers the fixture
+from runlane.testing import MovableClock
 from tests._bytecode import compile_checkout
 from tests._schemas import SchemaPool, new_schema_name
 from tests._shared_broker import WORKERINPUT_KEY, SharedBroker, wait_for_shared_broker
@@ -156,12 +157,23 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture
-def make_runlane(database_url: str, schema: str) -> Iterator[RunlaneFactory]:
-    """Build runtimes on this test's schema; every one is closed at teardown."""
+def clock() -> MovableClock:
+    """Time the test moves instead of sleeping: the runtimes make_runlane builds in a test
+    that asks for it read it as now."""
+    return MovableClock()
+
+
+@pytest.fixture
+def make_runlane(
+    request: pytest.FixtureRequest, database_url: str, schema: str
+) -> Iterator[RunlaneFactory]:
+    """Build runtimes on this test's schema (on the test's ``clock``, if it asks for one);
+    every one is closed at teardown."""
     made: list[Runlane] = []
+    moved = request.getfixturevalue("clock") if "clock" in request.fixturenames else None
 
     def make(**kwargs: Any) -> Runlane:
-        lane_options = kwargs.pop("lane_options", {})
+        lane_options = {"clock": moved, **kwargs.pop("lane_options", {})}
         lane = postgres_polling_lane(
             connection_string=database_url, schema=kwargs.pop("schema", schema), **lane_options
         )

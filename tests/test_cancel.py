@@ -32,19 +32,22 @@ from runlane import (
     task,
 )
 from runlane.storage import Completion
+from runlane.testing import MovableClock
 from tests.conftest import RunlaneFactory
 from tests.helpers import (
     HOUR_RETRY,
     attempt_rows,
     handler_key,
     listener_ready,
-    make_due,
     q,
     run_row,
     storage_of,
     wait_for_status,
     wait_until,
 )
+
+# past every delay the runs of these tests have (moved on the runtime's clock)
+DAY = 86400.0
 
 
 class Boom(Exception):
@@ -196,12 +199,16 @@ def assert_nothing_runs_it(rl: Runlane, run_id: uuid.UUID) -> None:
 
 @pytest.mark.parametrize("delay", [None, 3600], ids=["due", "delayed"])
 def test_cancel_a_queued_run(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, delay: int | None
+    make_runlane: RunlaneFactory,
+    db: psycopg.Connection[Any],
+    schema: str,
+    delay: int | None,
+    clock: MovableClock,
 ) -> None:
     rl = make_runlane(tasks=[noop])
     handle = rl.trigger(noop, {}, delay=delay)
     assert_cancelled_at_once(rl, handle.id, RunStatus.QUEUED)
-    make_due(db, schema, handle.id)
+    clock.advance(DAY)
     assert_nothing_runs_it(rl, handle.id)
     assert JOURNAL.count(handler_key(handle.id)) == 0
     assert attempt_rows(db, schema, handle.id) == []
@@ -210,7 +217,7 @@ def test_cancel_a_queued_run(
 
 
 def test_cancel_a_retrying_run(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, clock: MovableClock
 ) -> None:
     rl = make_runlane(tasks=[flaky])
     handle = rl.trigger(flaky, {})
@@ -220,21 +227,21 @@ def test_cancel_a_retrying_run(
     snap = rl.get_run(handle.id)
     assert snap.error is not None
     assert snap.error.type.endswith("Boom")  # the last attempt's error is kept
-    make_due(db, schema, handle.id)
+    clock.advance(DAY)
     assert_nothing_runs_it(rl, handle.id)
     assert JOURNAL.count(handler_key(handle.id)) == 1
     assert attempt_rows(db, schema, handle.id) == [(1, "retrying")]
 
 
 def test_cancel_a_released_run(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, clock: MovableClock
 ) -> None:
     rl = make_runlane(tasks=[releaser])
     handle = rl.trigger(releaser, {})
     assert rl.drain().runs_executed == 1
     assert rl.get_run(handle.id).status is RunStatus.RELEASED
     assert_cancelled_at_once(rl, handle.id, RunStatus.RELEASED)
-    make_due(db, schema, handle.id)
+    clock.advance(DAY)
     assert_nothing_runs_it(rl, handle.id)
     assert JOURNAL.count(handler_key(handle.id)) == 1
 
@@ -264,14 +271,14 @@ def test_cancel_a_run_waiting_on_a_token(
 
 
 def test_cancel_a_sleeping_run(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, clock: MovableClock
 ) -> None:
     rl = make_runlane(tasks=[sleeper])
     handle = rl.trigger(sleeper, {})
     assert rl.drain().runs_executed == 1
     assert run_row(db, schema, handle.id)["wait_kind"] == "sleep"
     assert_cancelled_at_once(rl, handle.id, RunStatus.WAITING)
-    make_due(db, schema, handle.id)  # its wake-up time passes
+    clock.advance(DAY)  # its wake-up time passes
     assert_nothing_runs_it(rl, handle.id)
     assert JOURNAL.count(handler_key(handle.id)) == 1
 
@@ -412,7 +419,11 @@ def test_cancel_a_running_drain_handler_through_the_lease_extension(
 
 @pytest.mark.parametrize("then", ["wait_for_token", "sleep", "release"])
 def test_a_cancellation_requested_run_that_suspends_ends_cancelled(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, then: str
+    make_runlane: RunlaneFactory,
+    db: psycopg.Connection[Any],
+    schema: str,
+    then: str,
+    clock: MovableClock,
 ) -> None:
     rl = make_runlane(tasks=[long_handler])
     token = rl.create_wait_token(timeout=timedelta(minutes=5))
@@ -430,7 +441,7 @@ def test_a_cancellation_requested_run_that_suspends_ends_cancelled(
     assert attempt_rows(db, schema, handle.id) == [(1, "cancelled")]
     assert rl.get_wait_token(token.id).waiting_runs == 0
     rl.complete_wait_token(token.id, "late")
-    make_due(db, schema, handle.id)
+    clock.advance(DAY)
     assert_nothing_runs_it(rl, handle.id)
 
 

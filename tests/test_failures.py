@@ -24,8 +24,9 @@ from runlane import (
     Task,
     task,
 )
+from runlane.testing import MovableClock
 from tests.conftest import RunlaneFactory
-from tests.helpers import make_due, run_row
+from tests.helpers import run_row
 
 NO_DELAY = RetryPolicy(
     max_attempts=3, initial_delay=timedelta(0), max_delay=timedelta(0), jitter=0.0
@@ -143,7 +144,7 @@ def test_retry_delay_is_jittered_within_bounds(
 
 
 def test_retry_delay_grows_per_attempt_and_is_capped(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, clock: MovableClock
 ) -> None:
     attempts: list[int] = []
     policy = RetryPolicy(
@@ -162,7 +163,7 @@ def test_retry_delay_grows_per_attempt_and_is_capped(
         row = run_row(db, schema, handle.id)
         assert row["status"] == "retrying"
         waits.append(row["due_at"] - row["updated_at"])
-        make_due(db, schema, handle.id)
+        clock.advance(waits[-1].total_seconds())
         assert runlane.run_maintenance_once().due_runs_delivered == 1
     assert waits == [timedelta(seconds=30), timedelta(seconds=90), timedelta(seconds=100)]
     assert attempts == [1, 2, 3]
@@ -383,7 +384,7 @@ def test_error_message_with_nul_character_is_recorded(make_runlane: RunlaneFacto
 
 
 def test_retry_not_yet_due_is_not_delivered(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, clock: MovableClock
 ) -> None:
     attempts: list[int] = []
     flaky = failing_task(attempts, HOUR_DELAY)
@@ -395,7 +396,7 @@ def test_retry_not_yet_due_is_not_delivered(
     assert runlane.drain().runs_executed == 0
     assert attempts == [1]
     # once its time has come, the same pass delivers it
-    make_due(db, schema, handle.id)
+    clock.advance(HOUR_DELAY.initial_delay.total_seconds())
     assert runlane.run_maintenance_once().due_runs_delivered == 1
     assert runlane.get_run(handle.id).status is RunStatus.QUEUED
 

@@ -26,6 +26,7 @@ from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.postgres import PostgresStorage, outbox_of
 from runlane.rabbitmq._publisher import OutboxPublisher
 from runlane.storage import NewRuns, OutboxItem
+from runlane.testing import MovableClock
 from tests.conftest import RabbitRuntimes, RunlaneFactory
 from tests.helpers import Conn, amqp_queue, outbox_count, q, storage_of, wait_until
 
@@ -113,8 +114,11 @@ def _pending(db: Conn, schema: str, environment: str) -> int:
 
 
 @pytest.fixture
-def storage(database_url: str, schema: str) -> Iterator[PostgresStorage]:
-    store = PostgresStorage(connection_string=database_url, schema=schema, pool_max_size=3)
+def storage(database_url: str, schema: str, clock: MovableClock) -> Iterator[PostgresStorage]:
+    """A storage on the test's clock, which a test moves to let claims expire."""
+    store = PostgresStorage(
+        connection_string=database_url, schema=schema, pool_max_size=3, clock=clock
+    )
     store.open()
     yield store
     store.close()
@@ -149,9 +153,9 @@ def _publisher(storage: PostgresStorage, amqp_url: str, schema: str, claim: floa
 
 
 def test_a_chunk_whose_claim_another_publisher_took_is_not_published(
-    storage: PostgresStorage, rabbitmq_url: str, db: Conn, schema: str
+    storage: PostgresStorage, rabbitmq_url: str, db: Conn, schema: str, clock: MovableClock
 ) -> None:
-    """Items handed to the publisher whose claim expired in database time (the database's
+    """Items handed to the publisher whose claim expired in database time (the storage's
     clock moved past it) and were claimed by another publisher meanwhile: the publisher's
     own clock says the claim is fresh, yet it publishes none of them; the other
     publisher's claims stand."""
@@ -159,7 +163,7 @@ def test_a_chunk_whose_claim_another_publisher_took_is_not_published(
     storage.run_insert_many(_new_runs(20))
     first = storage.outbox_claim_page("default", 100, timedelta(seconds=30))
     assert len(first) == 20
-    db.execute(q("update {s}.outbox set claim_expires_at = now() - interval '1 second'", schema))
+    clock.advance(31)
     second = storage.outbox_claim_page("default", 100, timedelta(seconds=30))  # another's
     assert {i.id for i in second} == {i.id for i in first}
     publisher = _publisher(storage, rabbitmq_url, schema, claim=30.0)
@@ -177,7 +181,7 @@ def test_a_chunk_whose_claim_another_publisher_took_is_not_published(
 
 
 def test_a_claim_shorter_than_the_publisher_assumes_is_not_published_past(
-    storage: PostgresStorage, rabbitmq_url: str, db: Conn, schema: str
+    storage: PostgresStorage, rabbitmq_url: str, clock: MovableClock, schema: str
 ) -> None:
     """The environment's eager claims are shorter than the publisher's own claim duration
     (another runtime enabled the outbox with a short one): an eager item handed over after
@@ -198,11 +202,7 @@ def test_a_claim_shorter_than_the_publisher_assumes_is_not_published_past(
     storage.attach_eager_publisher(held)
     storage.run_insert_many(_new_runs(3))
     assert len(held.items) == 3
-    wait_until(
-        lambda: _claims_expired(db, schema),
-        timeout=10,
-        what="the eager claims to expire (database time)",
-    )
+    clock.advance(1)  # the eager claims expire (database time)
     taken = storage.outbox_claim_page("default", 100, timedelta(seconds=30))  # a sweep's
     assert len(taken) == 3
     publisher = _publisher(storage, rabbitmq_url, schema, claim=30.0)
@@ -213,13 +213,6 @@ def test_a_claim_shorter_than_the_publisher_assumes_is_not_published_past(
         publisher.close()
     assert (publisher.stats.published, publisher.stats.lost) == (0, 3), publisher.stats
     assert _messages(rabbitmq_url, amqp_queue(schema, "q")) in (None, [])
-
-
-def _claims_expired(db: Conn, schema: str) -> bool:
-    row = db.execute(
-        q("select bool_and(claim_expires_at < now()) from {s}.outbox", schema)
-    ).fetchone()
-    return row is not None and bool(row[0])
 
 
 def test_an_item_claimed_by_a_producer_that_died_is_published_as_its_claim_expires(

@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -45,12 +45,12 @@ from runlane import (
 from runlane._validation import TriggerOptions
 from runlane.context import TaskRef
 from runlane.storage import ClaimedRun, LeaseRef, StepStored, Storage
+from runlane.testing import MovableClock
 from tests.conftest import RunlaneFactory
 from tests.helpers import (
     HOUR_RETRY,
     ONE_ATTEMPT,
     attempt_rows,
-    elapse,
     handler_key,
     listener_ready,
     q,
@@ -322,39 +322,15 @@ def children_of(db: psycopg.Connection[Any], schema: str, run_id: uuid.UUID) -> 
     return count(db, q("select count(*) from {s}.runs where parent_run_id = %s", schema), run_id)
 
 
-def _move_wake_times(db: psycopg.Connection[Any], schema: str, seconds: float) -> None:
-    """``seconds`` of the database's clock for ``context.sleep``'s steps: the wake time each
-    recorded (``{"wake_at": iso time}``) moved that much into the past."""
-    rows = db.execute(
-        q("select run_id, name, output from {s}.steps where output ? 'wake_at'", schema)
-    ).fetchall()
-    for run_id, name, output in rows:
-        wake = datetime.fromisoformat(output["wake_at"]) - timedelta(seconds=seconds)
-        db.execute(
-            q(
-                "update {s}.steps set output = jsonb_set(output, '{{wake_at}}', to_jsonb(%s::text))"
-                " where run_id = %s and name = %s",
-                schema,
-            ),
-            (wake.isoformat(), run_id, name),
-        )
-
-
-def maintain_until_delivered(
-    rl: Runlane, db: psycopg.Connection[Any], schema: str, due_at: Any
-) -> list[bool]:
-    """Run a maintenance pass, then move the database clock past ``due_at`` (the stored due
-    times set back by what remained, and a second, as waiting would have done) and run
-    another, which must deliver the due run; returns, for every pass, whether the database
-    clock had reached the (moved) due time when the pass ended. A pass that ended before it
-    must not have delivered anything."""
+def maintain_until_delivered(rl: Runlane, clock: MovableClock, due_at: Any) -> list[bool]:
+    """Run a maintenance pass, then move the clock past ``due_at`` (a second past it) and run
+    another, which must deliver the due run; returns, for every pass, whether the runtime's
+    clock had reached the due time when the pass ended. A pass that ended before it must not
+    have delivered anything."""
     passes: list[bool] = []
     for moved in (False, True):
         if moved:
-            remaining = (due_at - storage_of(rl).database_now()).total_seconds() + 1
-            elapse(db, schema, remaining, "runs.due_at")
-            _move_wake_times(db, schema, remaining)
-            due_at -= timedelta(seconds=remaining)
+            clock.advance((due_at - storage_of(rl).database_now()).total_seconds() + 1)
         result = rl.run_maintenance_once()
         after = storage_of(rl).database_now()
         passes.append(after >= due_at)
@@ -362,7 +338,7 @@ def maintain_until_delivered(
             assert result.due_runs_delivered == 1
             assert after >= due_at, "delivered before it was due"
             return passes
-    pytest.fail(f"nothing was delivered once the database clock passed {due_at}")
+    pytest.fail(f"nothing was delivered once the clock passed {due_at}")
 
 
 class ManualBackend:
@@ -980,11 +956,11 @@ def test_completion_racing_timeout_has_one_winner_and_resumes_once(
 
 
 def test_sleep_suspends_until_due_and_is_not_repeated(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, clock: MovableClock
 ) -> None:
     rl = make_runlane(tasks=[sleeper])
     # 30 s: the first maintenance pass comes before the due time however loaded the machine
-    # is; the test then moves the database clock rather than wait
+    # is; the test then moves the clock rather than wait
     handle = rl.trigger(sleeper, {"seconds": 30})
     assert rl.drain().runs_executed == 1
 
@@ -997,7 +973,7 @@ def test_sleep_suspends_until_due_and_is_not_repeated(
     assert list(steps) == ["runlane.sleep:1"]
     assert steps["runlane.sleep:1"]["wake_at"] == due_at.isoformat()
 
-    passes = maintain_until_delivered(rl, db, schema, due_at)
+    passes = maintain_until_delivered(rl, clock, due_at)
     assert passes[0] is False  # at least one pass came before the due time and left it alone
     assert rl.get_run(handle.id).status is RunStatus.QUEUED
 
@@ -1011,32 +987,45 @@ def test_sleep_suspends_until_due_and_is_not_repeated(
     assert list(stored_steps(db, schema, handle.id)) == ["runlane.sleep:1"]
 
 
-def test_sleep_and_release_with_a_worker_and_services(make_runlane: RunlaneFactory) -> None:
+def test_sleep_and_release_with_a_worker_and_services(
+    make_runlane: RunlaneFactory, clock: MovableClock
+) -> None:
+    """The worker's storages and the services' read one moved clock: half a minute passes
+    for both at once, not waited for (the bands' leases outlast it)."""
     rl = make_runlane(tasks=[sleeper, releaser])
     errors: list[BaseException] = []
     with (
         rl.create_delivery_worker(concurrency=2),
         rl.start_services(
-            lease_duration=timedelta(seconds=1), on_service_error=lambda e, _: errors.append(e)
+            lease_duration=timedelta(minutes=2), on_service_error=lambda e, _: errors.append(e)
         ),
     ):
-        slept = rl.trigger(sleeper, {"seconds": 0.3})
-        released = rl.trigger(releaser, {"delay": 0.3})
+        slept = rl.trigger(sleeper, {"seconds": 30})
+        released = rl.trigger(releaser, {"delay": 30})
+        wait_until(
+            lambda: (
+                {rl.get_run(slept.id).status, rl.get_run(released.id).status}
+                == {RunStatus.WAITING, RunStatus.RELEASED}
+            ),
+            timeout=15,
+            what="both handed back",
+        )
+        clock.advance(31)
         slept_snap = rl.wait_for_run(slept.id, timeout=15)
         released_snap = rl.wait_for_run(released.id, timeout=15)
     assert errors == []
     assert slept_snap.status is RunStatus.COMPLETED
-    assert slept_snap.output == {"slept": 0.3, "attempt": 2}
+    assert slept_snap.output == {"slept": 30, "attempt": 2}
     assert released_snap.status is RunStatus.COMPLETED
     assert released_snap.output == {"attempt": 2, "max_attempts": 1}
     for snap in (slept_snap, released_snap):
         assert snap.finished_at is not None
         assert snap.started_at is not None
-        assert snap.finished_at - snap.started_at >= timedelta(seconds=0.3)
+        assert snap.finished_at - snap.started_at >= timedelta(seconds=30)
 
 
 def test_release_hands_the_run_back_without_consuming_an_attempt(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, clock: MovableClock
 ) -> None:
     rl = make_runlane(tasks=[releaser])
     handle = rl.trigger(releaser, {"delay": 30})  # the clock is moved, not waited for
@@ -1051,7 +1040,7 @@ def test_release_hands_the_run_back_without_consuming_an_attempt(
     assert attempt_rows(db, schema, handle.id) == [(1, "released")]
     assert rl.drain().runs_executed == 0  # released runs are not claimable until delivered
 
-    passes = maintain_until_delivered(rl, db, schema, row["due_at"])
+    passes = maintain_until_delivered(rl, clock, row["due_at"])
     assert passes[0] is False
     assert rl.get_run(handle.id).status is RunStatus.QUEUED
 
@@ -1086,7 +1075,11 @@ def test_negative_or_malformed_durations_are_configuration_errors(
 
 @pytest.mark.parametrize("op", ["token", "run", "sleep", "release"])
 def test_a_suspension_unwinds_through_except_exception(
-    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str, op: str
+    make_runlane: RunlaneFactory,
+    db: psycopg.Connection[Any],
+    schema: str,
+    op: str,
+    clock: MovableClock,
 ) -> None:
     """SPEC section 4: a suspended handler unwinds by a ``BaseException`` user code should
     not catch, so ``except Exception`` around ``wait_for_token``, ``wait_for_run``, ``sleep``
@@ -1123,7 +1116,7 @@ def test_a_suspension_unwinds_through_except_exception(
     elif op == "run":
         assert rl.drain(queues=["kids"]).runs_executed == 1  # its completion resumes it
     else:
-        maintain_until_delivered(rl, db, schema, row["due_at"])
+        maintain_until_delivered(rl, clock, row["due_at"])
     assert rl.get_run(handle.id).status is RunStatus.QUEUED
     assert rl.drain(queues=["default"]).runs_executed == 1
 

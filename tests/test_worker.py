@@ -34,6 +34,7 @@ from runlane import (
     queue,
     task,
 )
+from runlane.testing import MovableClock
 from runlane.worker import Worker
 from runlane.worker._handoff import HandOff
 from tests.conftest import RunlaneFactory
@@ -42,7 +43,6 @@ from tests.helpers import (
     ONE_ATTEMPT,
     attempt_rows,
     listener_ready,
-    make_due,
     poll,
     q,
     run_row,
@@ -1164,6 +1164,8 @@ def test_a_handler_that_returns_after_its_timeout_has_its_attempt_failed(
     schema: str,
     executor: str,
     retried: bool,
+    *,
+    clock: MovableClock,
 ) -> None:
     """SPEC section 1: timeout fails the attempt. A handler that ignores its task timeout
     and returns a value as soon as it is told (``context.cancelled``, ``stop_reason``
@@ -1210,7 +1212,7 @@ def test_a_handler_that_returns_after_its_timeout_has_its_attempt_failed(
         return
     # retried per the policy: an hour later, then the next attempt's return is the output
     assert row["due_at"] - row["db_now"] > timedelta(minutes=59)
-    make_due(db, schema, handle.id)
+    clock.advance(3600)
     assert rl.run_maintenance_once().due_runs_delivered == 1
     assert rl.drain().runs_executed == 1
     snap = rl.get_run(handle.id)
