@@ -294,14 +294,6 @@ def count_runs(db: Conn, schema: str) -> int:
     return int(row[0])
 
 
-def make_due(db: Conn, schema: str, run_id: uuid.UUID) -> None:
-    """Move the run's due time into the past, as if its delay had passed."""
-    db.execute(
-        q("update {s}.runs set due_at = now() - interval '1 second' where id = %s", schema),
-        (run_id,),
-    )
-
-
 def elapse(db: Conn, schema: str, seconds: float, *columns: str) -> None:
     """Let ``seconds`` pass on the database's clock for the stored times named
     ``"table.column"``: each row's value is moved that much into the past, as waiting would

@@ -29,7 +29,8 @@ from runlane.cli import (
 )
 from runlane.logging import JsonFormatter
 from runlane.postgres import postgres_polling_lane
-from tests.helpers import cli_process, elapse, make_due, poll
+from runlane.testing import MovableClock
+from tests.helpers import cli_process, poll
 
 APP = textwrap.dedent(
     """
@@ -386,13 +387,14 @@ def test_a_killed_worker_loses_no_run(
 ) -> None:
     """SIGKILL mid-run: the lease lapses, maintenance retries the run, another worker
     completes it, and the dead worker's attempt is recorded as expired. The lease's lapse
-    and the retry's delay pass on the database's clock (moved), not by waiting."""
+    and the retry's delay pass on the survivor's clock (moved), not by waiting."""
 
     @task(id="cli.echo")
     def echo(payload: object, context: RunContext) -> object:
         return payload
 
-    lane = postgres_polling_lane(connection_string=database_url, schema=schema)
+    clock = MovableClock()
+    lane = postgres_polling_lane(connection_string=database_url, schema=schema, clock=clock)
     survivor = create_runlane(lane=lane, tasks=[echo])
     try:
         handle = survivor.trigger(echo, {"hang": True})
@@ -401,9 +403,9 @@ def test_a_killed_worker_loses_no_run(
             proc.kill()  # SIGKILL: no shutdown, no hand-back, connections simply vanish
             assert proc.wait(timeout=30) == -signal.SIGKILL
         assert survivor.get_run(handle.id).status is RunStatus.RUNNING
-        elapse(db, schema, 5, "runs.lease_expires_at")  # its 1 s lease lapses
+        clock.advance(5)  # its 1 s lease lapses
         assert survivor.run_maintenance_once().attempts_expired == 1
-        make_due(db, schema, handle.id)  # the retry's delay (RetryPolicy default 1 s) passes
+        clock.advance(5)  # the retry's delay (RetryPolicy default 1 s) passes
         assert survivor.run_maintenance_once().due_runs_delivered == 1
         assert survivor.get_run(handle.id).status is RunStatus.QUEUED
         # the survivor's handler does not hang: it returns the payload
@@ -427,7 +429,8 @@ def test_a_frozen_worker_resumed_after_a_takeover_changes_nothing(
         context.step("after-freeze", lambda: "survivor")
         return "survivor"
 
-    lane = postgres_polling_lane(connection_string=database_url, schema=schema)
+    clock = MovableClock()
+    lane = postgres_polling_lane(connection_string=database_url, schema=schema, clock=clock)
     survivor = create_runlane(lane=lane, tasks=[echo])
     flag = tmp_path / "go"
     try:
@@ -436,10 +439,10 @@ def test_a_frozen_worker_resumed_after_a_takeover_changes_nothing(
             _wait_for_line(proc, f"waiting {handle.id}")
             proc.send_signal(signal.SIGSTOP)
             try:
-                # frozen past its 1 s lease (on the database's clock, moved) and retry delay
-                elapse(db, schema, 5, "runs.lease_expires_at")
+                # frozen past its 1 s lease (on the survivor's clock, moved) and retry delay
+                clock.advance(5)
                 assert survivor.run_maintenance_once().attempts_expired == 1
-                make_due(db, schema, handle.id)
+                clock.advance(5)
                 assert survivor.run_maintenance_once().due_runs_delivered == 1
                 assert survivor.get_run(handle.id).status is RunStatus.QUEUED
                 assert survivor.drain().runs_executed == 1
