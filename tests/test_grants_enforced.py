@@ -536,3 +536,31 @@ def test_a_forged_attempt_row_stalls_no_completion(
     for handle, n in ((first, 1), (second, 2)):
         run = runtime.get_run(handle.id)
         assert (run.status, run.output) == (RunStatus.COMPLETED, {"n": n})
+
+
+def test_a_malformed_error_written_through_sql_breaks_no_read(
+    schema: str, granted: RoleMaker, make_runlane: RunlaneFactory, runs: Runs
+) -> None:
+    """The maintenance role may write a run's error (expiry writes one): a value runlane
+    would not write (no type, not an object) is read as far as it goes; get_run, list_runs
+    and get_run_history used to fail on it with a KeyError, for every reader of the run."""
+    conninfo = granted("maintenance")
+    runtime = make_runlane(tasks=[echo])
+    queued = runtime.trigger(echo, {"n": 1})
+    waiting = runs.make("queued")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for run_id, value in ((queued.id, '{"message": "x"}'), (waiting, '"just text"')):
+            conn.execute(
+                sql.SQL("update {}.runs set error = %s::jsonb where id = %s").format(
+                    sql.Identifier(schema)
+                ),
+                (value, run_id),
+            )
+    error = runtime.get_run(queued.id).error
+    assert error is not None
+    assert (error.type, error.message) == ("unknown", "x")
+    other = runtime.get_run(waiting).error
+    assert other is not None
+    assert other.message == '"just text"'
+    assert {run.id for run in runtime.list_runs().runs} >= {queued.id, waiting}
+    assert runtime.get_run_history(queued.id).run.error == error

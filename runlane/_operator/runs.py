@@ -14,7 +14,6 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError, RunStateConflict
@@ -124,15 +123,20 @@ def run_page(rows: Sequence[RunSnapshot], limit: int) -> RunPage:
     return RunPage(runs=runs, next_cursor=encode_cursor(runs[-1]) if more else None)
 
 
-def run_error(stored: Mapping[str, Any] | None) -> RunError | None:
-    """The RunError stored as JSON on a run or an attempt."""
+def run_error(stored: object) -> RunError | None:
+    """The RunError stored as JSON on a run or an attempt. runlane writes an object with
+    a type and a message; a value written otherwise (through SQL, by a role that may write
+    errors) is read as far as it goes rather than failing every read of its run."""
     if stored is None:
         return None
+    if not isinstance(stored, Mapping):
+        return RunError(type="unknown", message=json.dumps(stored))
+    traceback = stored.get("traceback")
     return RunError(
-        type=stored["type"],
-        message=stored["message"],
-        traceback=stored.get("traceback"),
-        retryable=stored.get("retryable", True),
+        type=str(stored.get("type", "unknown")),
+        message=str(stored.get("message", "")),
+        traceback=traceback if isinstance(traceback, str) else None,
+        retryable=stored.get("retryable", True) is not False,
     )
 
 

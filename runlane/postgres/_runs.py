@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 
-from runlane.models import RunError, RunSnapshot, RunStatus
+from runlane._operator.runs import run_error
+from runlane.models import RunSnapshot, RunStatus
 from runlane.postgres._batches import pipelined, refusing_too_large, split_runs
 from runlane.postgres._connections import Conn
 from runlane.postgres._eager import EagerInserts, EagerPublisher
@@ -202,14 +203,7 @@ def snapshot(row: dict[str, Any]) -> RunSnapshot:
         priority=row["priority"],
         payload=row["payload"],
         output=row["output"],
-        error=None
-        if error is None
-        else RunError(
-            type=error["type"],
-            message=error["message"],
-            traceback=error.get("traceback"),
-            retryable=error.get("retryable", True),
-        ),
+        error=run_error(error),
         idempotency_key=row["idempotency_key"],
         parent_run_id=row["parent_run_id"],
         created_at=row["created_at"],
