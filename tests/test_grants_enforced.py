@@ -41,6 +41,8 @@ TERMINAL = ("completed", "failed", "cancelled")
 LEASED = ("running", "cancellation_requested")
 # what an attempt ends in, besides completed and cancelled
 ENDS = ("failed", "retrying", "released", "waiting")
+# what maintenance's expiry makes of an attempt whose lease lapsed
+EXPIRED = ("failed", "retrying", "cancelled")
 REFUSED = (
     psycopg.errors.InsufficientPrivilege,
     psycopg.errors.CheckViolation,
@@ -305,6 +307,41 @@ def test_no_role_ends_a_run_that_has_no_attempt_or_rewrites_a_finished_one(
     assert runs.snapshot() == before
 
 
+def test_maintenance_ends_a_lapsed_attempt_only_as_expiry_does(
+    schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """Expiry ends a lapsed attempt failed, retrying or cancelled: not parked waiting on a
+    token that does not exist, not handed back; a cancellation asked for is not undone; and
+    no error is written on a run but by ending a lapsed attempt."""
+    conninfo = granted("maintenance")
+    lapsed = runs.make("running", lapsed=True)
+    stopping = runs.make("cancellation_requested", lapsed=True)
+    queued = runs.make("queued")
+    before = runs.snapshot()
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set status = 'waiting', wait_kind = 'token', "
+        "wait_token_id = gen_random_uuid(), lease_token = null, lease_expires_at = null "
+        "where id = %s",
+        lapsed,
+    )
+    refused(
+        conninfo,
+        schema,
+        "update {schema}.runs set status = 'queued', lease_token = null, "
+        "lease_expires_at = null where id = %s",
+        stopping,
+    )
+    refused(
+        conninfo,
+        schema,
+        'update {schema}.runs set error = \'{{"message": "forged"}}\' where id = %s',
+        queued,
+    )
+    assert runs.snapshot() == before
+
+
 def test_maintenance_cannot_lapse_a_live_lease_to_end_its_attempt(
     schema: str, granted: RoleMaker, runs: Runs
 ) -> None:
@@ -435,6 +472,8 @@ def forbidden(source: str, target: str, *, live: bool, claims: bool, output: boo
         or (target == "running" != source and (source != "queued" or not claims))
         or (target in ENDS and target != source and source not in LEASED)
         or (not claims and (target in LEASED or ends_live_attempt))
+        or (not claims and source in LEASED and target not in (*LEASED, *EXPIRED))
+        or (source == "cancellation_requested" and target not in (source, "cancelled", "completed"))
         or source in TERMINAL
         or (target == "cancelled" and source not in ("cancellation_requested", "cancelled"))
         or (target == "cancellation_requested" and source != target)
@@ -541,10 +580,10 @@ def test_a_forged_attempt_row_stalls_no_completion(
 def test_a_malformed_error_written_through_sql_breaks_no_read(
     schema: str, granted: RoleMaker, make_runlane: RunlaneFactory, runs: Runs
 ) -> None:
-    """The maintenance role may write a run's error (expiry writes one): a value runlane
+    """The worker role may write a run's error (a failed attempt writes one): a value runlane
     would not write (no type, not an object) is read as far as it goes; get_run, list_runs
     and get_run_history used to fail on it with a KeyError, for every reader of the run."""
-    conninfo = granted("maintenance")
+    conninfo = granted("worker")
     runtime = make_runlane(tasks=[echo])
     queued = runtime.trigger(echo, {"n": 1})
     waiting = runs.make("queued")
