@@ -38,7 +38,15 @@ from runlane._operator.runs import encode_cursor
 from runlane.postgres import PostgresStorage
 from runlane.storage import Completion, Failure, LeaseRef, NewRuns, RunListQuery
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, Greet, SchemaDb, count_runs, wait_for_status, wait_until
+from tests.helpers import (
+    Conn,
+    Greet,
+    SchemaDb,
+    count_runs,
+    poll,
+    wait_for_status,
+    wait_until,
+)
 
 NO_DELAY = RetryPolicy(
     max_attempts=2, initial_delay=timedelta(0), max_delay=timedelta(0), jitter=0.0
@@ -521,7 +529,10 @@ def test_retry_refuses_other_statuses_and_changes_nothing(
     def blocks(payload: Any, context: RunContext) -> None:
         entered.set()
         release.wait(20)
-        context.raise_if_stopped()  # cancelled meanwhile: stops as asked
+        # cancelled meanwhile: the worker hears it by the update's announcement (or its next
+        # lease extension), not always before the test releases the handler
+        poll(lambda: context.stop_reason is not None, timeout=20)
+        context.raise_if_stopped()  # stops as asked
 
     rl = _runtime(make_runlane, tasks=[blocks])
     dbx = SchemaDb(db, schema)
