@@ -462,15 +462,17 @@ class Soak:
     def maintenance_failover(self) -> None:
         """SIGKILL the replica owning the recovery band; time how long until the other
         replica owns every band it held."""
-        owners = {
-            row_owner: name
-            for name, child in self.children.items()
-            if child.role == "maintenance"
-            for row_owner in [self._owner_of(child.proc)]
-            if row_owner is not None
-        }
         began = time.monotonic()
         while True:  # after an outage the bands may be ownerless for a while
+            # read again each time: a replica started during the outage records its owner
+            # once it has started, and may own the band before it has
+            owners = {
+                row_owner: name
+                for name, child in self.children.items()
+                if child.role == "maintenance"
+                for row_owner in [self._owner_of(child.proc)]
+                if row_owner is not None
+            }
             band_owner = self.query(
                 "select owner from {schema}.maintenance_leases where band = 'recovery' "
                 "and expires_at > now()"
