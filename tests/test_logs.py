@@ -17,7 +17,7 @@ from runlane import NonRetryableError, RetryPolicy, RunContext, RunStatus, task
 from runlane.logging import JsonFormatter
 from runlane.worker import _watch
 from tests.conftest import RunlaneFactory
-from tests.helpers import SchemaDb, wait_for_status, wait_until
+from tests.helpers import SchemaDb, poll, wait_for_status, wait_until
 
 FIELDS = ("run_id", "task_id", "attempt", "queue")
 
@@ -130,6 +130,9 @@ def test_hand_back_and_cancel_are_logged(
     wait_for_status(rl, handed.id, RunStatus.RUNNING)
     worker.close(timeout=10)
     assert rl.get_run(handed.id).status is RunStatus.QUEUED
+    # the hand-back's line is written by the handler's thread as its attempt ends, which a
+    # loaded machine may schedule after close() returned
+    poll(lambda: "handed_back" in by_outcome(run_records(caplog)), timeout=10)
     ends = by_outcome(run_records(caplog))
     assert ends["cancelled"].run_id == str(cancelled.id)  # type: ignore[attr-defined]
     assert ends["handed_back"].run_id == str(handed.id)  # type: ignore[attr-defined]
