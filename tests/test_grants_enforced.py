@@ -60,6 +60,18 @@ grant delete on {schema}.attempts to {role};
 """
 
 
+def stale_operator(make_role: Callable[[], tuple[str, str]], db: Conn, schema: str) -> str:
+    """A role holding what the operator job was granted on runs before schema version 14
+    (and what reads them); its conninfo."""
+    name, conninfo = make_role()
+    grants = OLD_OPERATOR_GRANTS.replace("{schema}", "{s}").replace("{role}", "{r}")
+    db.execute(
+        sql.SQL(grants + "grant usage on schema {s} to {r}; grant select on {s}.runs to {r};")
+        .format(s=sql.Identifier(schema), r=sql.Identifier(name))
+    )  # fmt: skip
+    return conninfo
+
+
 class Runs(SchemaDb):
     """One run in each status (and one running whose lease lapsed), written by the owner."""
 
@@ -417,22 +429,7 @@ def test_an_operator_role_still_holding_old_grants_can_do_no_harm(
 ) -> None:
     """A role granted the operator job by a release before schema version 14 kept UPDATE and
     DELETE on runs until it is granted again: the guard triggers refuse what they allowed."""
-    name, conninfo = make_role()
-    SchemaDb(db, schema).conn.execute(
-        sql.SQL(OLD_OPERATOR_GRANTS.replace("{schema}", "{s}").replace("{role}", "{r}")).format(
-            s=sql.Identifier(schema), r=sql.Identifier(name)
-        )
-    )
-    db.execute(
-        sql.SQL("grant usage on schema {} to {}").format(
-            sql.Identifier(schema), sql.Identifier(name)
-        )
-    )
-    db.execute(
-        sql.SQL("grant select on {}.runs to {}").format(
-            sql.Identifier(schema), sql.Identifier(name)
-        )
-    )
+    conninfo = stale_operator(make_role, db, schema)
     queued = runs.make("queued")
     completed = runs.make("completed")
     before = runs.snapshot()
@@ -486,14 +483,7 @@ def role_conns(
     schema: str, granted: RoleMaker, make_role: Callable[[], tuple[str, str]], db: Conn
 ) -> Iterator[dict[str, psycopg.Connection[Any]]]:
     conninfos = {job: granted(job) for job in ("producer", "worker", "maintenance")}
-    name, stale = make_role()
-    grant_text = OLD_OPERATOR_GRANTS.replace("{schema}", "{s}").replace("{role}", "{r}")
-    db.execute(
-        sql.SQL(
-            grant_text + "grant usage on schema {s} to {r}; grant select on {s}.runs to {r};"
-        ).format(s=sql.Identifier(schema), r=sql.Identifier(name))
-    )
-    conninfos["stale operator"] = stale
+    conninfos["stale operator"] = stale_operator(make_role, db, schema)
     conns = {job: psycopg.connect(info) for job, info in conninfos.items()}
     yield conns
     for conn in conns.values():

@@ -98,6 +98,10 @@ def postgres_grant_sql(
     runs, and the schema must be migrated.
     """
     grants, revokes = _grant_parts(job=job, role=role, schema=schema, lane=lane)
+    return _script(job, schema, lane, grants, revokes)
+
+
+def _script(job: str, schema: str, lane: str, grants: str, revokes: str) -> str:
     header = f"-- runlane: the {job} job in schema {schema} ({lane} lane)"
     return "\n\n".join([header, grants, revokes]) + "\n"
 
@@ -135,8 +139,8 @@ def grant_postgres_role(
     :class:`~runlane.StorageUnavailable`. Granting twice changes nothing; a role may hold
     several jobs. Run it again after a migration to a new schema version.
     """
-    text = postgres_grant_sql(job=job, role=role, schema=schema, lane=lane)
     grants, revokes = _grant_parts(job=job, role=role, schema=schema, lane=lane)
+    text = _script(job, schema, lane, grants, revokes)
     params = check_conninfo(connection_string)
     # libpq waits forever for an unreachable host unless told otherwise
     timeout: dict[str, Any] = (
