@@ -740,7 +740,7 @@ def test_a_bulk_confirmation_too_slow_to_count_shows_an_estimate(
     with served(create_app(rl, authorize=everyone)) as base:
         _, _, exact = http(base + "/runs/bulk?action=cancel&queue=big")
         assert "More than <b>10,000</b> runs match" in exact
-        monkeypatch.setattr("runlane.web._app.BULK_COUNT_SECONDS", 0.001)
+        monkeypatch.setattr("runlane.web._actions.BULK_COUNT_SECONDS", 0.001)
         status, _, estimated = http(base + "/runs/bulk?action=cancel&queue=big")
         assert status == 200
         assert "About <b>" in estimated

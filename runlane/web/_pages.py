@@ -1,0 +1,139 @@
+"""The console's pages: overview, runs, a run, queues, workers, schedules. They read through
+the operator API and the storage's own web reads (``web_throughput``, ``web_run_extras``,
+``web_runs_estimate``)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from typing import cast
+
+from flask import render_template, request
+
+from runlane._operator.runs import encode_cursor
+from runlane._operator.status import unhealthy
+from runlane.errors import RunNotFound
+from runlane.models import RunSnapshot
+from runlane.web._console import Console, Route
+from runlane.web._filters import FIRST_ID, Position, run_filters, run_id_arg, text_arg
+from runlane.web._present import chart, trace_id
+
+__all__ = ["CHILDREN_SHOWN", "PAGE_SIZE", "THROUGHPUT_CAP", "Pages"]
+
+PAGE_SIZE = 50  # runs per page of the runs list
+CHILDREN_SHOWN = 50  # children listed on a run's page
+THROUGHPUT_CAP = 50_000  # finishes the chart counts at most (the newest)
+
+
+class Pages:
+    """The read-only pages."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.runlane = console.runlane
+
+    def routes(self) -> Iterable[Route]:
+        return (
+            ("/", "overview", ["GET"], self.overview),
+            ("/runs", "runs", ["GET"], self.runs),
+            ("/runs/<run_id>", "run", ["GET"], self.run),
+            ("/queues", "queues", ["GET"], self.queues),
+            ("/workers", "workers", ["GET"], self.workers),
+            ("/schedules", "schedules", ["GET"], self.schedules),
+        )
+
+    def overview(self) -> str:
+        report = self.runlane.status()
+        reads = self.console.storage()
+        throughput = reads.web_throughput(self.runlane.environment, THROUGHPUT_CAP)
+        return render_template(
+            "runlane/overview.html",
+            page="overview",
+            report=report,
+            problems=unhealthy(report),
+            workers=self.runlane.list_workers(),
+            chart=chart(throughput),
+            runs_estimate=reads.web_runs_estimate(),
+        )
+
+    def runs(self) -> str:
+        filters = run_filters(request.args)
+        cursor = text_arg(request.args, "cursor")
+        start = cursor
+        if start is None and filters.created_before is not None:
+            position = Position(created_at=filters.created_before, id=FIRST_ID)
+            start = encode_cursor(cast(RunSnapshot, position))
+        page = self.runlane.list_runs(
+            status=filters.status,
+            task=filters.task,
+            queue=filters.queue,
+            limit=PAGE_SIZE,
+            cursor=start,
+        )
+        shown = list(page.runs)
+        next_cursor = page.next_cursor
+        if filters.created_after is not None:
+            after = filters.created_after
+            kept = [run for run in shown if run.created_at >= after]
+            if len(kept) < len(shown):
+                next_cursor = None  # the walk went past created_after: no older page
+            shown = kept
+        return render_template(
+            "runlane/runs.html",
+            page="runs",
+            filters=filters,
+            runs=shown,
+            next_cursor=next_cursor,
+            first_page=cursor is None,
+            runs_estimate=self.console.storage().web_runs_estimate(),
+        )
+
+    def run(self, run_id: str) -> str:
+        key = run_id_arg(run_id)
+        history = self.runlane.get_run_history(key)
+        extras = self.console.storage().web_run_extras(
+            self.runlane.environment, key, CHILDREN_SHOWN + 1
+        )
+        if extras is None:
+            raise RunNotFound(f"no run {key} in environment {self.runlane.environment!r}")
+        token = None
+        if extras["wait_kind"] == "token" and extras["wait_token_id"] is not None:
+            token = self.runlane.get_wait_token(extras["wait_token_id"])
+        children = extras["children"]
+        snapshot = history.run
+        return render_template(
+            "runlane/run.html",
+            page="runs",
+            run=snapshot,
+            attempts=history.attempts,
+            steps=history.steps,
+            extras=extras,
+            token=token,
+            children=children[:CHILDREN_SHOWN],
+            more_children=len(children) > CHILDREN_SHOWN,
+            trace=trace_id(extras["trace_context"]),
+            progress=snapshot.progress if isinstance(snapshot.progress, dict) else None,
+            live=not snapshot.is_terminal,
+        )
+
+    def queues(self) -> str:
+        return render_template(
+            "runlane/queues.html", page="queues", queues=self.runlane.list_queues()
+        )
+
+    def workers(self) -> str:
+        stopped = request.args.get("stopped") == "1"
+        return render_template(
+            "runlane/workers.html",
+            page="workers",
+            workers=self.runlane.list_workers(include_stopped=stopped),
+            include_stopped=stopped,
+        )
+
+    def schedules(self) -> str:
+        return render_template(
+            "runlane/schedules.html",
+            page="schedules",
+            schedules=self.runlane.list_schedules(),
+            nonce=secrets.token_urlsafe(18),
+        )
