@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import textwrap
+import threading
 import time
 import uuid
 from collections import Counter
@@ -548,10 +549,12 @@ def test_the_rabbitmq_lane_obeys_key_limits_and_defers_held_back_deliveries(
     rabbit_runtime: Any, rabbitmq_url: str, db: Conn, schema: str
 ) -> None:
     name = f"keyed{uuid.uuid4().hex[:8]}"
+    held_back = threading.Event()
 
     @task(id="flow.rabbit", queue=name, retry=ONCE)
     def rabbit(payload: Any, context: RunContext) -> None:
-        time.sleep(0.05)
+        # each key's first run holds its slot until deliveries were held back meanwhile
+        held_back.wait(30)
 
     rl = rabbit_runtime(
         amqp_url=rabbitmq_url,
@@ -566,6 +569,8 @@ def test_the_rabbitmq_lane_obeys_key_limits_and_defers_held_back_deliveries(
         handles = []
         for key in ("a", "b", "c"):
             handles += rl.trigger_many(rabbit, [None] * 4, concurrency_key=key)
+        wait_until(lambda: stats.deferred > 0, timeout=30, what="a delivery held back")
+        held_back.set()
         for h in handles:
             assert rl.wait_for_run(h.id, timeout=30).status is RunStatus.COMPLETED
     assert peak_per_key(flow.intervals(name)) == {"a": 1, "b": 1, "c": 1}

@@ -295,6 +295,7 @@ def test_a_bounded_queue_never_runs_two_handlers_at_once_across_two_workers(
     lock = threading.Lock()
     active = [0]
     most = [0]
+    held_back = threading.Event()
 
     @task(id="lane.bounded", queue="single")
     def bounded(payload: Any, context: RunContext) -> Any:
@@ -302,7 +303,8 @@ def test_a_bounded_queue_never_runs_two_handlers_at_once_across_two_workers(
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
-        time.sleep(0.05)  # the handler's work: long enough for the others to arrive meanwhile
+        # the first run holds the queue's one slot until the others arrived and were held back
+        held_back.wait(30)
         with lock:
             active[0] -= 1
         return payload
@@ -323,6 +325,12 @@ def test_a_bounded_queue_never_runs_two_handlers_at_once_across_two_workers(
     for worker in workers:
         consumer_ready(worker)
     run_ids = [h.id for h in producer.trigger_many(bounded, list(range(12)))]
+    wait_until(
+        lambda: sum(consumer_stats(w).deferred for w in workers) > 0,
+        timeout=30,
+        what="a delivery held back",
+    )
+    held_back.set()
     for run_id in run_ids:
         snapshot = producer.wait_for_run(run_id, timeout=30)
         assert snapshot.status is RunStatus.COMPLETED

@@ -127,7 +127,7 @@ def old_package(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
 
 OLD_PROCESS = """
-import logging, sys, time
+import logging, sys, threading
 import runlane
 from runlane import create_runlane, task
 from runlane.postgres import postgres_polling_lane
@@ -136,9 +136,11 @@ assert runlane.__file__.startswith(sys.argv[3]), runlane.__file__
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 logging.getLogger("runlane.postgres").setLevel(logging.INFO)
 
+go_on = threading.Event()
+
 @task(id="upgrade.echo")
 def echo(payload, context):
-    time.sleep(0.002)
+    go_on.wait(60)  # held until the current runtime ran one too: both take a share
     return {"n": payload["n"], "by": "old"}
 
 app = create_runlane(
@@ -150,14 +152,20 @@ print("ready", flush=True)
 sys.stdin.readline()  # "go": produce
 app.trigger_many(echo, [{"n": 1000 + i} for i in range(int(sys.argv[4]))])
 print("produced", flush=True)
+sys.stdin.readline()  # "go on": the current runtime ran one
+go_on.set()
 sys.stdin.readline()  # closed: finish
 worker.close(timeout=10)
 app.close()
 """
 
 
+current_ran = threading.Event()
+
+
 @task(id="upgrade.echo")
 def echo(payload: Any, context: RunContext) -> dict[str, Any]:
+    current_ran.set()
     return {"n": payload["n"], "by": "new"}
 
 
@@ -168,6 +176,7 @@ def test_the_previous_release_runs_beside_the_current_one_on_the_new_schema(
     schema: str,
     db: Conn,
 ) -> None:
+    current_ran.clear()
     commit, root = old_package
     old_version = _migration_count(commit)
     assert old_version < len(load_migration_files())
@@ -221,6 +230,9 @@ def test_the_previous_release_runs_beside_the_current_one_on_the_new_schema(
         proc.stdin.flush()
         handles = current.trigger_many(echo, [{"n": i} for i in range(RUNS_EACH)])
         assert proc.stdout.readline().strip() == "produced"
+        assert current_ran.wait(30), "the current runtime ran none of the runs"
+        proc.stdin.write("go on\n")
+        proc.stdin.flush()
         total = 2 * RUNS_EACH
         query = sql.SQL("select count(*) from {}.runs where status = 'completed'").format(
             sql.Identifier(schema)
