@@ -5,6 +5,9 @@
 - :mod:`runlane.integrations.sentry`: ``sentry_scope``, a middleware giving each attempt its
   own Sentry scope tagged with the run; ``pip install 'runlane[sentry]'``.
 
-Django and FastAPI need no runlane module: see ``docs/integrations/django.md`` and
-``docs/integrations/fastapi.md``.
+- :mod:`runlane.integrations.django`: a Django app (the console behind Django's auth, for
+  staff users; ``manage.py runlane_worker``, ``runlane_maintenance``, ``runlane_status``);
+  ``pip install 'runlane[django]'``.
+
+FastAPI needs no runlane module: see ``docs/integrations/fastapi.md``.
 """

@@ -19,9 +19,24 @@ RUNLANE_SCHEMA = os.environ.get("RUNLANE_SCHEMA", "runlane")
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "only-for-the-example")
 DEBUG = os.environ.get("DJANGO_DEBUG") == "1"
 ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
-INSTALLED_APPS = ["orders"]
-MIDDLEWARE: list[str] = []
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    # runlane's console at /runlane/ (staff only) and manage.py runlane_worker,
+    # runlane_maintenance and runlane_status, all on RUNLANE_APP
+    "runlane.integrations.django",
+    "orders",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
 ROOT_URLCONF = "shopsite.urls"
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}]
+LOGIN_URL = "/accounts/login/"
+RUNLANE_APP = "orders.runlane_app:runlane"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,0 +1,264 @@
+"""runlane.integrations.django on examples/django, served by waitress in a process of its own
+(Django's settings are process-wide: nothing of Django is set up in the test's process).
+
+Chromium signs in as a staff user through Django's login and works in the console mounted at
+/runlane/ (pages, its stylesheet, an action whose CSRF token passes Django's CSRF middleware);
+an anonymous visitor is sent to the login, a signed-in user who is not staff is refused. The
+management commands run as subprocesses on the same database: runlane_status answers as
+`runlane status` does, runlane_worker runs an order's run and stops on SIGTERM with exit 0,
+runlane_maintenance --once, and a bad option is exit 2 as in the CLI.
+"""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from runlane import Runlane, RunStatus, create_runlane, queue
+from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
+from tests._optional import require
+
+require("django")
+require("selenium")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+
+from tests import test_web  # noqa: E402
+from tests.test_web import click, text  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "django"
+PASSWORD = "a long enough password"
+
+browser = test_web.browser  # the console tests' headless Chromium (a module-scoped fixture)
+
+# the example's settings, with two test-only changes: pages that do not reload themselves
+# under the test's feet, and a quick password hasher
+TEST_SETTINGS = """\
+from shopsite.settings import *  # noqa: F403
+
+RUNLANE_CONSOLE_CONFIG = {"RUNLANE_REFRESH_SECONDS": 600}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+"""
+
+SET_UP = """\
+import django
+from django.core.management import call_command
+
+django.setup()
+call_command("migrate", verbosity=0)
+from django.contrib.auth.models import User
+
+User.objects.create_user("ops", password=PASSWORD, is_staff=True)
+User.objects.create_user("clerk", password=PASSWORD)
+""".replace("PASSWORD", repr(PASSWORD))
+
+
+@pytest.fixture(scope="module")
+def site(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The example on fresh schemas, migrated, with a staff user (ops) and another (clerk),
+    served by waitress; a runtime of the test's own on the same schema."""
+    suffix = uuid.uuid4().hex[:12]
+    settings_dir = tmp_path_factory.mktemp("django_console")
+    (settings_dir / "console_settings.py").write_text(TEST_SETTINGS)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "SHOP_SCHEMA": f"djc_shop_{suffix}",
+        "RUNLANE_SCHEMA": f"djc_rl_{suffix}",
+        "DJANGO_SETTINGS_MODULE": "console_settings",
+        "PYTHONPATH": os.pathsep.join(
+            [str(settings_dir), str(EXAMPLE), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("create schema {}").format(sql.Identifier(env["SHOP_SCHEMA"])))
+    apply_postgres_storage_migrations(connection_string=database_url, schema=env["RUNLANE_SCHEMA"])
+    rl = create_runlane(
+        lane=postgres_polling_lane(connection_string=database_url, schema=env["RUNLANE_SCHEMA"]),
+        queues=[queue("orders", default=True)],
+    )
+    server = None
+    try:
+        subprocess.run([sys.executable, "-c", SET_UP], cwd=EXAMPLE, env=env, check=True, timeout=60)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "waitress", "--listen=127.0.0.1:0", "--threads=4",
+             "shopsite.wsgi:application"],
+            cwd=EXAMPLE, env=env, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        yield {"env": env, "rl": rl, "base": _listening(server)}
+    finally:
+        if server is not None:
+            server.terminate()
+            server.communicate(timeout=10)
+        rl.close()
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            for schema in (env["SHOP_SCHEMA"], env["RUNLANE_SCHEMA"]):
+                conn.execute(
+                    sql.SQL("drop schema if exists {} cascade").format(sql.Identifier(schema))
+                )
+
+
+def _listening(server: subprocess.Popen[str]) -> str:
+    """The base URL waitress says it serves on (its first lines, on stderr)."""
+    assert server.stderr is not None
+    seen = []
+    for line in server.stderr:
+        seen.append(line)
+        if found := re.search(r"Serving on (http://127\.0\.0\.1:\d+)", line):
+            return found.group(1)
+    pytest.fail(f"waitress did not start: {''.join(seen)}")
+
+
+def manage(
+    site: dict[str, Any], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=EXAMPLE, env=site["env"], capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def sign_in(browser: WebDriver, base: str, user: str, then: str) -> None:
+    """Visit ``then`` signed out: Django's login page is shown; sign in as ``user``."""
+    browser.delete_all_cookies()
+    browser.get(base + then)
+    assert browser.current_url == f"{base}/accounts/login/?next={urllib.parse.quote(then)}"
+    browser.find_element(By.NAME, "username").send_keys(user)
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    click(browser, "#sign-in")
+
+
+def test_staff_work_in_the_console_behind_django_auth(
+    browser: WebDriver, site: dict[str, Any]
+) -> None:
+    base, rl = site["base"], site["rl"]
+    sign_in(browser, base, "ops", "/runlane/queues")
+    assert browser.current_url == base + "/runlane/queues"
+    # the console's own stylesheet came through the mount, and its links stay under it
+    header = "return getComputedStyle(document.querySelector('header')).backgroundColor"
+    assert browser.execute_script(header) == "rgb(29, 35, 48)"
+    links = browser.find_elements(By.CSS_SELECTOR, "header nav a")
+    assert links
+    assert all((a.get_attribute("href") or "").startswith(base + "/runlane/") for a in links)
+
+    # an action: the console's CSRF token passes, Django's CSRF middleware does not refuse it
+    row = "tr[data-queue='orders']"
+    click(browser, f"{row} button.pause-queue")
+    assert text(browser, "#notice") == "The queue is paused."
+    assert browser.current_url.startswith(base + "/runlane/queues")
+    assert next(q for q in rl.list_queues() if q.name == "orders").paused
+    click(browser, f"{row} button.resume-queue")
+    assert not next(q for q in rl.list_queues() if q.name == "orders").paused
+
+    # a user who is not staff signs in and is refused
+    sign_in(browser, base, "clerk", "/runlane/")
+    assert browser.current_url == base + "/runlane/"
+    assert "403 Forbidden" in text(browser)
+    assert not browser.find_elements(By.CSS_SELECTOR, "header nav a")
+
+
+def _session(base: str, user: str) -> urllib.request.OpenerDirector:
+    """A cookie-keeping client signed in as ``user`` through Django's login form."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    page = opener.open(base + "/accounts/login/", timeout=10).read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token, page
+    form = {
+        "username": user,
+        "password": PASSWORD,
+        "csrfmiddlewaretoken": token.group(1),
+        "next": "/runlane/",
+    }
+    with opener.open(base + "/accounts/login/", urllib.parse.urlencode(form).encode()) as page:
+        assert page.url == base + "/runlane/"
+    return opener
+
+
+def _post(opener: urllib.request.OpenerDirector, url: str, form: dict[str, str]) -> int:
+    try:
+        with opener.open(url, urllib.parse.urlencode(form).encode(), timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_console_checks_its_own_csrf_token_behind_the_exemption(
+    site: dict[str, Any],
+) -> None:
+    base, rl = site["base"], site["rl"]
+    anonymous = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    with anonymous.open(base + "/runlane/", timeout=10) as page:  # redirected to the login
+        assert page.url == f"{base}/accounts/login/?next=/runlane/"
+    staff = _session(base, "ops")
+    pause = base + "/runlane/queues/pause"
+    # Django's CSRF check is off for the console's view; the console's own is not
+    assert _post(staff, pause, {"name": "orders"}) == 403
+    assert _post(staff, pause, {"name": "orders", "csrf_token": "0" * 64}) == 403
+    assert not next(q for q in rl.list_queues() if q.name == "orders").paused
+    page = staff.open(base + "/runlane/queues", timeout=10).read().decode()
+    token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page)
+    assert token, page
+    # with the page's token: done, and redirected to the queues page
+    assert _post(staff, pause, {"name": "orders", "csrf_token": token.group(1)}) == 200
+    assert next(q for q in rl.list_queues() if q.name == "orders").paused
+    rl.resume_queue("orders")
+
+
+def test_management_commands_are_the_clis(site: dict[str, Any]) -> None:
+    status = manage(site, "runlane_status", "--json")
+    plain = subprocess.run(
+        [sys.executable, "-m", "runlane.cli", "status", "orders.runlane_app:runlane", "--json"],
+        cwd=EXAMPLE, env=site["env"], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert status.returncode == plain.returncode, status.stderr
+    report = json.loads(status.stdout)
+    assert report.keys() == json.loads(plain.stdout).keys()
+    assert "orders" in status.stdout
+
+    bad = manage(site, "runlane_worker", "--concurrency", "many")
+    assert bad.returncode == 2, bad.stderr
+    assert "--concurrency" in bad.stderr
+
+    once = manage(site, "runlane_maintenance", "--once")
+    assert once.returncode == 0, once.stderr
+
+    placed = urllib.request.urlopen(
+        urllib.request.Request(
+            site["base"] + "/orders",
+            data=json.dumps({"item": "widget", "quantity": 1}).encode(),
+            headers={"content-type": "application/json"},
+        ),
+        timeout=10,
+    )
+    run_id = uuid.UUID(json.loads(placed.read())["run_id"])
+    rl: Runlane = site["rl"]
+    with subprocess.Popen(
+        [sys.executable, "manage.py", "runlane_worker", "--concurrency", "1"],
+        cwd=EXAMPLE, env=site["env"], stderr=subprocess.PIPE, text=True,
+    ) as worker:  # fmt: skip
+        try:
+            run = rl.wait_for_run(run_id, timeout=60)
+            assert run.status is RunStatus.COMPLETED, run.error
+            worker.send_signal(signal.SIGTERM)
+            _, err = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+    assert worker.returncode == 0, err
