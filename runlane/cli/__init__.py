@@ -36,6 +36,7 @@ from runlane.cli._logs import (
     say,
     stop_logging,
 )
+from runlane.cli._metrics import add_metrics_command
 from runlane.cli._operator import add_operator_commands
 from runlane.cli._runs import add_run_commands
 from runlane.cli._setup import DATABASE_URL_HELP, add_setup_commands
@@ -108,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
         add_run_commands,  # runs list|show|retry|cancel|delete, trigger
         add_operator_commands,  # queues, workers, schedules
         add_web_command,
+        add_metrics_command,
         add_devdb_command,
     ):
         add(commands, load_app)

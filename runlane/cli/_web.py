@@ -23,7 +23,7 @@ from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options
 from runlane.errors import ConfigurationError
 from runlane.toolkit import as_int, shown
 
-__all__ = ["DEFAULT_BIND", "add_web_command", "parse_bind", "serve_until"]
+__all__ = ["DEFAULT_BIND", "add_web_command", "listening", "parse_bind", "serve_until"]
 
 DEFAULT_BIND = "127.0.0.1:8080"
 
@@ -65,7 +65,7 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
         app = create_app(runlane)
         shown_host = f"[{host}]" if ":" in host else host
         sockets: dict[int, Any] = {}
-        server = _listening(
+        server = listening(
             lambda: create_server(
                 app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
             ),
@@ -84,7 +84,7 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     return 0
 
 
-def _listening(create: Callable[[], T], bind: str, host: str, port: int) -> T:
+def listening(create: Callable[[], T], bind: str, host: str, port: int) -> T:
     """``create()``, waitress's server bound to ``bind`` (``host``, ``port``); a
     ConfigurationError (one ``runlane: error:`` line, exit 2, like a malformed ``--bind``)
     when it cannot listen there: a host that does not resolve, an address in use, one this

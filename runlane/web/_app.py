@@ -20,6 +20,7 @@ from runlane.toolkit import noun_for
 from runlane.web._actions import BULK_COUNT_CAP, BULK_LIMIT, Actions
 from runlane.web._console import NOTICES, Console, Room
 from runlane.web._errors import error_page
+from runlane.web._metrics import Metrics
 from runlane.web._pages import PAGE_SIZE, Pages
 from runlane.web._present import ago, cut, pretty, when
 from runlane.web._security import CSRF_FIELD, Authorize, Guard
@@ -29,7 +30,7 @@ __all__ = ["BULK_COUNT_CAP", "BULK_LIMIT", "PAGE_SIZE", "ROOMS", "make_app", "ma
 REFRESH_SECONDS = 10  # pages reload themselves this often (app.config RUNLANE_REFRESH_SECONDS)
 
 # every room of the console, in the order its routes are registered
-ROOMS: tuple[Callable[[Console], Room], ...] = (Pages, Actions)
+ROOMS: tuple[Callable[[Console], Room], ...] = (Pages, Actions, Metrics)
 
 
 def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
