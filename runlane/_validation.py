@@ -1,8 +1,7 @@
 """Argument checks shared by the runtime and the handler context, and one trigger call's
 options (``TriggerOptions``), carried whole from ``trigger``, ``trigger_many`` and
 ``context.trigger_child`` to where they are checked and turned into rows, so the list of
-options is written once. A call that leaves every option at its default shares
-``DEFAULT_OPTIONS``, which lets the runtime check a task's defaults once and reuse them.
+options is written once.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ __all__ = [
     "as_int32",
     "as_payload_list",
     "as_run_at",
-    "call_options",
     "check_idempotency_key",
     "check_text",
     "child_options",
@@ -233,41 +231,24 @@ class TriggerOptions:
     # set by context.trigger_child: the run that triggers (not a caller's option)
     parent_run_id: uuid.UUID | None = None
 
+    @property
+    def defaults(self) -> bool:
+        """Every option at its default (a bool priority is not: the checks refuse it): the
+        runtime then reuses the plan it checked for the task's defaults."""
+        return (
+            self.queue is None
+            and self.delay is None
+            and self.run_at is None
+            and self.max_attempts is None
+            and self.concurrency_key is None
+            and self.parent_run_id is None
+            and type(self.priority) is int
+            and self.priority == 0
+        )
+
 
 #: the options of a call that gave none
 DEFAULT_OPTIONS = TriggerOptions()
-
-
-def call_options(
-    *,
-    queue: str | None,
-    delay: timedelta | float | None,
-    run_at: datetime | None,
-    priority: int,
-    max_attempts: int | None,
-    concurrency_key: str | None,
-) -> TriggerOptions:
-    """The options of a ``trigger``/``trigger_many`` call: the shared ``DEFAULT_OPTIONS``
-    when every one is at its default (a bool priority is not: the checks refuse it), so the
-    runtime's plan for the task's defaults is found again."""
-    if (
-        queue is None
-        and delay is None
-        and run_at is None
-        and max_attempts is None
-        and concurrency_key is None
-        and type(priority) is int
-        and priority == 0
-    ):
-        return DEFAULT_OPTIONS
-    return TriggerOptions(
-        queue=queue,
-        delay=delay,
-        run_at=run_at,
-        priority=priority,
-        max_attempts=max_attempts,
-        concurrency_key=concurrency_key,
-    )
 
 
 class ChildTriggerOptions(TypedDict, total=False):

@@ -14,7 +14,6 @@ from runlane import _telemetry
 from runlane._codec import encode_payload
 from runlane._ids import new_run_ids
 from runlane._validation import (
-    DEFAULT_OPTIONS,
     TriggerOptions,
     as_duration,
     as_int32,
@@ -114,7 +113,8 @@ class Triggering:
         A call with every option at its default gets the plan its task's first such call
         made (the checks depend on nothing else), so the common trigger checks nothing
         twice; anything else is checked on every call."""
-        if options is DEFAULT_OPTIONS:
+        defaults = options.defaults
+        if defaults:
             try:
                 plan = self._default_plans.get(task)
             except TypeError:  # an unhashable "task": the checks below refuse it
@@ -137,7 +137,7 @@ class Triggering:
         plan = _Plan(resolved, queue_name, attempts, delay_delta)
         # kept for the registered task itself and its id only: the map stays as small as the
         # catalog (another object naming a registered id is checked each time)
-        if options is DEFAULT_OPTIONS and (task is resolved or type(task) is str):
+        if defaults and (task is resolved or type(task) is str):
             self._default_plans[task] = plan
         return plan
 
@@ -197,6 +197,18 @@ class Triggering:
             parent_run_id=options.parent_run_id,
             concurrency_key=options.concurrency_key,
         )
+
+    def one(
+        self,
+        task: TaskRef | str,
+        payload: Any,
+        idempotency_key: str | None,
+        options: TriggerOptions,
+        connection: Any,
+    ) -> RunHandle:
+        keys = None if idempotency_key is None else [idempotency_key]
+        (handle,) = self.runs(task, [payload], keys, options, connection)
+        return handle
 
     def runs(
         self,
