@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from runlane import Runlane, RunContext, queue, task
+from runlane import RunContext, Runlane, queue, task
 from runlane.metrics import MISSING, wsgi_app
 from runlane.postgres import postgres_polling_lane
 from runlane.runtime import create_runlane
@@ -125,8 +125,7 @@ def test_openmetrics_when_the_scraper_asks(known: Runlane) -> None:
     answer = client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
     assert answer.content_type.startswith("application/openmetrics-text")
     families = {
-        f.name: f
-        for f in openmetrics.text_string_to_metric_families(answer.get_data(as_text=True))
+        f.name: f for f in openmetrics.text_string_to_metric_families(answer.get_data(as_text=True))
     }
     assert "runlane_queue_runs" in families
 
@@ -197,8 +196,10 @@ def test_runlane_metrics_serves_it_alone(known: Runlane, database_url: str, sche
 
     port = closed_port()
     process = subprocess.Popen(
-        [sys.executable, "-c", SERVE, "metrics", "--database-url", database_url]
-        + ["--schema", schema, "--bind", f"127.0.0.1:{port}"],
+        [
+            *(sys.executable, "-c", SERVE, "metrics", "--database-url", database_url),
+            *("--schema", schema, "--bind", f"127.0.0.1:{port}"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -218,7 +219,7 @@ def test_runlane_metrics_serves_it_alone(known: Runlane, database_url: str, sche
             return True
 
         wait_until(answered, timeout=15, what="runlane metrics to answer")
-        types, samples = parsed(scraped[-1])
+        _, samples = parsed(scraped[-1])
         # a runtime made from the URL alone: no tasks, the same figures from the database
         assert value(samples, "runlane_queue_runs", queue="mail", status="queued") == 5
         with pytest.raises(urllib.error.HTTPError) as missing:
