@@ -58,6 +58,7 @@ class RunlaneCommand(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         # call_command("runlane_status", "--", "--json"): the same, a failure a CommandError
-        code = cli.main(runlane_args(self.command, options.get("runlane_args") or []))
+        given = list(options.get("runlane_args") or [])
+        code = cli.main(runlane_args(self.command, given[1:] if given[:1] == ["--"] else given))
         if code:
             raise CommandError(f"runlane {self.command} exited with code {code}", returncode=code)

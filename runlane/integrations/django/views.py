@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
@@ -27,6 +26,10 @@ def console(request: HttpRequest, path: str = "") -> HttpResponseBase:
             "MIDDLEWARE (it serves staff users only)"
         )
     if not user.is_authenticated:
+        # imported here: django.contrib.auth needs settings and the app registry, and this
+        # module imports without them (the docs check names it)
+        from django.contrib.auth.views import redirect_to_login  # noqa: PLC0415
+
         return redirect_to_login(request.get_full_path())
     if not (user.is_active and user.is_staff):
         raise PermissionDenied("the runlane console is for staff users")
