@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -13,11 +13,13 @@ from runlane.flow import RateLimit
 
 __all__ = [
     "AttemptRecord",
+    "AuditRecord",
     "BulkResult",
     "CancelResult",
     "DrainResult",
     "LaneStatus",
     "MaintenanceLeaseStatus",
+    "Page",
     "QueueInfo",
     "QueueStatus",
     "ResolvedTokenStatus",
@@ -421,3 +423,42 @@ class BulkResult:
     matched: int
     changed: int
     dry_run: bool = False
+
+
+_T = TypeVar("_T")
+
+
+@attrs.frozen
+class Page(Generic[_T]):
+    """One page of a listing, newest first; ``next_cursor`` (opaque) is passed as
+    ``cursor=`` for the next, older page, None after the last."""
+
+    items: tuple[_T, ...]
+    next_cursor: str | None
+
+
+@attrs.frozen
+class AuditRecord:
+    """One operator action, from ``Runlane.list_audit`` (docs/operations.md, Audit trail).
+
+    ``via`` is ``api``, ``cli`` or ``console``; ``actor`` the console's identity (from
+    ``authorize``), None from the API and CLI; ``db_role`` the database role that wrote it
+    (the database's ``current_user``) and ``os_user`` the operating-system user of the
+    process that acted. ``action`` names it (``cancel``, ``retry``, ``reschedule``,
+    ``bulk_retry``, ``pause_queue``, ...), ``target`` what it acted on (a run id, a queue, a
+    schedule, a bulk action's filters), ``runs`` how many runs it changed (None for a queue
+    or schedule), ``changed`` whether it changed anything (a repeat changes nothing), and
+    ``details`` what else it said (a bulk action's filters and matches, a new due time)."""
+
+    id: uuid.UUID
+    at: datetime
+    via: str
+    actor: str | None
+    db_role: str
+    os_user: str | None
+    action: str
+    target: str | None
+    runs: int | None
+    changed: bool
+    reason: str | None
+    details: dict[str, Any]

@@ -69,6 +69,7 @@ class BulkFilters(TypedDict, total=False):
     dry_run: bool
     all: bool
     on_batch: BulkProgress | None
+    reason: str | None  # recorded in the audit trail
 
 
 # the statuses each action applies to, in the order it walks them

@@ -40,6 +40,7 @@ from runlane.cli._metrics import add_metrics_command
 from runlane.cli._operator import add_operator_commands
 from runlane.cli._runs import add_run_commands
 from runlane.cli._setup import DATABASE_URL_HELP, add_setup_commands
+from runlane.cli._stats import add_stats_command
 from runlane.cli._status import add_status_command
 from runlane.cli._supervised import add_supervised_commands
 from runlane.cli._web import add_web_command
@@ -105,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
         add_drain_command,
         add_supervised_commands,  # worker, maintenance
         add_status_command,
+        add_stats_command,
         add_demo_command,
         add_run_commands,  # runs list|show|retry|cancel|delete, trigger
         add_operator_commands,  # queues, workers, schedules

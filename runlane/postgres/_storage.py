@@ -17,6 +17,7 @@ from runlane.postgres._queues import QueueRepository
 from runlane.postgres._runs import RunRepository
 from runlane.postgres._schedules import ScheduleRepository
 from runlane.postgres._sql import notify_channel, validate_schema_name
+from runlane.postgres._stats import StatsRepository
 from runlane.postgres._waits import WaitRepository
 from runlane.postgres._web_reads import WebReadRepository
 from runlane.postgres._workers import WorkerRepository
@@ -140,6 +141,10 @@ class PostgresStorage:
         self.queue_resume = queues.queue_resume
         self.queue_known = queues.queue_known
         self.queue_list = queues.queue_list
+        stats = StatsRepository(self._db)
+        self.stats_fold = stats.stats_fold
+        self.stats_prune = stats.stats_prune
+        self.stats_read = stats.stats_read
         web = WebReadRepository(self._db)
         self.web_throughput = web.web_throughput
         self.web_run_extras = web.web_run_extras

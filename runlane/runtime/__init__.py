@@ -44,9 +44,11 @@ from runlane.runtime._reads import Reads
 from runlane.runtime._registrations import check_registrations
 from runlane.runtime._schedule_admin import ScheduleAdmin
 from runlane.runtime._services import ServiceStarts
+from runlane.runtime._stats import StatsOptions, StatsReads
 from runlane.runtime._triggering import Triggering
 from runlane.runtime._waiting import Waits
 from runlane.schedules import Schedule
+from runlane.stats import Stats
 from runlane.storage import Storage
 from runlane.tasks import Queue, Task
 from runlane.worker import Middleware, Worker, check_middleware
@@ -90,6 +92,7 @@ class Runlane:
         )
         entries = [self._triggering.schedule_entry(s) for s in schedules]
         self._reads = Reads(environment, lane, self._queues, life.opened)
+        self._stats = StatsReads(environment, life.opened)
         self._actions = RunActions(environment, life.opened)
         self._queue_admin = QueueAdmin(environment, self._queues, life.opened)
         self._schedule_admin = ScheduleAdmin(environment, entries, life.opened)
@@ -362,6 +365,11 @@ class Runlane:
     def status(self) -> StatusReport:
         """The progress signals an operator should alert on (see StatusReport)."""
         return self._open(self._reads).status()
+
+    def stats(self, **options: Unpack[StatsOptions]) -> Stats:
+        """The per-minute rollup in buckets: ``queue``, ``task``, ``since`` (default an hour
+        before ``until``), ``until`` (default now), ``bucket`` (docs/observability.md)."""
+        return self._open(self._stats).read(options)
 
 
 def create_runlane(

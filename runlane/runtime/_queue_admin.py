@@ -15,30 +15,22 @@ from typing import Any
 import attrs
 
 from runlane._limits import check_name as check_any_name
-from runlane._validation import check_text
 from runlane.errors import ConfigurationError
 from runlane.models import QueueInfo, RunStatus
+from runlane.runtime._audit import AuditTrail, check_reason
 from runlane.runtime._backend import Opened
 from runlane.storage import Storage
 from runlane.tasks import Queue
 from runlane.toolkit import shown
 
-__all__ = ["MAX_REASON_CHARS", "QueueAdmin", "check_name", "check_reason"]
+__all__ = ["QueueAdmin", "check_name"]
 
-# a pause's reason is a note for other operators, not a document
-MAX_REASON_CHARS = 500
 # list_queues counts these; terminal runs are history (list_runs pages through them)
 _COUNTED = tuple(s.value for s in RunStatus if not s.is_terminal)
 
 
 def check_name(name: object) -> str:
     return check_any_name("queue name", name)
-
-
-def check_reason(reason: object) -> str | None:
-    if reason is None:
-        return None
-    return check_text("reason", reason, MAX_REASON_CHARS)
 
 
 @attrs.define(eq=False)
@@ -49,6 +41,7 @@ class QueueAdmin:
     _environment: str
     _queues: Mapping[str, Queue]
     _opened: Opened
+    _trail: AuditTrail
 
     def _check_known(self, storage: Storage, name: str) -> None:
         if name in self._queues or storage.queue_known(self._environment, name):
@@ -68,14 +61,22 @@ class QueueAdmin:
         queue_name = check_name(name)
         text = check_reason(reason)
         self._check_known(storage, queue_name)
-        return storage.queue_pause(self._environment, queue_name, text)
+        return self._trail.record(
+            self._trail.entry("pause_queue", queue_name, text, {}),
+            lambda view: view.queue_pause(self._environment, queue_name, text),
+            lambda changed: (None, changed),
+        )
 
-    def resume(self, name: object) -> bool:
+    def resume(self, name: object, reason: object = None) -> bool:
         """Resume ``name``; True when it was paused."""
         storage = self._opened()
         queue_name = check_name(name)
         self._check_known(storage, queue_name)
-        return storage.queue_resume(self._environment, queue_name)
+        return self._trail.record(
+            self._trail.entry("resume_queue", queue_name, reason, {}),
+            lambda view: view.queue_resume(self._environment, queue_name),
+            lambda changed: (None, changed),
+        )
 
     def infos(self) -> list[QueueInfo]:
         """Every queue this runtime defines and every one the database knows, by name."""

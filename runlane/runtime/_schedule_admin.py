@@ -26,6 +26,7 @@ from runlane._validation import check_idempotency_key
 from runlane.errors import ConfigurationError
 from runlane.maintenance import BANDS, MaintenancePhase, ScheduleEntry
 from runlane.models import RunHandle, ScheduleInfo
+from runlane.runtime._audit import AuditTrail
 from runlane.runtime._backend import Opened
 from runlane.schedules import next_slot
 from runlane.storage import InsertedRun, NewRuns, ScheduleState, Storage
@@ -93,6 +94,7 @@ class ScheduleAdmin:
     _environment: str
     _entries: Sequence[ScheduleEntry]
     _opened: Opened
+    _trail: AuditTrail
 
     def infos(self) -> list[ScheduleInfo]:
         """Every stored schedule of the environment and every one this runtime defines, by id."""
@@ -142,10 +144,16 @@ class ScheduleAdmin:
             )
         return infos
 
-    def pause(self, schedule_id: object) -> bool:
+    def pause(self, schedule_id: object, reason: object = None) -> bool:
         """Pause; True when it was not paused before."""
-        storage = self._opened()
         sid = _check_id(self._environment, schedule_id)
+        return self._trail.record(
+            self._trail.entry("pause_schedule", sid, reason, {}),
+            lambda storage: self._pause(storage, sid),
+            lambda changed: (None, changed),
+        )
+
+    def _pause(self, storage: Storage, sid: str) -> bool:
         was_paused = storage.schedule_pause(self._environment, sid)
         if was_paused is None:
             entry = _defined(self._entries, sid)
@@ -157,11 +165,17 @@ class ScheduleAdmin:
                 raise _unknown(self._environment, sid)
         return not was_paused
 
-    def resume(self, schedule_id: object) -> bool:
+    def resume(self, schedule_id: object, reason: object = None) -> bool:
         """Resume, awaiting the first slot after the database's now; True when it was
         paused."""
-        storage = self._opened()
         sid = _check_id(self._environment, schedule_id)
+        return self._trail.record(
+            self._trail.entry("resume_schedule", sid, reason, {}),
+            lambda storage: self._resume(storage, sid),
+            lambda changed: (None, changed),
+        )
+
+    def _resume(self, storage: Storage, sid: str) -> bool:
         while True:
             row = storage.schedule_get(self._environment, sid)
             if row is None:
@@ -183,16 +197,24 @@ class ScheduleAdmin:
             if storage.schedule_resume(self._environment, sid, row.cron, row.timezone, following):
                 return True
 
-    def run_now(self, schedule_id: object, idempotency_key: str | None) -> RunHandle:
+    def run_now(
+        self, schedule_id: object, idempotency_key: str | None, reason: object = None
+    ) -> RunHandle:
         """One run of the schedule's task, queue and payload, due now; its slots are untouched.
 
         A stored definition is used through the storage's ``schedule_run_now`` (on Postgres a
         function the operator role may execute: it cannot insert runs of its own); a schedule
         this runtime defines that is not stored yet is triggered like any run."""
-        storage = self._opened()
         sid = _check_id(self._environment, schedule_id)
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
+        return self._trail.record(
+            self._trail.entry("run_schedule_now", sid, reason, {}),
+            lambda storage: self._run_now(storage, sid, idempotency_key),
+            lambda handle: (int(handle.created), handle.created),
+        )
+
+    def _run_now(self, storage: Storage, sid: str, idempotency_key: str | None) -> RunHandle:
         row = storage.schedule_get(self._environment, sid)
         entry = _defined(self._entries, sid)
         insert: Callable[[NewRuns], list[InsertedRun]]

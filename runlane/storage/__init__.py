@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken, WorkerInfo
+from runlane.stats import StatsBucket
 from runlane.storage._records import (
     BulkBatch,
     BulkFilter,
@@ -372,6 +373,28 @@ class MaintenanceStore(Protocol):
         """Cleanup: delete up to ``limit`` rows of workers stopped or lost, and last seen
         more than ``retention`` ago; returns how many."""
 
+    def stats_fold(
+        self,
+        environment: str,
+        lookback: timedelta,
+        max_minutes: int,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> int:
+        """Recompute the rollup's minutes from where the last fold stopped (at the latest
+        ``lookback`` before the current minute, database time) through the current minute,
+        at most ``max_minutes`` of them, from runs and attempts; returns the rows written."""
+
+    def stats_prune(
+        self,
+        environment: str,
+        keep: timedelta,
+        limit: int,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> int:
+        """Retention: delete up to ``limit`` of the rollup's rows older than ``keep``."""
+
 
 class OperatorStore(Protocol):
     """What operators read and do (the runtime's operator methods, the CLI, the console)."""
@@ -491,6 +514,19 @@ class OperatorStore(Protocol):
 
     def web_runs_estimate(self) -> int:
         """The planner's estimate of the rows of runs, all environments (no scan)."""
+
+    def stats_read(
+        self,
+        environment: str,
+        *,
+        queue: str | None,
+        task_id: str | None,
+        since: datetime,
+        until: datetime,
+        bucket: timedelta,
+    ) -> list[StatsBucket]:
+        """The rollup's minutes in ``[since, until)`` summed per ``bucket`` (aligned on the
+        epoch), only the buckets that have rows, oldest first."""
 
 
 class Storage(
