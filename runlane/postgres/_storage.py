@@ -4,6 +4,7 @@ that take it, composed."""
 from __future__ import annotations
 
 from runlane.postgres._attempts import AttemptRepository
+from runlane.postgres._audit import AuditRepository
 from runlane.postgres._bulk import BulkRepository
 from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, PoolSource, check_conninfo
 from runlane.postgres._eager import EagerPublisher
@@ -163,6 +164,17 @@ class PostgresStorage:
         self.outbox_failing_queues = outbox.outbox_failing_queues
         self.wal_flush = outbox.wal_flush
         self.run_delivery_state = outbox.run_delivery_state
+        audit = AuditRepository(self._db, self._in_transaction)
+        self.audit_action = audit.audit_action
+        self.audit_write = audit.audit_write
+        self.audit_list = audit.audit_list
+        self.audit_prune = audit.audit_prune
+        self.run_reschedule = audit.run_reschedule
+        self.run_delete = audit.run_delete
+
+    def _in_transaction(self, db: Executor) -> PostgresStorage:
+        # an operator action's view, on the connection of its record's transaction
+        return PostgresStorage(connection_string=self._db.conninfo, schema=self.schema, _db=db)
 
     @property
     def connection_string(self) -> str:

@@ -22,9 +22,11 @@ from runlane.maintenance import (
     Services,
 )
 from runlane.models import (
+    AuditRecord,
     BulkResult,
     CancelResult,
     DrainResult,
+    Page,
     QueueInfo,
     RunHandle,
     RunHistory,
@@ -37,6 +39,7 @@ from runlane.models import (
     WorkerInfo,
 )
 from runlane.runtime._actions import RunActions
+from runlane.runtime._audit import AuditTrail, acting_as
 from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE
 from runlane.runtime._lifetime import Lifetime
 from runlane.runtime._queue_admin import QueueAdmin
@@ -53,7 +56,7 @@ from runlane.storage import Storage
 from runlane.tasks import Queue, Task
 from runlane.worker import Middleware, Worker, check_middleware
 
-__all__ = ["DEFAULT_WAIT_FOR_DATABASE", "Runlane", "create_runlane"]
+__all__ = ["DEFAULT_WAIT_FOR_DATABASE", "Runlane", "acting_as", "create_runlane"]
 
 _Room = TypeVar("_Room")
 
@@ -93,9 +96,10 @@ class Runlane:
         entries = [self._triggering.schedule_entry(s) for s in schedules]
         self._reads = Reads(environment, lane, self._queues, life.opened)
         self._stats = StatsReads(environment, life.opened)
-        self._actions = RunActions(environment, life.opened)
-        self._queue_admin = QueueAdmin(environment, self._queues, life.opened)
-        self._schedule_admin = ScheduleAdmin(environment, entries, life.opened)
+        self._audit = trail = AuditTrail(environment, life.opened)
+        self._actions = RunActions(environment, life.opened, trail)
+        self._queue_admin = QueueAdmin(environment, self._queues, life.opened, trail)
+        self._schedule_admin = ScheduleAdmin(environment, entries, life.opened, trail)
         self._waits = Waits(
             environment, max_output_bytes, life.opened, self.get_run, life.end_watcher
         )
@@ -217,10 +221,10 @@ class Runlane:
         ``timeout``. Woken by the run's end announcement, with polling as the fallback."""
         return self._open(self._waits).for_run(run_id, timeout)
 
-    def cancel(self, run_id: uuid.UUID | str) -> CancelResult:
+    def cancel(self, run_id: uuid.UUID | str, *, reason: str | None = None) -> CancelResult:
         """Cancel a run: a live one at once, a running one once its handler stops
         (``cancellation_requested`` meanwhile); a terminal one is left (``changed=False``)."""
-        return self._open(self._actions).cancel(run_id)
+        return self._open(self._actions).cancel(run_id, reason)
 
     def list_runs(
         self,
@@ -239,10 +243,29 @@ class Runlane:
         """The run, its finished attempts and stored steps in one snapshot; or RunNotFound."""
         return self._open(self._reads).history(run_id)
 
-    def retry_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
+    def retry_run(self, run_id: uuid.UUID | str, *, reason: str | None = None) -> RunSnapshot:
         """Queue a ``failed`` or ``cancelled`` run again, due now, with a fresh attempt
         budget, history kept; other statuses raise RunStateConflict."""
-        return self._open(self._actions).retry(run_id)
+        return self._open(self._actions).retry(run_id, reason)
+
+    def reschedule_run(
+        self, run_id: uuid.UUID | str, *, run_at: datetime | None, reason: str | None = None
+    ) -> RunSnapshot:
+        """Move a queued (or delayed) or retrying run's due time to ``run_at`` (None: now);
+        any other status raises RunStateConflict. Recorded in the audit trail."""
+        return self._open(self._audit).reschedule(run_id, run_at, reason)
+
+    def delete_run(self, run_id: uuid.UUID | str, *, reason: str | None = None) -> bool:
+        """Delete one terminal run as ``delete_runs`` does; a live one raises
+        RunStateConflict. Recorded in the audit trail."""
+        return self._open(self._actions).delete(run_id, reason)
+
+    def list_audit(
+        self, *, since: datetime | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page[AuditRecord]:
+        """The operator actions of this environment, newest first: who, when, what, how
+        many runs and why (docs/operations.md, Audit trail)."""
+        return self._open(self._audit).list(since, limit, cursor)
 
     def retry_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
         """``retry_run`` for every failed or cancelled run the filters match (``status``,
@@ -265,9 +288,9 @@ class Runlane:
         ``resume_queue``; triggers still succeed. Returns True when it was not paused."""
         return self._open(self._queue_admin).pause(name, reason)
 
-    def resume_queue(self, name: str) -> bool:
+    def resume_queue(self, name: str, *, reason: str | None = None) -> bool:
         """Resume a paused queue and wake its idle workers; True when it was paused."""
-        return self._open(self._queue_admin).resume(name)
+        return self._open(self._queue_admin).resume(name, reason)
 
     def list_queues(self) -> list[QueueInfo]:
         """Every queue this runtime defines or the database knows, by name: pause,
@@ -284,18 +307,20 @@ class Runlane:
         with its pause, last fire and ``next_fire_at`` (None while paused)."""
         return self._open(self._schedule_admin).infos()
 
-    def pause_schedule(self, id: str) -> bool:
+    def pause_schedule(self, id: str, *, reason: str | None = None) -> bool:
         """Stop schedule ``id`` firing, durably, until resumed; True when it was not paused."""
-        return self._open(self._schedule_admin).pause(id)
+        return self._open(self._schedule_admin).pause(id, reason)
 
-    def resume_schedule(self, id: str) -> bool:
+    def resume_schedule(self, id: str, *, reason: str | None = None) -> bool:
         """Resume a paused schedule from its next slot (missed ones are skipped); True if paused."""
-        return self._open(self._schedule_admin).resume(id)
+        return self._open(self._schedule_admin).resume(id, reason)
 
-    def trigger_schedule_now(self, id: str, *, idempotency_key: str | None = None) -> RunHandle:
+    def trigger_schedule_now(
+        self, id: str, *, idempotency_key: str | None = None, reason: str | None = None
+    ) -> RunHandle:
         """Create one run of schedule ``id`` now, as its slot would; the schedule's
         state is not touched. ``idempotency_key`` makes a repeated call return the first run."""
-        return self._open(self._schedule_admin).run_now(id, idempotency_key)
+        return self._open(self._schedule_admin).run_now(id, idempotency_key, reason)
 
     def create_wait_token(
         self,

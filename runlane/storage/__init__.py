@@ -14,12 +14,13 @@ nothing was written to it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from runlane.models import RunHistory, RunSnapshot, RunStatus, WaitToken, WorkerInfo
+from runlane.models import AuditRecord, RunHistory, RunSnapshot, RunStatus, WaitToken, WorkerInfo
 from runlane.stats import StatsBucket
+from runlane.storage._audit import AuditEntry, Rescheduled
 from runlane.storage._records import (
     BulkBatch,
     BulkFilter,
@@ -56,6 +57,8 @@ from runlane.storage._records import (
 
 __all__ = [
     "AttemptStore",
+    "AuditEntry",
+    "AuditStore",
     "BulkBatch",
     "BulkFilter",
     "ClaimStore",
@@ -81,6 +84,7 @@ __all__ = [
     "ProgressWrite",
     "PruneResult",
     "QueueLimits",
+    "Rescheduled",
     "RetryOutcome",
     "RunListQuery",
     "ScheduleDefinition",
@@ -529,6 +533,47 @@ class OperatorStore(Protocol):
         epoch), only the buckets that have rows, oldest first."""
 
 
+_T = TypeVar("_T")
+
+
+class AuditStore(Protocol):
+    def audit_action(
+        self,
+        entry: AuditEntry,
+        action: Callable[[Storage], _T],
+        counted: Callable[[_T], tuple[int | None, bool] | None],
+    ) -> _T:
+        """``action`` on a view of this storage bound to one transaction, and ``entry``
+        (with what ``counted`` says of the result) written in it: both commit or neither.
+        The view's operator writes (``run_cancel``, ``run_retry``, ``queue_pause``, one
+        ``run_bulk_batch``, ...) are the storage's own."""
+
+    def audit_write(self, entry: AuditEntry, runs: int | None, changed: bool) -> None:
+        """A record on its own (a bulk action that matched nothing)."""
+
+    def audit_list(
+        self,
+        environment: str,
+        since: datetime | None,
+        before: tuple[datetime, uuid.UUID] | None,
+        limit: int,
+    ) -> list[AuditRecord]:
+        """The environment's actions newest first, at or after ``since``, below ``before``."""
+
+    def audit_prune(self, environment: str, keep_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` records older than ``keep_seconds``; how many went."""
+
+    def run_reschedule(
+        self, environment: str, run_id: uuid.UUID, run_at: datetime | None
+    ) -> Rescheduled | None:
+        """Move a queued or retrying run's due time to ``run_at`` (None: now, database
+        time); None when there is no such run."""
+
+    def run_delete(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, bool] | None:
+        """Delete a terminal run as ``delete_runs`` does: its status before and whether it
+        went (a live run is left alone); None when there is no such run."""
+
+
 class Storage(
     StorageConnections,
     TriggerStore,
@@ -537,6 +582,7 @@ class Storage(
     WaitStore,
     MaintenanceStore,
     OperatorStore,
+    AuditStore,
     Protocol,
 ):
     """What a runtime needs from its database: every collaborator's part (a lane's
