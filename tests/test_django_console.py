@@ -76,6 +76,9 @@ def site(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     suffix = uuid.uuid4().hex[:12]
     settings_dir = tmp_path_factory.mktemp("django_console")
     (settings_dir / "console_settings.py").write_text(TEST_SETTINGS)
+    (settings_dir / "bad_settings.py").write_text(
+        "from console_settings import *  # noqa: F403\n\nRUNLANE_CONSOLE_ACTIONS = 'everyone'\n"
+    )
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -235,6 +238,19 @@ def test_management_commands_are_the_clis(site: dict[str, Any]) -> None:
     bad = manage(site, "runlane_worker", "--concurrency", "many")
     assert bad.returncode == 2, bad.stderr
     assert "--concurrency" in bad.stderr
+
+    # a setting the app cannot read: one line when Django starts, before anything runs
+    misread = subprocess.run(
+        [sys.executable, "manage.py", "runlane_status"],
+        cwd=EXAMPLE, env={**site["env"], "DJANGO_SETTINGS_MODULE": "bad_settings"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert misread.returncode == 1
+    assert misread.stderr.splitlines()[-1] == (
+        "django.core.exceptions.ImproperlyConfigured: RUNLANE_CONSOLE_ACTIONS must be "
+        "'staff', 'superuser', a permission 'app_label.codename', or None for a read-only "
+        "console; got 'everyone'"
+    )
 
     once = manage(site, "runlane_maintenance", "--once")
     assert once.returncode == 0, once.stderr
