@@ -113,11 +113,14 @@ def test_kill_then_start_keeps_persistent_message_of_durable_quorum_queue(
     channel.basic_publish("", keep, b"survivor", PERSISTENT, mandatory=True)
     beam = node.pid
     assert beam is not None
-    # RabbitMQ 3.10 saves its registry of quorum queue members (ra's names.dets) every 0.5 s:
-    # a node SIGKILLed sooner after a declaration restarts that queue empty, under a new id,
-    # or with a member its leader never answers for; on a loaded machine a save can come
-    # late, so the kill waits a few of its periods (1 s failed twice in whole-suite runs)
-    time.sleep(3)
+    # RabbitMQ 3.10 saves its registry of quorum queue members (ra's dets tables) every
+    # 0.5 s, its members' metadata every 5 s: a node SIGKILLed before a save after a
+    # declaration restarts that queue empty, under a new id, or with a member its leader
+    # never answers for (waiting 1 s failed twice in whole-suite runs). The saves are made
+    # now, with mnesia's log, instead of waited for.
+    synced = node.evaluate("[mnesia:sync_log() | [dets:sync(T) || T <- dets:all()]]")
+    assert len(synced) > 1
+    assert set(synced) == {"ok"}, synced
 
     node.kill()
     assert not node.running

@@ -150,6 +150,8 @@ class PostgresStorage:
         self.web_throughput = web.web_throughput
         self.web_run_extras = web.web_run_extras
         self.web_runs_estimate = web.web_runs_estimate
+        self.web_run_search = web.web_run_search
+        self.web_worker_runs = web.web_worker_runs
         outbox = OutboxRepository(self._db)
         self.outbox_enable = outbox.outbox_enable
         self.outbox_claim_page = outbox.outbox_claim_page

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, Unpack
 
 from runlane._limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from runlane._operator.bulk import BulkFilters
+from runlane._operator.runs import RunSearch
 from runlane._validation import TriggerOptions, as_payload_list
 from runlane.lanes import Lane
 from runlane.maintenance import (
@@ -234,10 +235,13 @@ class Runlane:
         queue: str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        **search: Unpack[RunSearch],
     ) -> RunPage:
         """Runs of this environment, newest first, ``limit`` (1 to 1000) at a time,
-        index-served; pass ``next_cursor`` as ``cursor`` for the next, older page."""
-        return self._open(self._reads).runs(status, task, queue, limit, cursor)
+        index-served; pass ``next_cursor`` as ``cursor`` for the next, older page. With a
+        search keyword (:class:`RunSearch`) it looks within ``search_seconds`` and says in
+        ``searched_to`` how far back it got when it stopped early."""
+        return self._open(self._reads).runs(status, task, queue, limit, cursor, search=search)
 
     def get_run_history(self, run_id: uuid.UUID | str) -> RunHistory:
         """The run, its finished attempts and stored steps in one snapshot; or RunNotFound."""

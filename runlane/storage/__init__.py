@@ -46,6 +46,7 @@ from runlane.storage._records import (
     QueueLimits,
     RetryOutcome,
     RunListQuery,
+    RunSearchResult,
     ScheduleDefinition,
     ScheduledRun,
     ScheduleState,
@@ -87,6 +88,7 @@ __all__ = [
     "Rescheduled",
     "RetryOutcome",
     "RunListQuery",
+    "RunSearchResult",
     "ScheduleDefinition",
     "ScheduleState",
     "ScheduledRun",
@@ -518,6 +520,18 @@ class OperatorStore(Protocol):
 
     def web_runs_estimate(self) -> int:
         """The planner's estimate of the rows of runs, all environments (no scan)."""
+
+    def web_run_search(self, query: RunListQuery, seconds: float) -> RunSearchResult:
+        """Runs meeting ``query`` (its search fields too: task and queue prefixes, the
+        idempotency key, payload containment), newest first below ``query.before``, up to
+        ``query.limit``, looking at runs for at most about ``seconds`` of database time."""
+
+    def web_worker_runs(
+        self, environment: str, worker_ids: Sequence[str], limit: int
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The runs each worker holds a lease on now (running or cancellation_requested),
+        newest claim first, at most ``limit`` a worker: mappings of id, task_id, queue,
+        status, started_at."""
 
     def stats_read(
         self,
