@@ -32,7 +32,6 @@ from tests.helpers import consumer_ready, drain_messages, poll, wait_until
 
 pytestmark = pytest.mark.slow
 
-HANDLER_SECONDS = 0.02  # long enough for runs to be in flight when the node dies
 TRIGGER_EVERY = 0.02
 OUTAGE_RUNS = 150  # triggered while the leader is down
 
@@ -71,12 +70,17 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
     work = queue(f"work_{uuid.uuid4().hex[:8]}", default=True)
     executions: Counter[uuid.UUID] = Counter()
     lock = threading.Lock()
+    flowing, killed = threading.Event(), threading.Event()
+    held = [0]
 
     @task(id="cluster.work", queue=work.name)
     def handler(payload: Any, context: RunContext) -> int:
         with lock:
             executions[context.run_id] += 1
-        time.sleep(HANDLER_SECONDS)
+            hold = flowing.is_set() and not killed.is_set()
+            held[0] += hold
+        if hold:  # in flight when the leader dies: every slot of both workers
+            killed.wait(30)
         return int(payload)
 
     def runtime(node: RabbitNode) -> Runlane:
@@ -137,7 +141,10 @@ def test_runs_complete_once_each_while_the_queue_leader_is_sigkilled(
                 what="runs through both workers",
             )
             assert executions, "no run started before the kill"
+            flowing.set()
+            wait_until(lambda: held[0] >= 8, timeout=15, what="both workers' 8 slots in flight")
             leader_node.kill()  # SIGKILL: the leader's VM and every helper process
+            killed.set()
             outage.set()
 
             def outage_done() -> bool:
