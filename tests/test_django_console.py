@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 from psycopg import sql
@@ -278,3 +279,41 @@ def test_management_commands_are_the_clis(site: dict[str, Any]) -> None:
             if worker.poll() is None:
                 worker.kill()
     assert worker.returncode == 0, err
+
+
+@attrs.frozen
+class User:
+    """What the console's authorize reads of a Django user (the attributes Django's
+    AbstractUser and PermissionsMixin give)."""
+
+    is_active: bool = True
+    is_staff: bool = True
+    is_superuser: bool = False
+    perms: frozenset[str] = frozenset()
+
+    def has_perm(self, perm: str) -> bool:
+        return self.is_active and (self.is_superuser or perm in self.perms)
+
+
+def test_who_may_act_follows_runlane_console_actions() -> None:
+    from flask import Request  # noqa: PLC0415
+    from werkzeug.test import EnvironBuilder  # noqa: PLC0415
+
+    from runlane.integrations.django._mount import USER_KEY, authorize_for  # noqa: PLC0415
+
+    def may(rule: str, user: User | None) -> bool:
+        environ = {**EnvironBuilder().get_environ(), USER_KEY: user}
+        return authorize_for(rule)(Request(environ), "retry")
+
+    operator = User(perms=frozenset({"orders.operate_runlane"}))
+    admin = User(is_superuser=True)
+    assert may("staff", User())
+    assert not may("staff", User(is_staff=False))
+    assert not may("staff", User(is_active=False))
+    assert not may("staff", None)
+    assert may("superuser", admin)
+    assert not may("superuser", operator)
+    assert may("orders.operate_runlane", operator)
+    assert may("orders.operate_runlane", admin)
+    assert not may("orders.operate_runlane", User())
+    assert not may("orders.operate_runlane", User(is_staff=False, perms=operator.perms))

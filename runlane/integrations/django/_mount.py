@@ -27,7 +27,7 @@ from runlane.integrations.django._settings import (
 )
 from runlane.web import create_app
 
-__all__ = ["USER_KEY", "call_console", "console_app"]
+__all__ = ["USER_KEY", "authorize_for", "call_console", "console_app"]
 
 # where the console's authorize finds the Django user in the environ it is given
 USER_KEY = "runlane.django.user"
@@ -50,7 +50,7 @@ def console_app() -> Flask:
         if _app is None:
             rule = actions_rule()
             app = create_app(
-                load_app(app_spec()), authorize=None if rule is None else _authorize(rule)
+                load_app(app_spec()), authorize=None if rule is None else authorize_for(rule)
             )
             app.secret_key = console_key()
             app.config.update(console_config())
@@ -58,7 +58,10 @@ def console_app() -> Flask:
         return _app
 
 
-def _authorize(rule: str) -> Callable[[Request, str], bool]:
+def authorize_for(rule: str) -> Callable[[Request, str], bool]:
+    """The console's ``authorize`` for ``RUNLANE_CONSOLE_ACTIONS = rule``: asked about the
+    Django user the view put in the environ (active staff only, whatever the rule)."""
+
     def authorize(request: Request, action: str) -> bool:
         user = request.environ.get(USER_KEY)
         if user is None or not (user.is_active and user.is_staff):
