@@ -135,10 +135,13 @@ class RunPage:
     """One page of ``Runlane.list_runs``: runs newest first (by creation time, then id).
 
     ``next_cursor`` is an opaque string to pass as ``cursor=`` for the next (older) page, or
-    None when this page holds the last matching run."""
+    None when this page holds the last matching run. ``searched_to`` is set when a search
+    (a prefix, key or payload filter) ran out of its time budget: it looked at runs created
+    down to that time, and ``next_cursor`` continues from there."""
 
     runs: tuple[RunSnapshot, ...]
     next_cursor: str | None
+    searched_to: datetime | None = None
 
 
 @attrs.frozen

@@ -285,4 +285,4 @@ def test_counts_of_one_read_as_one(failed: tuple[Runlane, Any]) -> None:
     app = create_app(rl)
     app.config["RUNLANE_REFRESH_SECONDS"] = 1
     footer = app.test_client().get("/queues").get_data(as_text=True)
-    assert "This page reloads every 1 second." in footer
+    assert "This page updates in place every 1 second." in footer

@@ -11,28 +11,37 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any, TypedDict
 
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError, RunStateConflict
 from runlane.models import RunError, RunPage, RunSnapshot, RunStatus
-from runlane.storage import RunListQuery
+from runlane.storage import RunListQuery, RunSearchResult
 from runlane.toolkit import as_int, shown
 
 __all__ = [
     "MAX_PAGE",
+    "MAX_SEARCH_SECONDS",
+    "RunSearch",
     "decode_cursor",
     "encode_cursor",
+    "encode_position",
     "list_query",
     "optional_name",
     "retry_conflict",
     "run_error",
     "run_page",
+    "search_page",
+    "search_seconds",
 ]
 
 MAX_PAGE = 1000
+MAX_SEARCH_SECONDS = 60.0  # the longest time budget a search may be given
+_MAX_PAYLOAD_FILTER_CHARS = 10_000
 _CURSOR_PREFIX = "r1."
 # what encode_cursor makes is about 110 characters; a longer one was not made by it, and is
 # refused before decoding (a crafted one nesting 100,000 brackets would hit the recursion
@@ -40,9 +49,29 @@ _CURSOR_PREFIX = "r1."
 _MAX_CURSOR_CHARS = 200
 
 
+class RunSearch(TypedDict, total=False):
+    """The search keywords ``list_runs`` takes besides its filters, every one optional:
+    ``task_prefix`` and ``queue_prefix`` (the task id or queue name starts with it),
+    ``idempotency_key`` (the key a run was triggered with, any task),
+    ``payload_contains`` (a JSON object the payload contains, as jsonb ``@>`` reads it) and
+    ``search_seconds`` (the search's budget of database time, 1 s by default)."""
+
+    task_prefix: str | None
+    queue_prefix: str | None
+    idempotency_key: str | None
+    payload_contains: Mapping[str, Any] | None
+    search_seconds: float
+
+
 def encode_cursor(run: RunSnapshot) -> str:
     """The cursor of the page that follows ``run`` (older runs)."""
-    text = json.dumps([run.created_at.isoformat(), str(run.id)], separators=(",", ":"))
+    return encode_position(run.created_at, run.id)
+
+
+def encode_position(created_at: datetime, run_id: uuid.UUID) -> str:
+    """The cursor of the page that follows the run created at ``created_at`` with id
+    ``run_id`` (older runs)."""
+    text = json.dumps([created_at.isoformat(), str(run_id)], separators=(",", ":"))
     return _CURSOR_PREFIX + base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
@@ -92,6 +121,46 @@ def optional_name(what: str, value: object) -> str | None:
     return check_text(what, value)
 
 
+def _payload_filter(value: object) -> object:
+    """A payload containment filter: None, or a JSON object (a dict JSON can hold)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"payload_contains must be a JSON object (a dict) the payloads must contain, got "
+            f"{shown(value)}"
+        )
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigurationError(
+            f"payload_contains must be JSON (str keys; str, number, bool, None, list and "
+            f"dict values): {exc}"
+        ) from exc
+    if len(text) > _MAX_PAYLOAD_FILTER_CHARS:
+        raise ConfigurationError(
+            f"payload_contains is {len(text):,} characters of JSON; at most "
+            f"{_MAX_PAYLOAD_FILTER_CHARS:,}"
+        )
+    check_text("payload_contains", text)
+    return json.loads(text)
+
+
+def search_seconds(value: object) -> float:
+    """A search's time budget in seconds: a number above 0, at most MAX_SEARCH_SECONDS."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_SEARCH_SECONDS
+    ):
+        raise ConfigurationError(
+            f"search_seconds must be a number of seconds above 0 and at most "
+            f"{MAX_SEARCH_SECONDS:g}, got {shown(value)}"
+        )
+    return float(value)
+
+
 def list_query(
     environment: str,
     *,
@@ -100,6 +169,10 @@ def list_query(
     queue: object,
     limit: object,
     cursor: object,
+    task_prefix: object = None,
+    queue_prefix: object = None,
+    idempotency_key: object = None,
+    payload_contains: object = None,
 ) -> RunListQuery:
     """Check ``list_runs``'s arguments; the query asks for one run more than the page, to
     know whether another page follows. ``task`` may be a Task (its id is used)."""
@@ -112,6 +185,10 @@ def list_query(
         queue=optional_name("queue", queue),
         limit=page + 1,
         before=None if cursor is None else decode_cursor(cursor),
+        task_prefix=optional_name("task_prefix", task_prefix),
+        queue_prefix=optional_name("queue_prefix", queue_prefix),
+        idempotency_key=optional_name("idempotency_key", idempotency_key),
+        payload_contains=_payload_filter(payload_contains),
     )
 
 
@@ -121,6 +198,20 @@ def run_page(rows: Sequence[RunSnapshot], limit: int) -> RunPage:
     runs = tuple(rows[:limit])
     more = len(rows) > limit and bool(runs)
     return RunPage(runs=runs, next_cursor=encode_cursor(runs[-1]) if more else None)
+
+
+def search_page(found: RunSearchResult, limit: int) -> RunPage:
+    """A page of ``limit`` runs out of what a search found (it looked for ``limit + 1``).
+    A search that ran out of its time budget gives what it found, ``searched_to`` (how far
+    back it looked) and a cursor that continues from where it stopped."""
+    if found.out_of_time and found.stopped_at is not None and len(found.runs) <= limit:
+        created_at, run_id = found.stopped_at
+        return RunPage(
+            runs=tuple(found.runs),
+            next_cursor=encode_position(created_at, run_id),
+            searched_to=created_at,
+        )
+    return run_page(found.runs, limit)
 
 
 def run_error(stored: object) -> RunError | None:

@@ -5,8 +5,9 @@ Every delivery worker (``create_delivery_worker``, on every lane) writes a row w
 starts: a fresh ``worker_id``, its host, pid, runlane version, queues, concurrency and
 heartbeat interval. Its lifecycle writer sends the heartbeat with the lease extensions it
 makes anyway (see ``worker/_lifecycle.py``); the row says ``stopping`` once close begins and
-``stopped`` when it ends. A running or stopping row unseen for three heartbeat intervals
-(database time) reads as ``lost``. ``drain()`` is not a delivery worker and registers
+``stopped`` when it ends. A running row unseen for three heartbeat intervals (database
+time) reads as ``lost``, a stopping one unseen for two (a process gone while stopping does
+not stay ``stopping``). ``drain()`` is not a delivery worker and registers
 nothing; its attempts record no worker. Cleanup deletes stopped and lost rows after
 ``RetentionPolicy.workers``; an attempt of a worker whose row is gone keeps its
 ``worker_id`` and loses its host.

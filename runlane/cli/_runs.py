@@ -59,6 +59,16 @@ def _table(runs: tuple[RunSnapshot, ...]) -> list[str]:
 
 
 def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
+    contains = None if args.payload_contains is None else _payload(args.payload_contains)
+    search: dict[str, Any] = {
+        "task_prefix": args.task_prefix,
+        "queue_prefix": args.queue_prefix,
+        "idempotency_key": args.idempotency_key,
+        "payload_contains": contains,
+    }
+    if args.search_seconds is not None:
+        search["search_seconds"] = args.search_seconds
+
     def use(runlane: Runlane) -> int:
         page = runlane.list_runs(
             status=args.status,
@@ -66,6 +76,7 @@ def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
             queue=args.queue,
             limit=args.limit,
             cursor=args.cursor,
+            **search,
         )
         if args.json:
             dump_json(page)
@@ -74,6 +85,11 @@ def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
             print("no runs")
         else:
             print("\n".join(_table(page.runs)))
+        if page.searched_to is not None:
+            print(
+                f"the search stopped early: it looked at runs created down to "
+                f"{when(page.searched_to)}"
+            )
         if page.next_cursor is not None:
             print(f"more: --cursor {page.next_cursor}")
         return 0
@@ -254,20 +270,21 @@ def _action(load_app: LoadApp, action: str, args: argparse.Namespace) -> int:
 # -- trigger -------------------------------------------------------------------------------------
 
 
-def _payload(text: str) -> Any:
-    """``--payload`` parsed as JSON; what json.loads cannot take is a ConfigurationError."""
+def _payload(text: str, option: str = "--payload") -> Any:
+    """``--payload`` (or ``option``) parsed as JSON; what json.loads cannot take is a
+    ConfigurationError."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"--payload is not valid JSON: {exc}") from exc
+        raise ConfigurationError(f"{option} is not valid JSON: {exc}") from exc
     except RecursionError:  # json.loads recurses once per level
         raise ConfigurationError(
-            f"--payload is nested too deeply to parse; payloads may nest at most {MAX_DEPTH} "
+            f"{option} is nested too deeply to parse; payloads may nest at most {MAX_DEPTH} "
             "levels: flatten it"
         ) from None
     except ValueError:  # the only one json.loads raises: an integer too long to convert
         raise ConfigurationError(
-            f"--payload holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+            f"{option} holds an integer of more than {sys.get_int_max_str_digits()} digits, "
             "more than Python converts; send such a number as a string"
         ) from None
 
@@ -313,6 +330,21 @@ def add_run_commands(commands: Any, load_app: LoadApp) -> None:
     )
     listing.add_argument("--task", help="only runs of this task id")
     listing.add_argument("--queue", help="only runs of this queue")
+    listing.add_argument("--task-prefix", help="only runs whose task id starts with this")
+    listing.add_argument("--queue-prefix", help="only runs whose queue starts with this")
+    listing.add_argument("--idempotency-key", help="only runs triggered with this key")
+    listing.add_argument(
+        "--payload-contains",
+        metavar="JSON",
+        help="only runs whose payload contains this JSON object (jsonb @>)",
+    )
+    listing.add_argument(
+        "--search-seconds",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="a search's budget of database time (default 1); it says when it stopped early",
+    )
     listing.add_argument(
         "--limit", type=int, default=50, help="runs per page, 1 to 1000 (default 50)"
     )

@@ -7,15 +7,25 @@ table's size.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
+from runlane.models import RunSnapshot, RunStatus
 from runlane.postgres._connections import Conn
 from runlane.postgres._executor import Executor
+from runlane.postgres._runs import snapshot
+from runlane.storage import RunListQuery, RunSearchResult
 
-__all__ = ["WebReadRepository"]
+__all__ = ["SEARCH_WINDOW", "WebReadRepository"]
+
+SEARCH_WINDOW = 2000  # runs one window of a search walks (newest first)
+_TOP = ("infinity", uuid.UUID(int=2**128 - 1))
+_STATUSES = [status.value for status in RunStatus]
 
 
 class WebReadRepository:
@@ -62,3 +72,84 @@ class WebReadRepository:
             return 0 if row is None else int(row[0])
 
         return self._db.run(read)
+
+    def web_run_search(self, query: RunListQuery, seconds: float) -> RunSearchResult:
+        before: tuple[Any, uuid.UUID] = _TOP if query.before is None else query.before
+        params: dict[str, Any] = {
+            "environment": query.environment,
+            "statuses": _STATUSES if query.status is None else [query.status.value],
+            "task_id": query.task_id,
+            "queue": query.queue,
+            "task_prefix": query.task_prefix,
+            "queue_prefix": query.queue_prefix,
+            "idempotency_key": query.idempotency_key,
+            "payload": None if query.payload_contains is None else Jsonb(query.payload_contains),
+            "window": SEARCH_WINDOW,
+        }
+        budget = timedelta(seconds=seconds)
+
+        def search(conn: Conn) -> RunSearchResult:
+            found: list[RunSnapshot] = []
+            position = before
+            walked_any = False
+            try:
+                with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute("select clock_timestamp() as clock")
+                    start = _clock(cur.fetchone())
+                    left = budget
+                    while True:
+                        # the first window always runs (a search makes progress however small
+                        # its budget); later ones only within what is left of it
+                        allowed = left if walked_any else max(left, timedelta(seconds=10))
+                        cur.execute(
+                            "select set_config('statement_timeout', %s, true)",
+                            (f"{max(1, round(allowed.total_seconds() * 1000))}ms",),
+                        )
+                        cur.execute(
+                            self._sql["web_run_search"],
+                            {
+                                **params,
+                                "before_created_at": position[0],
+                                "before_id": position[1],
+                            },
+                        )
+                        rows = cur.fetchall()
+                        walked_any = True
+                        for row in rows:
+                            if row["matched"]:
+                                found.append(snapshot(row))
+                        if len(found) >= query.limit:
+                            return RunSearchResult(found[: query.limit], None, False)
+                        if not rows or rows[-1]["walked"] < SEARCH_WINDOW:
+                            return RunSearchResult(found, None, False)  # walked to the oldest
+                        last = rows[-1]
+                        position = (last["walked_created_at"], last["walked_id"])
+                        left = budget - (last["clock"] - start)
+                        if left <= timedelta(0):
+                            return RunSearchResult(found, position, True)
+            except psycopg.errors.QueryCanceled:
+                # a later window ran out of the budget: what the earlier ones found stands
+                return RunSearchResult(found, position, True)
+
+        return self._db.run(search)
+
+    def web_worker_runs(
+        self, environment: str, worker_ids: Sequence[str], limit: int
+    ) -> dict[str, list[dict[str, Any]]]:
+        params = {"environment": environment, "worker_ids": list(worker_ids), "limit": limit}
+
+        def read(conn: Conn) -> dict[str, list[dict[str, Any]]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(self._sql["web_worker_runs"], params)
+                rows = cur.fetchall()
+            held: dict[str, list[dict[str, Any]]] = {key: [] for key in worker_ids}
+            for row in rows:
+                held.setdefault(row["worker_id"], []).append(row)
+            return held
+
+        return self._db.run(read)
+
+
+def _clock(row: dict[str, Any] | None) -> datetime:
+    assert row is not None
+    return row["clock"]  # type: ignore[no-any-return]

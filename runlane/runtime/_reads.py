@@ -19,7 +19,7 @@ import attrs
 
 from runlane import _telemetry
 from runlane._operator import workers as _workers
-from runlane._operator.runs import list_query, run_page
+from runlane._operator.runs import list_query, run_page, search_page, search_seconds
 from runlane._validation import run_key
 from runlane.errors import RunNotFound
 from runlane.lanes import Lane
@@ -143,10 +143,24 @@ class Reads:
         queue: str | None,
         limit: int,
         cursor: str | None,
+        *,
+        search: Mapping[str, Any] | None = None,
     ) -> RunPage:
+        """A page of runs; ``search`` (task_prefix, queue_prefix, idempotency_key,
+        payload_contains, search_seconds) makes it a search within a time budget."""
+        found = dict(search or {})
+        seconds = search_seconds(found.pop("search_seconds", 1.0))
         query = list_query(
-            self._environment, status=status, task=task, queue=queue, limit=limit, cursor=cursor
+            self._environment,
+            status=status,
+            task=task,
+            queue=queue,
+            limit=limit,
+            cursor=cursor,
+            **found,
         )
+        if query.searching:
+            return search_page(self._opened().web_run_search(query, seconds), query.limit - 1)
         return run_page(self._opened().run_list(query), query.limit - 1)
 
     def history(self, run_id: uuid.UUID | str) -> RunHistory:

@@ -315,6 +315,27 @@ class RunListQuery:
     queue: str | None
     limit: int
     before: tuple[datetime, uuid.UUID] | None
+    # a search (any of these set): read by ``web_run_search`` within a time budget
+    task_prefix: str | None = None
+    queue_prefix: str | None = None
+    idempotency_key: str | None = None
+    payload_contains: Any = None  # a JSON object the payload must contain (jsonb @>)
+
+    @property
+    def searching(self) -> bool:
+        searched = (self.task_prefix, self.queue_prefix, self.idempotency_key)
+        return any(v is not None for v in searched) or self.payload_contains is not None
+
+
+@attrs.frozen
+class RunSearchResult:
+    """What ``web_run_search`` found: matching runs newest first (at most the query's
+    limit); when its time budget ran out first (``out_of_time``), ``stopped_at`` is the
+    ``(created_at, id)`` of the last run it looked at, where a next search continues."""
+
+    runs: list[RunSnapshot]
+    stopped_at: tuple[datetime, uuid.UUID] | None
+    out_of_time: bool
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ action goes in a room of its own and one line here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, request, url_for
@@ -20,17 +21,18 @@ from runlane.toolkit import noun_for
 from runlane.web._actions import BULK_COUNT_CAP, BULK_LIMIT, Actions
 from runlane.web._console import NOTICES, Console, Room
 from runlane.web._errors import error_page
+from runlane.web._find import Find
 from runlane.web._metrics import Metrics
 from runlane.web._pages import PAGE_SIZE, Pages
-from runlane.web._present import ago, cut, pretty, when
+from runlane.web._present import ago, cut, duration, pretty, when
 from runlane.web._security import CSRF_FIELD, Authorize, Guard
 
 __all__ = ["BULK_COUNT_CAP", "BULK_LIMIT", "PAGE_SIZE", "ROOMS", "make_app", "make_blueprint"]
 
-REFRESH_SECONDS = 10  # pages reload themselves this often (app.config RUNLANE_REFRESH_SECONDS)
+REFRESH_SECONDS = 10  # pages update in place this often (app.config RUNLANE_REFRESH_SECONDS)
 
 # every room of the console, in the order its routes are registered
-ROOMS: tuple[Callable[[Console], Room], ...] = (Pages, Actions, Metrics)
+ROOMS: tuple[Callable[[Console], Room], ...] = (Pages, Find, Actions, Metrics)
 
 
 def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
@@ -60,6 +62,7 @@ def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
             "csrf_token": console.guard.token,
             "when": when,
             "ago": ago,
+            "duration": duration,
             "pretty": pretty,
             "cut": cut,
             "plural": noun_for,
@@ -67,6 +70,7 @@ def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
             "environment": runlane.environment,
             "statuses": [s.value for s in RunStatus],
             "refresh": current_app.config.get("RUNLANE_REFRESH_SECONDS", REFRESH_SECONDS),
+            "shown_at": datetime.now(UTC),
         }
 
     def finish(response: Response) -> Response:

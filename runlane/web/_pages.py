@@ -5,23 +5,25 @@ the operator API and the storage's own web reads (``web_throughput``, ``web_run_
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
-from typing import cast
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 from flask import render_template, request
 
 from runlane._operator.runs import encode_cursor
 from runlane._operator.status import unhealthy
 from runlane.errors import RunNotFound
-from runlane.models import RunSnapshot
+from runlane.models import RunSnapshot, WorkerInfo
 from runlane.web._console import Console, Route
 from runlane.web._filters import FIRST_ID, Position, run_filters, run_id_arg, text_arg
+from runlane.web._find import SEARCH_SECONDS, run_search_args
 from runlane.web._present import chart, trace_id
 
-__all__ = ["CHILDREN_SHOWN", "PAGE_SIZE", "THROUGHPUT_CAP", "Pages"]
+__all__ = ["CHILDREN_SHOWN", "PAGE_SIZE", "THROUGHPUT_CAP", "WORKER_RUNS_SHOWN", "Pages"]
 
 PAGE_SIZE = 50  # runs per page of the runs list
 CHILDREN_SHOWN = 50  # children listed on a run's page
+WORKER_RUNS_SHOWN = 20  # runs listed for each worker on the workers page
 THROUGHPUT_CAP = 50_000  # finishes the chart counts at most (the newest)
 
 
@@ -46,12 +48,15 @@ class Pages:
         report = self.runlane.status()
         reads = self.console.storage()
         throughput = reads.web_throughput(self.runlane.environment, THROUGHPUT_CAP)
+        workers = self.runlane.list_workers()
         return render_template(
             "runlane/overview.html",
             page="overview",
             report=report,
             problems=unhealthy(report),
-            workers=self.runlane.list_workers(),
+            workers=workers,
+            held=self.held_runs(workers),
+            held_shown=WORKER_RUNS_SHOWN,
             chart=chart(throughput),
             runs_estimate=reads.web_runs_estimate(),
         )
@@ -63,12 +68,17 @@ class Pages:
         if start is None and filters.created_before is not None:
             position = Position(created_at=filters.created_before, id=FIRST_ID)
             start = encode_cursor(cast(RunSnapshot, position))
+        search = run_search_args(request.args)
+        keywords = search.keywords() if search.any else {}
+        if search.any:
+            keywords["search_seconds"] = SEARCH_SECONDS
         page = self.runlane.list_runs(
             status=filters.status,
             task=filters.task,
             queue=filters.queue,
             limit=PAGE_SIZE,
             cursor=start,
+            **keywords,
         )
         shown = list(page.runs)
         next_cursor = page.next_cursor
@@ -82,6 +92,10 @@ class Pages:
             "runlane/runs.html",
             page="runs",
             filters=filters,
+            search=search,
+            link_args={**filters.args(), **search.args()},
+            searched_to=page.searched_to,
+            search_seconds=SEARCH_SECONDS,
             runs=shown,
             next_cursor=next_cursor,
             first_page=cursor is None,
@@ -101,6 +115,11 @@ class Pages:
             token = self.runlane.get_wait_token(extras["wait_token_id"])
         children = extras["children"]
         snapshot = history.run
+        worker = None
+        if extras["worker_id"] is not None:
+            worker_id = str(extras["worker_id"])
+            known = self.runlane.list_workers(include_stopped=True)
+            worker = next((w for w in known if str(w.worker_id) == worker_id), None)
         return render_template(
             "runlane/run.html",
             page="runs",
@@ -114,6 +133,7 @@ class Pages:
             trace=trace_id(extras["trace_context"]),
             progress=snapshot.progress if isinstance(snapshot.progress, dict) else None,
             live=not snapshot.is_terminal,
+            worker=worker,
         )
 
     def queues(self) -> str:
@@ -123,11 +143,23 @@ class Pages:
 
     def workers(self) -> str:
         stopped = request.args.get("stopped") == "1"
+        workers = self.runlane.list_workers(include_stopped=stopped)
         return render_template(
             "runlane/workers.html",
             page="workers",
-            workers=self.runlane.list_workers(include_stopped=stopped),
+            workers=workers,
+            held=self.held_runs(workers),
+            held_shown=WORKER_RUNS_SHOWN,
             include_stopped=stopped,
+        )
+
+    def held_runs(self, workers: Sequence[WorkerInfo]) -> dict[str, list[dict[str, Any]]]:
+        """The runs each worker runs now (at most WORKER_RUNS_SHOWN + 1 each)."""
+        ids = [str(w.worker_id) for w in workers]
+        if not ids:
+            return {}
+        return self.console.storage().web_worker_runs(
+            self.runlane.environment, ids, WORKER_RUNS_SHOWN + 1
         )
 
     def schedules(self) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["MAX_SHOWN", "Chart", "ago", "chart", "pretty", "trace_id", "when"]
+__all__ = ["MAX_SHOWN", "Chart", "ago", "chart", "duration", "pretty", "trace_id", "when"]
 
 # characters of one stored value (payload, output, traceback) a page shows
 MAX_SHOWN = 20_000
@@ -44,6 +44,20 @@ def ago(seconds: float | None) -> str:
     if hours:
         return f"{hours}h {minutes}m"
     return f"{minutes}m {secs}s"
+
+
+def duration(run: Any, now: datetime | None = None) -> float | None:
+    """Seconds from a run's latest start to its end (to ``now`` while it runs); None for a
+    run never started, or a row that does not say (a child row)."""
+    started = getattr(run, "started_at", None)
+    if not isinstance(started, datetime):
+        return None
+    finished = getattr(run, "finished_at", None)
+    if not isinstance(finished, datetime):
+        if getattr(run, "is_terminal", True):
+            return None  # ended without an attempt's end recorded (cancelled while queued)
+        finished = now or datetime.now(UTC)
+    return max(0.0, (finished - started).total_seconds())
 
 
 def pretty(value: Any, limit: int = MAX_SHOWN) -> tuple[str, int]:

@@ -64,3 +64,68 @@ limit %(limit)s;
 select greatest(reltuples, 0)::bigint
 from pg_catalog.pg_class
 where oid = '{schema}.runs'::regclass;
+
+-- name: web_run_search
+-- One window of a search (the console's find, list_runs with a prefix, key or payload
+-- filter): the %(window)s newest runs below (before_created_at, before_id), walked as
+-- run_list walks them (runs_listing_by_status once per status, merged), and of those the
+-- ones the filters match. Each walk reads at most %(window)s index entries and their rows,
+-- so a window costs the same however rare the matches are; the caller walks window after
+-- window within its time budget. Rows: every match, and the window's last run (last:
+-- where the next window starts), with how many runs the window walked and the database's
+-- clock_timestamp() (the budget's clock). No index serves the filters themselves (a task
+-- or queue prefix, a key without its task, payload containment); docs/console.md names the
+-- indexes to add for a large table searched often.
+with walked as materialized (
+    select l.id, l.created_at, l.matched
+    from unnest(%(statuses)s::text[]) as s(status)
+    cross join lateral (
+        select id, created_at,
+               ({@run_task_queue_filter}
+                and (%(task_prefix)s::text is null
+                     or starts_with(task_id, %(task_prefix)s::text))
+                and (%(queue_prefix)s::text is null
+                     or starts_with(queue, %(queue_prefix)s::text))
+                and (%(idempotency_key)s::text is null
+                     or idempotency_key = %(idempotency_key)s::text)
+                and (%(payload)s::jsonb is null or payload @> %(payload)s::jsonb)) as matched
+        from {schema}.runs
+        where environment = %(environment)s
+          and status = s.status
+          and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+        order by created_at desc, id desc
+        limit %(window)s
+    ) as l
+    order by l.created_at desc, l.id desc
+    limit %(window)s
+), marked as (
+    select id, created_at, matched, count(*) over () as walked,
+           row_number() over (order by created_at desc, id desc) = count(*) over () as last
+    from walked
+)
+select m.last, m.matched, m.walked, m.created_at as walked_created_at, m.id as walked_id,
+       clock_timestamp() as clock, r.*
+from marked as m
+left join lateral (
+    select {@run_snapshot_columns}
+    from {schema}.runs
+    where id = m.id and m.matched
+) as r on true
+where m.matched or m.last
+order by m.created_at desc, m.id desc;
+
+-- name: web_worker_runs
+-- The runs the given workers hold a lease on now, newest start first, at most %(limit)s a
+-- worker: one range of runs_live_by_queue (running rows are few: one per busy worker slot).
+select worker_id::text as worker_id, id, task_id, queue, status, started_at, attempt
+from (
+    select worker_id, id, task_id, queue, status, started_at, attempt,
+           row_number() over (partition by worker_id
+                              order by started_at desc nulls last, id) as n
+    from {schema}.runs
+    where environment = %(environment)s
+      and status in ('running', 'cancellation_requested')
+      and worker_id = any(%(worker_ids)s::uuid[])
+) as live
+where n <= %(limit)s
+order by worker_id, n;

@@ -6,13 +6,19 @@
 -- A worker writes its row with each heartbeat, in run_extend_leases (lifecycle.sql).
 
 -- name: worker_list
--- A running or stopping worker unseen for three heartbeat intervals (database time) is
--- lost. One range of workers_by_environment; the table holds only the workers of the
--- retention (cleanup deletes stopped and lost rows).
+-- A running worker unseen for three heartbeat intervals (database time) is lost; a stopping
+-- one for two (it beats every interval until it writes stopped, so a process gone while
+-- stopping, killed or out of its close timeout, does not stay stopping). One range of
+-- workers_by_environment; the table holds only the workers of the retention (cleanup
+-- deletes stopped and lost rows).
 select id, host, pid, runlane_version, queues, concurrency, started_at, last_seen_at,
-       case when state <> 'stopped'
+       case when state = 'running'
                  and last_seen_at < {@now} - 3 * heartbeat_seconds * interval '1 second'
-            then 'lost' else state end as state,
+            then 'lost'
+            when state = 'stopping'
+                 and last_seen_at < {@now} - 2 * heartbeat_seconds * interval '1 second'
+            then 'lost'
+            else state end as state,
        stopped_at
 from {schema}.workers
 where environment = %(environment)s

@@ -1,0 +1,179 @@
+"""Finding runs (issue 39): task and queue prefixes, the idempotency key and payload
+containment, through ``Runlane.list_runs``, ``runlane runs list`` and the console (a real
+headless Chromium); a search bounded by its time budget says how far back it looked and
+continues from there; each worker's running runs, linked both ways."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from runlane import RunContext, Runlane, RunStatus, queue, task
+from runlane.errors import ConfigurationError
+from runlane.postgres._web_reads import SEARCH_WINDOW
+from tests.conftest import RunlaneFactory
+from tests.helpers import Conn, SchemaDb
+
+
+@task(id="billing.charge")
+def charge(payload: Any, context: RunContext) -> Any:
+    return payload
+
+
+@task(id="billing.refund")
+def refund(payload: Any, context: RunContext) -> Any:
+    return payload
+
+
+@task(id="mail.send")
+def send(payload: Any, context: RunContext) -> Any:
+    return payload
+
+
+QUEUES = [queue("default", default=True), queue("mail-eu"), queue("mail-us"), queue("other")]
+
+
+@pytest.fixture
+def shop(make_runlane: RunlaneFactory) -> dict[str, Any]:
+    rl = make_runlane(queues=QUEUES, tasks=[charge, refund, send])
+    ids = {
+        "charge": rl.trigger(charge, {"customer": {"id": 7, "tier": "gold"}, "amount": 5}).id,
+        "charge2": rl.trigger(charge, {"customer": {"id": 8}, "amount": 5}).id,
+        "refund": rl.trigger(refund, {"customer": {"id": 7}}, idempotency_key="order-42").id,
+        "eu": rl.trigger(send, {"to": "a@example.eu"}, queue="mail-eu").id,
+        "us": rl.trigger(send, {"to": "b@example.com"}, queue="mail-us").id,
+        "other": rl.trigger(send, {"to": "c"}, queue="other", idempotency_key="order-42").id,
+    }
+    return {"rl": rl, "ids": ids}
+
+
+def found(page: Any) -> set[uuid.UUID]:
+    return {run.id for run in page.runs}
+
+
+def test_list_runs_finds_by_prefix_key_and_payload(shop: dict[str, Any]) -> None:
+    rl: Runlane = shop["rl"]
+    ids = shop["ids"]
+    # the exact task filter stays exact; the prefix finds every task under it
+    assert found(rl.list_runs(task="billing")) == set()
+    billing = {ids["charge"], ids["charge2"], ids["refund"]}
+    assert found(rl.list_runs(task_prefix="billing")) == billing
+    assert found(rl.list_runs(task_prefix="billing.ch")) == {ids["charge"], ids["charge2"]}
+    assert found(rl.list_runs(queue_prefix="mail-")) == {ids["eu"], ids["us"]}
+    # a key is per task: the same key of two tasks finds both, narrowed by task if asked
+    assert found(rl.list_runs(idempotency_key="order-42")) == {ids["refund"], ids["other"]}
+    assert found(rl.list_runs(idempotency_key="order-42", task_prefix="billing")) == {ids["refund"]}
+    # containment, as jsonb @> reads it: nested objects, any depth given
+    assert found(rl.list_runs(payload_contains={"customer": {"id": 7}})) == {
+        ids["charge"],
+        ids["refund"],
+    }
+    assert found(rl.list_runs(payload_contains={"customer": {"tier": "gold"}})) == {ids["charge"]}
+    assert found(rl.list_runs(payload_contains={"amount": 5}, status="queued")) == {
+        ids["charge"],
+        ids["charge2"],
+    }
+    assert found(rl.list_runs(payload_contains={"amount": 5}, status=RunStatus.FAILED)) == set()
+    # a page of a search pages like any list: newest first, the cursor continues
+    first = rl.list_runs(task_prefix="billing", limit=2)
+    assert [r.id for r in first.runs] == [ids["refund"], ids["charge2"]]
+    assert first.searched_to is None
+    assert first.next_cursor is not None
+    rest = rl.list_runs(task_prefix="billing", limit=2, cursor=first.next_cursor)
+    assert [r.id for r in rest.runs] == [ids["charge"]]
+    assert rest.next_cursor is None
+    assert rest.searched_to is None
+
+
+@pytest.mark.parametrize(
+    ("keywords", "words"),
+    [
+        ({"payload_contains": [1]}, "payload_contains must be a JSON object"),
+        ({"payload_contains": {"x": float("nan")}}, "payload_contains must be JSON"),
+        ({"task_prefix": ""}, "task_prefix must be a non-empty string"),
+        ({"queue_prefix": 3}, "queue_prefix must be a non-empty string"),
+        ({"idempotency_key": "a\x00b"}, "idempotency_key"),
+        ({"task_prefix": "x", "search_seconds": 0}, "search_seconds must be a number"),
+        ({"task_prefix": "x", "search_seconds": True}, "search_seconds must be a number"),
+    ],
+)
+def test_bad_search_arguments_are_one_clear_error(
+    shop: dict[str, Any], keywords: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=words) as caught:
+        shop["rl"].list_runs(**keywords)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_search_out_of_time_says_how_far_back_it_looked_and_continues(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    rl = make_runlane(queues=QUEUES, tasks=[charge, send])
+    needle = rl.trigger(charge, {"needle": True}).id
+    # more runs than two windows of a search walk, all newer than the needle
+    SchemaDb(db, schema).run(
+        "insert into {schema}.runs (id, environment, task_id, queue, status, payload, "
+        "max_attempts, due_at, created_at) select gen_random_uuid(), 'default', 'mail.send', "
+        "'default', 'queued', jsonb_build_object('n', n), 1, now(), "
+        "now() + n * interval '1 millisecond' from generate_series(1, %s) as n",
+        2 * SEARCH_WINDOW + 10,
+    )
+    # a budget spent by the first window: it stops there, says so, and the cursor goes on
+    pages = []
+    cursor = None
+    while True:
+        page = rl.list_runs(payload_contains={"needle": True}, search_seconds=1e-6, cursor=cursor)
+        pages.append(page)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+        assert len(pages) < 10, "the search made no progress"
+    assert pages[0].runs == ()
+    assert pages[0].searched_to is not None
+    assert [run.id for page in pages for run in page.runs] == [needle]
+    assert pages[-1].searched_to is None
+    reached = [page.searched_to for page in pages[:-1] if page.searched_to is not None]
+    assert len(reached) == len(pages) - 1
+    assert reached == sorted(reached, reverse=True), "each page looked further back"
+    # with time enough, one call walks every window
+    whole = rl.list_runs(payload_contains={"needle": True})
+    assert [run.id for run in whole.runs] == [needle]
+    assert whole.searched_to is None
+
+
+def test_a_worker_gone_while_stopping_reads_lost_after_two_heartbeats(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    """A stopping worker beats every interval until it writes stopped; one whose process
+    died meanwhile (killed, or out of its close timeout) reads lost after two intervals
+    unseen, not stopping for good. A running one keeps the three intervals."""
+    rl = make_runlane(queues=QUEUES, tasks=[charge])
+    sdb = SchemaDb(db, schema)
+    rows = {
+        "stopping-gone": ("stopping", 2.5),
+        "stopping-alive": ("stopping", 1.2),
+        "running-late": ("running", 2.5),
+        "running-gone": ("running", 3.5),
+    }
+    ids = {}
+    for name, (state, intervals) in rows.items():
+        ids[name] = uuid.uuid4()
+        sdb.run(
+            "insert into {schema}.workers (id, environment, host, pid, runlane_version, "
+            "queues, concurrency, heartbeat_seconds, state, started_at, last_seen_at) values "
+            "(%s, 'default', %s, 1, 'test', array['default'], 1, 10, %s, now() - interval "
+            "'1 hour', now() - %s * interval '10 seconds')",
+            ids[name],
+            name,
+            state,
+            intervals,
+        )
+    states = {w.host: w.state.value for w in rl.list_workers()}
+    assert states == {
+        "stopping-gone": "lost",
+        "stopping-alive": "stopping",
+        "running-late": "running",
+        "running-gone": "lost",
+    }
