@@ -1,17 +1,11 @@
 """The engine's side of one attempt's :class:`~runlane.RunContext`: its control and its
 progress.
 
-The worker makes an :class:`AttemptControl` for each attempt it starts and hands it to the
-context; both then share it: the worker (through its lease tracker) asks the attempt to
-stop, the context's durable operations record a database outage they met, and the executor
-asks whether a handler's exception came from one. Neither reads the other's private state.
-
-Progress (``RunContext.report_progress``) is checked and encoded here and written by the
-worker's lifecycle writer, batched with its other fenced writes, at most once a second per
-attempt: a report inside the second replaces the one pending (the last value wins) and is
-written when the second has passed, or with the attempt's end, or at close. A write whose
-attempt no longer holds its lease marks the attempt stale: its next report raises
-StaleLease.
+The worker hands each attempt's :class:`AttemptControl` to its context: the worker asks the
+attempt to stop through it, the context's durable operations record a database outage they
+met, and the executor asks whether a handler's exception came from one. Progress is
+checked and encoded here; the lifecycle writer writes it at most once a second per attempt
+(the last value wins), fenced: once the lease is lost the next report raises StaleLease.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Run logs, OpenTelemetry spans and metrics; each costs nothing when it is off.
 
-Logs: the ``runlane.runs`` logger records each attempt's start (INFO) and end (INFO) with
-``run_id``, ``task_id``, ``attempt``, ``queue`` and, at the end, ``duration_ms`` and
-``outcome`` as ``extra`` fields, so JSON formatters pick them up. Nothing is built unless the
-logger is enabled for INFO. A failed attempt's end is logged instead, once, on
-``runlane.worker`` at WARNING (retried) or ERROR (failed for good) with its traceback (see
-``runlane.worker._failure_log``).
-
-Tracing (``pip install 'runlane[otel]'``, and an SDK tracer provider set globally):
-``runlane.trigger`` spans ``trigger``/``trigger_many`` and stores the W3C trace context
-(``traceparent``/``tracestate``, through the configured propagator) with the runs; each
-attempt runs inside a ``runlane.run`` span whose parent is that stored context, whatever
-process runs it. Handler code (child triggers included) runs with the attempt's span
-current.
-
-Metrics (a meter provider set globally): counters ``runlane.runs.triggered``, ``.started``,
-``.completed``, ``.failed`` (for good), ``.retried``, ``.handed_back``, ``.cancelled``;
-histograms ``runlane.attempt.duration`` and ``runlane.run.start_delay`` (due time to the
-attempt's start, database clock) in seconds; an observable gauge ``runlane.queue.depth``
-(runs per queue and status of every open runtime, read from ``status()`` only when a reader
-collects).
-
-Without ``opentelemetry-api`` installed, or without a provider set, tracing and metrics are
-skipped after one check per call.
+Logs: ``runlane.runs`` records each attempt's start and end at INFO with ``extra`` fields
+(failed ends go to ``runlane.worker`` instead, see ``worker._failure_log``). Tracing and
+metrics need ``opentelemetry-api`` (the ``otel`` extra) and a provider set globally; the
+trace context is stored with the runs so each attempt's ``runlane.run`` span has the
+trigger as its parent, whatever process runs it. Names and fields: docs/observability.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """The lane interface: how runs are stored and delivered.
 
-A runtime is built on one lane (``create_runlane(lane=...)``). The engine (the runtime, the
-worker's slot pool, the lifecycle writer, maintenance) is lane-agnostic and imports no
-database or broker driver; everything lane-specific lives behind the protocols below.
-
-A lane provides:
-
-- its **storage** (:class:`runlane.storage.Storage`): where runs live. Storage methods
-  announce nothing themselves: a run becoming runnable, capacity freed in a queue and a
-  requested cancellation are announced at one point inside the storage (for Postgres, one
-  trigger function), and "a run ended: resume its waiters" happens at one point too;
-- its **delivery path** (:class:`Acquirer`): how a worker's slots receive claimed runs. The
-  slot pool asks the acquirer for up to ``want`` runs whenever slots are idle; the acquirer
-  claims them (fenced, bounded queues enforced in storage), and ``wait_for_work`` blocks,
-  interruptibly, while nothing is due. It reports cancellations requested for running
-  attempts through ``on_cancel``;
-- its **maintenance work** (:meth:`Lane.recover_delivery`, the ``DELIVERY_RECOVERY`` phase,
-  reported as a :class:`LaneMaintenance` carried by ``MaintenanceResult.lane``) and its
-  **status** (:meth:`Lane.status`, a :class:`LaneStatus` carried by ``StatusReport.lane``);
-  a lane with fields of its own subclasses either (frozen attrs);
-- whether it supports ``drain()`` (``drain_unsupported`` is None when it does, else the
-  reason given to the caller).
-
-A lane that delivers through another system while Postgres keeps the truth builds on the
-transport toolkit in :mod:`runlane.postgres` (``Outbox``, ``outbox_of``,
-``PostgresListener``, ...). Every lane must pass the lane conformance suite,
-:mod:`runlane.testing.conformance`, which a lane kept outside this package runs too
-(docs/lanes.md).
+A runtime is built on one lane (``create_runlane(lane=...)``); the engine imports no
+database or broker driver, and everything lane-specific lives behind these protocols: the
+storage, the delivery path (:class:`Acquirer`), the lane's maintenance and status, and
+whether it supports ``drain()``. Every lane must pass :mod:`runlane.testing.conformance`;
+docs/lanes.md describes the contract and how to write a lane.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
-"""What a lane (the shipped ones, and a third written outside runlane) builds its threads
-and checks with: the one back-off of every reconnecting loop, closing in parts within one
-deadline, the interruptible waits of a supervising main thread, and the bounds checks of
-every option (a ``ConfigurationError`` naming the option, the range and the value given),
-and how a message shows a value: its repr cut to a bound (a 10,000-character key repeated
-whole makes every log line that carries it unreadable; ``repr()`` of a huge integer or of a
-user type may even raise while the error is being built).
+"""What a lane (the shipped ones, and one written outside runlane) builds its threads and
+checks with: one back-off for reconnecting loops, closing in parts within one deadline,
+interruptible waits for a supervising main thread, bounds checks that name the option, the
+range and the value, and ``shown``: a value's repr cut to a bound for messages.
 
-Closing in parts: a close that stopped at its first failing part left the parts after it
-running (a raw ``OverflowError`` from one thread's ``join`` left a worker's writer, listener
-and pool threads alive). A close's waits share one :class:`Deadline`: a close that gave each
-wait the full timeout took a multiple of it when several parts stalled at once.
-
-The waits of a supervising main thread run in slices: the kernel hands a signal to any
-thread, and Python runs the handler on the main thread only once that thread runs Python
-code again; a main thread blocked in ``Event.wait()`` without a timeout never woke for a
-signal delivered to a pool thread, and a supervised process ignored SIGTERM.
+A close runs every part even when one fails, and its waits share one :class:`Deadline`, so
+several stalled parts cost one timeout, not one each. A main thread waits in slices:
+Python runs a signal handler only when the main thread runs Python code again.
 """
 
 from __future__ import annotations

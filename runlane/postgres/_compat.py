@@ -1,18 +1,15 @@
 """Expand/contract: which schema versions a runtime of this release may run on.
 
-Each migration file from version 7 on says in a header line whether runtimes of the
-versions before it keep working once it is applied::
+Each migration from version 7 on says in a header line whether runtimes of the versions
+before it keep working once it is applied::
 
-    -- compatibility: additive    (expand: new tables, columns with defaults, indexes,
-                                   functions that keep their old behaviour for old callers)
-    -- compatibility: breaking    (contract: drops or changes what older runtimes use)
+    -- compatibility: additive    (new tables, defaulted columns, indexes, compatible functions)
+    -- compatibility: breaking    (drops or changes what older runtimes use)
 
-An unmarked file counts as breaking. The migration runner records each applied migration's
-marker in the ledger (``runlane_migrations.compatibility``), so a runtime that does not
-ship a migration can still read whether it may run beside it: a schema newer than this
-runtime whose newer migrations are all additive is accepted (and said so in a log line);
-one with a breaking migration is refused with ``IncompatibleSchema``. The marker line is
-left out of the checksum, so marking a file never changes its recorded checksum.
+An unmarked file counts as breaking. The ledger records each applied migration's marker
+(``runlane_migrations.compatibility``), so an older runtime accepts a newer schema whose
+newer migrations are all additive (with a log line) and refuses one with a breaking one
+(``IncompatibleSchema``). The marker line is left out of the checksum.
 """
 
 from __future__ import annotations

@@ -1,37 +1,20 @@
 """Group commit for triggers: concurrent ``trigger()`` calls share statements and commits.
 
-A call that finds no shared statement in flight and nobody queued writes its run at once,
-alone, with the statement a lone trigger always used: it waits for nothing extra. A call
-that arrives while a statement is in flight queues up. When that statement ends, the first
-queued call leads the next one: it writes the runs of every queued call (up to
-``max_group``) in one statement and one commit, while the others wait for it. No thread is
-started: the callers' own threads take turns leading.
+A call that finds nothing in flight and nobody queued writes its run at once, alone. A call
+that arrives while a statement is in flight queues; when that statement ends, the first
+queued call leads the next one, writing every queued call's run (up to ``max_group``) in one
+statement and commit. No thread is started: callers' own threads take turns leading.
 
-Before it cuts its group, the leader waits a short hold for the calls of the statement that
-just committed to come back: threads that trigger in a loop call again at once, and
-without the wait they would queue behind the next statement, so that a crowd splits into
-two halves taking turns, each statement carrying half of it. For the same reason the first
-of them to come back to an idle group commit gathers the others rather than writing alone
-ahead of them. The hold is what the crowd was seen to need: twice the pace at which the
-last crowds came back (a call at a time, under one GIL) times the calls awaited, at least
-a quarter of the last statement's time, at most twice that time and ``MAX_HOLD``. A
-statement written alone that nobody queued behind (a thread alone, a request now and then)
-holds no one and teaches no pace: there was no crowd (_write_alone). Calls that do not
-come back cost the next statement at most the hold; a hold none of them met halves the
-pace, so a crowd that does not call again soon stops being waited for (_gather).
+The leader first holds briefly for the callers of the statement that just committed:
+threads that trigger in a loop call again at once, and without the hold a crowd splits into
+two halves taking turns (_gather, _learn_pace). A lone caller holds no one (_write_alone).
 
-Every call returns only after the statement that holds its run has committed, with its own
-handles. If a shared statement fails (one payload Postgres refuses, say) nothing of it was
-written, since it is one autocommit statement; each call of that group then writes its run
-again alone, on its own thread, so one bad row fails its own call and no other. Ids are made
-by the client, so a group that did commit before failing (its answer lost) is found again
-by the calls that retry alone.
-
-What a call does for a group it does while it waits, off the path between two statements:
-its run becomes one JSON object (``group_row``), so the leader only joins the objects of
-its group into the statement's one parameter. The leader hands the statement on to the
-next group as soon as its own has committed, before it sorts out its callers' handles, and
-then wakes only its first follower: each follower wakes the next (_pass_on).
+Every call returns once the statement holding its run has committed. A failed shared
+statement wrote nothing (one autocommit statement), so each of its calls writes again
+alone: one bad row fails its own call only. Ids are made by the client, so a group that
+committed but lost its answer is found again by those retries. While it waits, a call
+turns its run into one JSON object (``group_row``), and followers wake one another
+(_pass_on), keeping the leader's path between two statements short.
 """
 
 from __future__ import annotations
@@ -50,16 +33,12 @@ __all__ = ["MAX_GROUP", "GroupCommit", "group_row", "group_rows", "groupable"]
 
 log = logging.getLogger("runlane.postgres")
 
-#: A call joins groups when its one payload and key are at most this many characters: a
-#: full group then stays within one statement's budget (``_batches.STATEMENT_BYTES``, at 4
-#: bytes a character); a larger payload is written alone, as before.
+#: A call joins groups when its payload and key are at most this many characters, so a full
+#: group stays within ``_batches.STATEMENT_BYTES`` (4 bytes a character).
 GROUP_ROW_CHARS = 16 * 1024
 MAX_GROUP = 256
-#: How long the next statement waits for the calls of the one that just committed to come
-#: back (a thread that triggers in a loop calls again at once): COME_BACK_MARGIN times the
-#: calls awaited times the pace at which calls came back before (seconds a call, a moving
-#: average over gathers) but at most HOLD_STATEMENTS times the statement's own time, at
-#: least HOLD_FRACTION of it, and never more than MAX_HOLD seconds (see _gather).
+#: The hold (_hand_over): COME_BACK_MARGIN x calls awaited x their past pace, within
+#: [HOLD_FRACTION, HOLD_STATEMENTS] x the statement's time, at most MAX_HOLD seconds.
 HOLD_FRACTION = 0.25
 HOLD_STATEMENTS = 2.0
 MAX_HOLD = 0.005
@@ -92,12 +71,9 @@ class _Waiter:
 class GroupCommit:
     """Shares insert statements between concurrent callers (see the module docstring).
 
-    ``alone(runs)`` writes one call's runs by themselves (the path of a lone caller and of a
-    failed group's calls); ``together(groups, rows, committed)`` writes several calls' runs
-    in one statement and returns each call's handles, in order. One statement runs at a
-    time (two in flight measured no faster); a group takes at most ``max_group`` calls. The
-    next statement waits at most ``hold_fraction`` of the last one's time (and ``max_hold``
-    seconds) for the last one's calls to come back (_gather).
+    ``alone(runs)`` writes one call's runs; ``together(groups, rows, committed)`` writes
+    several calls' runs in one statement, returning each call's handles in order. One
+    statement runs at a time (two in flight measured no faster).
     """
 
     def __init__(
@@ -142,9 +118,7 @@ class GroupCommit:
         try:
             waiter.row = group_row(runs)  # a leader that takes this call first makes its own
             if not crowd:
-                # woken to lead a group, or by the leader of the group it is in (never left
-                # waiting: every leader wakes its group in a finally, after a statement
-                # bounded by its timeout)
+                # every leader wakes its group in a finally, after a bounded statement
                 waiter.wake.acquire()
                 self._pass_on(waiter)
             group = self._gather(waiter) if waiter.leads else None
@@ -160,9 +134,8 @@ class GroupCommit:
         return self._alone(runs)  # its group failed (or ended without an answer)
 
     def _enter(self, runs: NewRuns, me: int) -> tuple[_Waiter | None, bool]:
-        """A call arrives: None when it writes alone at once, else its place in the queue
-        and whether it leads the calls of the statement that just committed, coming back
-        (then nobody wakes it: it gathers them at once)."""
+        """None when the call writes alone at once, else its queue place and whether it
+        leads the returning callers of the last statement (then it gathers at once)."""
         with self._lock:
             if me in self._awaited:
                 self._awaited.discard(me)
@@ -200,9 +173,7 @@ class GroupCommit:
             raise
         with self._lock:
             if not self._queue:
-                # nobody came while it was in flight: a lone caller (a thread alone, a
-                # request now and then) has no crowd to hold the next statement for nor a
-                # pace to teach, so it ends with no more bookkeeping than this
+                # a lone caller: no crowd to hold for, no pace to teach
                 self._in_flight -= 1
                 if self._returning:  # a hold that ran out before this call came
                     self._returning = set()
@@ -242,14 +213,8 @@ class GroupCommit:
         return leader
 
     def _gather(self, leader: _Waiter) -> list[_Waiter]:
-        """The group ``leader`` writes: the calls queued when the calls of the statement
-        that committed last have come back (a thread that triggers in a loop calls again at
-        once), or when the group is full, or at the hold's end, whichever comes first.
-
-        Without the wait the crowd splits in two halves that take turns: the calls of one
-        statement come back while the next is in flight, and every statement carries half
-        of them. The wait is a fraction of a statement's time, so a crowd that does not
-        come back costs at most that."""
+        """The group ``leader`` writes: the calls queued once the last statement's callers
+        are back, the group is full, or the hold ends, whichever comes first."""
         with self._lock:
             self._gathering = True
             try:
@@ -271,10 +236,9 @@ class GroupCommit:
         return group
 
     def _learn_pace(self) -> None:
-        """The next statement has ended (the lock held): the pace at which the calls of the
-        one before came back (those back within the longest hold, whether or not the hold
-        waited for them) goes into the moving average; when none came back within it, the
-        pace halves, so that calls that do not come back soon stop being waited for."""
+        """Fold the pace at which the last statement's callers came back into the moving
+        average (the lock held); none back within the longest hold halves it, so callers
+        that do not come back soon stop being waited for."""
         if self._back:
             pace = (self._back_at - self._handed_at) / self._back
             self._pace = pace if not self._pace else 0.75 * self._pace + 0.25 * pace
@@ -282,10 +246,9 @@ class GroupCommit:
             self._pace *= 0.5
 
     def _abandon(self, waiter: _Waiter) -> None:
-        """A queued call stopped waiting (its thread was interrupted): it leaves the queue
-        (passing the next statement on if it was chosen to lead it), or, if it had formed
-        its group already, passes the statement on and lets that group's calls write
-        alone, so no call is left waiting for it."""
+        """An interrupted call leaves the queue (handing the lead on), or, if it formed its
+        group already, passes the statement on and lets that group write alone: no call is
+        left waiting for it."""
         with self._lock:
             queued = waiter in self._queue
             leader = None
@@ -311,11 +274,9 @@ class GroupCommit:
 
     @staticmethod
     def _pass_on(waiter: _Waiter) -> None:
-        """A follower, woken, wakes the next follower of its group: the leader wakes only
-        the first. Waking a blocked thread is a system call (and on a busy machine often a
-        switch to the woken thread) made while holding the GIL; passed along, the wake-ups
-        of a group of 16 are not 15 in a row on the leader's thread, while the next leader
-        wants the GIL to send its statement. Once per call, however it ends."""
+        """A woken follower wakes the next one (the leader wakes only the first): each wake is
+        a system call under the GIL, which the next leader wants to send its statement.
+        Once per call, however it ends."""
         if not waiter.passed:
             waiter.passed = True
             after = waiter.next
@@ -365,9 +326,8 @@ def group_rows(rows: Sequence[str]) -> str:
 
 
 def group_row(runs: NewRuns) -> str:
-    """One call's run as the JSON object run_insert_group reads (``json_to_recordset``):
-    its payload and trace context are JSON text already and go in as they are, names and
-    keys as JSON strings; what calls of one task usually share is made once (_shared)."""
+    """One call's run as the JSON object run_insert_group reads (``json_to_recordset``);
+    payload and trace context are JSON text already and go in as they are."""
     key = runs.idempotency_keys[0]
     parent = "null" if runs.parent_run_id is None else f'"{runs.parent_run_id}"'
     run_at = "null" if runs.run_at is None else json.dumps(runs.run_at.isoformat())

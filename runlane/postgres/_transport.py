@@ -1,25 +1,8 @@
-"""The transport toolkit: what a lane that delivers through another system builds on.
-
-A transport lane (the RabbitMQ lane, or one kept outside this package) keeps its runs in
-the Postgres storage and carries deliveries elsewhere. It needs, all public in
-``runlane.postgres`` (docs/lanes.md, "Writing a transport lane"):
-
-- the storage (:class:`~runlane.postgres.PostgresStorage`, made by its ``create_storage``)
-  seen as an :class:`Outbox`, through :func:`outbox_of`: every transition of a run into
-  ``queued`` writes an outbox item in the same transaction once ``outbox_enable`` was
-  called for the environment; publishers claim items (a fresh fencing token per item,
-  expiry by database time) of their own environment only, extend the claim before each
-  chunk they publish (publishing nothing whose claim was lost), record each result
-  presenting that token (a stale publisher's write changes nothing), and consumers claim
-  the runs a delivery names by id with the polling lane's fenced claim;
-- an :class:`EagerPublisher` attached to the storage: a trigger without ``connection=``
-  stores its items already claimed and hands them over after its commit;
-- the announcement listener (:class:`~runlane.postgres.PostgresListener`) on the schema's
-  channel (:func:`~runlane.postgres.notify_channel`), which carries ``outbox|<queue>``
-  (items stored unclaimed), ``cancel|<run id>``, ``free|<queue>`` and ``<queue>``, and
-  ``None`` after every (re)connect ("something may have been missed");
-- :class:`~runlane.postgres.RunEnds` for ``wait_for_run`` and
-  :func:`~runlane.postgres.check_postgres_storage_options` for the storage's options.
+"""The transport toolkit: what a lane that delivers through another system (the RabbitMQ
+lane, or one kept outside this package) builds on: the Postgres storage seen as an
+:class:`Outbox` (``outbox_of``), an :class:`EagerPublisher`, and the announcement listener
+and run-end watcher of ``runlane.postgres``. docs/lanes.md, "Writing a transport lane",
+says how they fit together.
 """
 
 from __future__ import annotations
@@ -55,8 +38,6 @@ class Outbox(Protocol):
     applies only while that claim is the item's current one, and returns the ids applied.
     """
 
-    # -- the producer side ---------------------------------------------------------------
-
     def outbox_enable(self, environment: str, claim: timedelta) -> None:
         """Runs of ``environment`` becoming queued get outbox items from now on; an eager
         trigger's items are claimed for ``claim``. Idempotent; call it in ``Lane.prepare``."""
@@ -70,8 +51,6 @@ class Outbox(Protocol):
     @property
     def eager_publisher(self) -> EagerPublisher | None:
         """The publisher attached with :meth:`attach_eager_publisher`, if any."""
-
-    # -- publishers ----------------------------------------------------------------------
 
     def outbox_claim_page(self, environment: str, limit: int, claim: timedelta) -> list[OutboxItem]:
         """Claim up to ``limit`` publishable items of ``environment`` (never another
@@ -102,8 +81,6 @@ class Outbox(Protocol):
         """Seconds until the next item of ``environment`` becomes publishable (<= 0: now),
         None when none: unclaimed items when available, claimed ones when their claim
         expires (a producer that died after an eager trigger)."""
-
-    # -- consumers -----------------------------------------------------------------------
 
     def run_claim_ids(
         self,
@@ -149,8 +126,6 @@ class Outbox(Protocol):
         asynchronously acknowledges their deliveries only after it, so a server crash that
         loses a claim leaves its message unacknowledged and delivered again."""
 
-    # -- maintenance and status ------------------------------------------------------------
-
     def outbox_recover(self, environment: str, threshold: timedelta, limit: int) -> int:
         """Write items again for up to ``limit`` runs queued past ``threshold`` with none
         (a purged broker queue, a dead-lettered message); returns how many."""
@@ -162,8 +137,6 @@ class Outbox(Protocol):
         """Per queue whose items failed to publish twice or more (the transport cannot
         serve it): how many, the most failures of one, the worst item's error, the oldest
         one's age."""
-
-    # -- connections -----------------------------------------------------------------------
 
     def dedicated(self, name: str, *, durable_commits: bool = True) -> Outbox:
         """A view on one connection of its own, for one thread (a consumer's claims)."""

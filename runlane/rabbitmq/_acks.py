@@ -1,16 +1,10 @@
 """Acknowledging a worker's deliveries once the WAL is flushed past their claims.
 
-A worker's claims by id commit asynchronously (``synchronous_commit=off``, as the polling
-lane's claims do): the claim is visible at once and its handler starts without waiting for
-the server's WAL flush. A delivery must not be acknowledged before its claim is durable,
-though: a server crash losing the claim would leave the run queued with no message (until
-maintenance's recovery threshold). So the acquiring slot hands its settled deliveries to
-``runlane-worker-N-acks``, which waits for one synchronous flush (``Outbox.wal_flush``, on
-the storage's pool) that was sent after their claims returned, and then acknowledges them
-all. A flush that fails returns them to the broker instead (nack with requeue): a claim
-that survived makes the redelivery a duplicate, acknowledged and dropped; a claim that was
-lost is made again. Nothing is acknowledged before its claim, or its deferral through the
-outbox, can no longer be lost.
+Claims by id commit asynchronously (``synchronous_commit=off``) so handlers start at once,
+but a delivery acknowledged before its claim is durable would be lost with a server crash.
+``runlane-worker-N-acks`` waits for one synchronous flush sent after the claims returned
+(``Outbox.wal_flush``), then acknowledges them all; a failed flush requeues them instead (a
+surviving claim makes the redelivery a duplicate, dropped; a lost one is claimed again).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The RabbitMQ lane's delivery path for one worker: a consumer thread and fenced claims.
 
-``runlane-worker-N-consumer`` owns the worker's one AMQP connection (pika connections belong
-to one thread). It consumes the worker's queues with a prefetch of the worker's claim batch
-(``create_delivery_worker(claim_batch=...)``, at most four times its concurrency), raised to
-six claim batches while the worker claims ahead of its slots, and buffers deliveries; it
-never touches the database. The pool's acquiring slot takes deliveries from the buffer and
-claims the runs they name by id with the same fenced claim as the polling lane (bounded
-queues, rate limits and per-key limits still enforced in storage, under the queue's lock).
-Claims commit asynchronously, as the polling lane's do, so handlers start without waiting
-for the WAL flush; the deliveries are acknowledged only once the WAL is flushed past their
-claims (``runlane-worker-N-acks``, see ``_acks``), through ``add_callback_threadsafe`` (the
-one cross-thread call pika allows). A delivery whose run is no longer queued (a duplicate, a
-cancelled or finished run) is acknowledged and counted, never executed twice; a run of a
-paused queue is acknowledged and waits in Postgres (``resume_queue`` writes its outbox item
-again); a run not due yet, or held back by its queue's limits (capacity, rate, its key's
-limit), is deferred through the outbox (a new item publishes it again later) and its
-delivery acknowledged; a malformed message or an unknown run is acknowledged, logged and
-counted; a database error requeues the deliveries. A broken broker connection is re-made
-with backoff (its unacknowledged deliveries come back from the broker).
-
-Cancellation and wake-ups for runs are Postgres's: a listener on the schema's channel passes
-``cancel|<run id>`` to the pool.
+``runlane-worker-N-consumer`` owns the worker's AMQP connection and buffers deliveries
+(prefetch: the claim batch, more while claiming ahead); it never touches the database. The
+acquiring slot claims the runs they name by id with the polling lane's fenced claim, so
+queue limits are still enforced in storage. Claims commit asynchronously; deliveries are
+acknowledged only once the WAL is flushed past them (``_acks``), so a crash that loses a
+claim leaves its message to be delivered again. A delivery whose run is not claimable is
+acknowledged and, where the run still should go out (not due, held by limits), deferred
+through the outbox; a database error requeues. Cancellations come from Postgres's listener.
 """
 
 from __future__ import annotations

@@ -1,38 +1,17 @@
-"""The outbox publisher of one runtime: one thread owning one AMQP connection.
+"""The outbox publisher of one runtime: one thread owning one AMQP connection (pika's
+connections belong to one thread; other threads only queue requests).
 
-A publisher serves its runtime's environment only (``serve``): it claims, publishes and
-records that environment's items and no other's, whose broker or virtual host it may not be
-allowed to use (SPEC section 2: an environment never sees another's runs).
+It serves its runtime's environment only: another environment's broker or virtual host may
+be off limits. Work arrives as an eager trigger's items (claimed in the trigger's
+transaction), an ``outbox|<queue>`` notification or due back-off (a sweep: claim a page and
+publish it), maintenance's ``publish_pending``, and, while idle, ``outbox_next_due`` asked
+every few seconds, so an item whose producer died is published as its claim expires.
 
-Work reaches it four ways: an eager trigger hands over its items (already claimed by the
-trigger's transaction) right after commit; a notification ``outbox|<queue>`` (items stored
-unclaimed, e.g. by ``trigger(connection=...)`` or a hand-back) or a due back-off asks it to
-sweep, that is to claim a bounded page (fresh token per item, expiry by the database) and
-publish it; maintenance asks for one page synchronously (``publish_pending``); and while
-idle it asks the outbox, every few seconds, when its next item becomes publishable
-(``outbox_next_due``, which counts an item claimed by a producer that died after its
-trigger as publishable once that claim expires) and sweeps then, so a stalled item is
-published as its claim expires rather than at maintenance's recovery threshold. Every
-message is published with publisher confirms and ``mandatory`` (an unroutable message is a
-failure), then its result is recorded fenced by the item's claim token: success deletes
-the item, failure releases it with a back-off. A result written under a lost claim changes
-nothing and is counted as stale. While the broker is gone (no connection could be made),
-eager items are not tried one by one until the back-off has passed: they wait with the
-failed ones, due at the next try.
-
-Items are published and recorded in chunks of at most a page, each under a claim the
-database says is still held: before a chunk is published its claims are extended, fenced
-by their tokens and in database time (``outbox_extend``), and an item whose claim was lost
-(expired, or taken by another publisher) is not published at all; only the first chunk of
-a page this thread has just claimed goes without, its claim being that fresh. Within a
-chunk, none is published once its claim is about to expire (less than ``publish_timeout``
-plus a recording allowance left, told by this process's monotonic clock from before the
-statement that claimed or extended it): those are released for a sweep to claim afresh. A
-backlog larger than one claim can cover is therefore published once, not once by this
-thread and again by the sweeps that take its expired claims, and neither a process clock
-nor a claim length this process assumes decides alone whether a claim is still held.
-
-A connection belongs to one thread (pika); other threads only queue requests.
+Messages go out with publisher confirms and ``mandatory``; results are recorded fenced by
+the item's claim token (a stale write changes nothing). Chunks are published only under
+claims the database has just extended (``outbox_extend``), and nothing goes out under a
+claim about to expire: a backlog larger than one claim is published once, not again by the
+sweeps that take its expired claims (docs/deploying.md).
 """
 
 from __future__ import annotations

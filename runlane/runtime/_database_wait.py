@@ -1,17 +1,11 @@
 """A service's start waits for a database that is restarting, starting up, refusing
-connections or out of connection slots, instead of failing.
+connections or out of connection slots, instead of failing (a failover or a database
+deploy would otherwise stop its workers).
 
-A worker or maintenance process started during a Postgres restart (a failover, a deploy of
-the database, a host reboot) exited at its first connect: its supervisor restarted it, or,
-after a few quick failures, gave up on it. Now the start repeats its first connection and
-schema check with backoff, one log line per retry, for up to ``wait_for_database`` seconds;
-what no wait fixes (a host name that does not resolve, a refused password, a missing
-database or schema, a missing privilege) fails at once, as before. Which storage errors a
-wait may fix is the storage's to say (``StorageUnavailable.transient``).
-
-Every wait ends when the runtime is closed (another thread's ``close()``, a CLI's stop
-signal): at once between two attempts, and when the attempt under way ends (within its
-connect timeout) otherwise; on the main thread, Ctrl-C raises ``KeyboardInterrupt``.
+The start repeats its first connection and schema check with backoff, a log line per
+retry, for up to ``wait_for_database`` seconds; what no wait fixes fails at once (the
+storage says which: ``StorageUnavailable.transient``). ``close()`` from another thread
+ends the wait; on the main thread Ctrl-C raises ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
