@@ -1,14 +1,10 @@
 """The storage contract: everything the engine asks of a database, and nothing more.
 
-The engine never writes SQL. Each of its collaborators talks to the part of the storage it
-needs (:class:`TriggerStore` for the runtime's triggers, :class:`ClaimStore` for a lane's
-acquirer, :class:`AttemptStore` for a worker's writer, :class:`WaitStore` for a handler's
-context, :class:`MaintenanceStore` for the services, :class:`OperatorStore` for operators);
-:class:`Storage` is all of them, what a lane's ``create_storage`` returns. Methods are named
-noun-verb and take or return the plain records of ``_records.py``, re-exported here. Every
-method that an attempt uses to write is fenced by run id, attempt number and lease token,
-and reports which rows it actually changed; a row missing from the answer lost its lease and
-nothing was written to it.
+Each collaborator of the engine talks to the part it needs (``TriggerStore``,
+``ClaimStore``, ``AttemptStore``, ``WaitStore``, ``MaintenanceStore``, ``OperatorStore``);
+:class:`Storage`, all of them, is what a lane's ``create_storage`` returns. Methods are
+noun-verb over the plain records of ``_records.py``. An attempt's writes are fenced by run
+id, attempt number and lease token and return the rows changed: a missing one lost its lease.
 """
 
 from __future__ import annotations
@@ -110,20 +106,17 @@ class StorageConnections(Protocol):
         """Connect and check connectivity; idempotent. Never inspects or changes the schema."""
 
     def close(self, timeout: float | None = None) -> None:
-        """Release every connection; idempotent. Work the storage still owes before it
-        lets go (a transport lane's pending publishes) gets at most ``timeout`` seconds
-        (None: the storage's own bound)."""
+        """Release every connection; idempotent. Work still owed (a transport lane's
+        pending publishes) gets at most ``timeout`` seconds (None: the storage's bound)."""
 
     def dedicated(self, name: str, *, durable_commits: bool = True) -> Storage:
-        """A view of this storage on a connection of its own, for one thread. With
-        ``durable_commits=False`` a commit may return before it is durable and be lost to a
-        server crash (never to a client failure); only claims, which a crash merely returns
-        to the queue, ask for that."""
+        """A view of this storage on a connection of its own, for one thread.
+        ``durable_commits=False`` (claims only: a crash merely requeues them) lets a commit
+        return before it is durable."""
 
     def interrupt(self) -> None:
-        """Cancel the statement in flight on a dedicated view's connection, from another
-        thread (close at its deadline); the blocked call raises ``StorageUnavailable``. A
-        no-op when idle, and on a storage that is not a dedicated view."""
+        """Cancel a dedicated view's statement in flight, from another thread; the blocked
+        call raises ``StorageUnavailable``. A no-op when idle or not a dedicated view."""
 
     def database_now(self) -> datetime: ...
 
@@ -184,12 +177,9 @@ class ClaimStore(Protocol):
         run_ids: Sequence[uuid.UUID] | None = None,
         visit_limit: int | None = None,
     ) -> LimitedClaim:
-        """Claim from a queue with a rate limit or a per-key limit (and maybe a concurrency
-        limit): at most what each limit leaves, counted inside the claim under the queue's
-        claim lock, so every claimer on every path obeys them (docs/flow-control.md). With
-        ``run_ids`` (a transport lane's deliveries) only those runs, when queued and due.
-        ``visit_limit``: the keys a polling claim of a keyed queue may look at (None: the
-        storage's bound on one claim's work)."""
+        """Claim from a queue with a rate or per-key limit: at most what each limit leaves,
+        counted under the queue's claim lock (docs/flow-control.md). ``run_ids``: only those
+        runs, when queued and due; ``visit_limit``: the keys one claim may look at."""
 
 
 class AttemptStore(Protocol):
@@ -197,9 +187,7 @@ class AttemptStore(Protocol):
 
     def run_complete_many(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Complete the attempts that still hold their lease; returns the run ids applied.
-        (Storage announces the capacity freed in their queues, and resumes runs waiting on
-        them.) Raises OutputRefused, writing none of them, when the database cannot hold
-        their outputs (one of them, or all of them in one statement)."""
+        Raises OutputRefused, writing none, when the database cannot hold their outputs."""
 
     def run_fail_many(self, failures: Sequence[Failure]) -> list[FailureApplied]:
         """Fail the attempts that still hold their lease: ``retrying`` after ``retry_delay``,
