@@ -1,11 +1,9 @@
 """``contract_defaults``: the defaults runlane's behaviour contract is stated in.
 
-The seeds name ``contractDefaults.lease.duration`` (5 minutes): how long a publisher's claim
-on an outbox item lasts before another maintenance replica may claim the item, so a
-producer that stopped right after an eager trigger's commit delays that run's delivery by
-at most this long. The RabbitMQ lane's ``claim_duration`` defaults to it; a lane built with
-another ``claim_duration`` states its own. The maintenance limits of one pass are here too,
-so replicas and dashboards can be checked against one source.
+``lease.duration`` (the seeds' ``contractDefaults.lease.duration``, 5 minutes) is how long a
+publisher's claim on an outbox item lasts, so a producer that died right after an eager
+trigger delays its run by at most that; the RabbitMQ lane's ``claim_duration`` defaults to
+it. One pass's maintenance limits are here too, as one source to check replicas against.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Bulk ``runlane runs retry|cancel|delete`` by filter.
-
-Without run ids, ``runs retry``, ``runs cancel`` and ``runs delete`` act on every run the
-filters match (``--status``, ``--task``, ``--queue``, ``--created-after``, ``--created-before``,
-``--limit``; ``--all`` instead of any filter). They count first and say how many runs match;
-``--dry-run`` stops there. On a terminal they ask before acting unless ``--yes`` is given;
-without a terminal ``--yes`` is required. While acting, a terminal shows ``done of matched``;
-Ctrl-C stops between two batches, every batch before it committed, and says how far it got
-(run the same command again to finish: it finds only what is left).
+"""Bulk ``runlane runs retry|cancel|delete`` by filter: count, ask (or ``--yes``), then act
+batch by batch, showing progress on a terminal; Ctrl-C stops between batches, and running
+the command again finishes the rest (docs/operating.md, Bulk actions).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """SIGTERM/SIGINT for the long-running commands (worker, maintenance): the first signal closes
 gracefully, a second exits at once.
 
-The kernel hands a signal sent to the process to any of its threads. Python runs the handler
-on the main thread, but only once that thread runs Python code again: a main thread blocked
-in a wait without a timeout wakes for a signal delivered to itself, never for one delivered
-to a band, pool or slot thread. It then never closed (CI: `runlane maintenance` was still
-running 30 s after SIGTERM, its main thread in ``Services.wait_until_closed()``). So the main
-thread waits in slices (``wait_in_slices``): a signal is handled within a slice, whichever
-thread the kernel chose.
+The kernel may hand the signal to any thread, and Python runs the handler only when the
+main thread runs Python code again, so the main thread waits in slices
+(``wait_in_slices``) rather than blocking without a timeout.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Which runtime an operator command acts on: an application's ``APP``, or a database URL.
+"""Which runtime an operator command acts on: an application's ``APP``, or a database URL
+(``--database-url``, ``--schema``, ``--environment`` or their ``$RUNLANE_*`` variables).
 
-Every operator command (``status``, ``runs``, ``queues``, ``workers``, ``schedules``) takes
-either ``APP`` (``module:attribute`` naming a :class:`~runlane.Runlane`) or
-``--database-url URL [--schema S] [--environment E]`` (or ``$RUNLANE_DATABASE_URL``,
-``$RUNLANE_SCHEMA``, ``$RUNLANE_ENVIRONMENT``). With a URL the command builds a runtime with
-no tasks on the Postgres polling lane: every operator call works on it, and the application's
-code need not be importable (a RabbitMQ-lane schema is steered the same way: its database
-triggers write the outbox items of runs an operator queues again).
+With a URL the command builds a runtime with no tasks on the polling lane, so the
+application's code need not be importable; on a RabbitMQ-lane schema the database's
+triggers still write the outbox items of runs an operator queues again.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``runlane web [APP | --database-url URL] [--bind 127.0.0.1:8080]``: the console served by
-waitress.
-
-waitress is a pure-Python production WSGI server (no C extension, runs on every platform
-runlane runs on, no dependency of its own), maintained by the Pylons project; it serves each
-request on a thread of a fixed pool, the model runlane's threaded runtime and its connection
-pool are built for. It binds to loopback unless ``--bind`` says otherwise: the console is
-read-only from this command (no ``authorize``), and still shows payloads and errors.
+waitress, a pure-Python WSGI server with a fixed thread pool (the model runlane's threaded
+runtime is built for). It binds to loopback unless told otherwise: the console still shows
+payloads and errors.
 """
 
 from __future__ import annotations

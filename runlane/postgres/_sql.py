@@ -1,10 +1,8 @@
-"""Loads the named SQL blocks of the ``*.sql`` files in ``sql/`` and renders them for one schema.
+"""Loads the named SQL blocks of ``sql/*.sql`` and renders them for one schema.
 
-Statements are split by concern (``runs.sql``, ``claims.sql``, ``lifecycle.sql``, ...); a name
-is unique across all of them. Migrations live in ``sql/migrations/`` and are not statements;
-nor are the blocks of ``grants.sql`` (they also name a role: see :func:`grant_blocks`).
-Pieces several statements share (a claim's columns, how a failed attempt ends its run) are
-written once in ``fragments.sql`` and put in where a statement names them (``{@name}``).
+A name is unique across the files (migrations and ``grants.sql`` are not statements: see
+:func:`grant_blocks`); pieces several statements share are written once in
+``fragments.sql`` and put in where a statement names them (``{@name}``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The RabbitMQ lane's status (:class:`RabbitMQStatus`) and the queues the broker cannot
 serve, for ``status()`` and the console's health list.
 
-A publisher whose publish gets no confirm within ``publish_timeout`` fails that queue's
-outbox items alone (``_publisher.py``); an item that failed ``FAILING_AFTER`` times or more
-marks its queue unhealthy here. The usual cause is a quorum queue without a leader:
-RabbitMQ 3.10 loses a quorum queue's leader for good when its node is killed within about
-0.5 s of the queue's declaration (its member registry is saved every 0.5 s), and from then on
-every publish to it times out while the queue still shows as running.
+An item that failed to publish ``FAILING_AFTER`` times or more marks its queue unhealthy.
+The usual cause: a quorum queue that lost its leader for good (RabbitMQ 3.10, its node
+killed within about 0.5 s of the declaration), to which every publish times out while the
+queue still shows as running.
 """
 
 from __future__ import annotations
