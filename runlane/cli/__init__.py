@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from runlane.cli._app import load_app
+from runlane.cli._audit import add_audit_command
 from runlane.cli._codes import EXIT_CONFIGURATION, EXIT_FAILURE, EXIT_FORCED, EXIT_PIPE
 from runlane.cli._demo import add_demo_command
 from runlane.cli._devdb import add_devdb_command
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         add_demo_command,
         add_run_commands,  # runs list|show|retry|cancel|delete, trigger
         add_operator_commands,  # queues, workers, schedules
+        add_audit_command,
         add_web_command,
         add_metrics_command,
         add_devdb_command,

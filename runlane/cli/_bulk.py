@@ -150,7 +150,7 @@ def run_bulk(runlane: Runlane, action: str, args: argparse.Namespace) -> int:
     progress = _Progress(action)
     try:
         with progress:
-            result = _act(runlane, action, on_batch=progress, **filters)
+            result = _act(runlane, action, on_batch=progress, reason=args.reason, **filters)
     except KeyboardInterrupt:
         progress.finish()
         done = f"at least {progress.done:,}" if progress.forced else f"{progress.done:,}"

@@ -22,7 +22,7 @@ import attrs
 from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
 from runlane.flow import RateLimit
 from runlane.models import QueueInfo, ScheduleInfo, WorkerInfo
-from runlane.runtime import Runlane
+from runlane.runtime import Runlane, acting_as
 
 __all__ = [
     "add_operator_commands",
@@ -84,7 +84,8 @@ def using(load_app: LoadApp, args: argparse.Namespace, use: Callable[[Runlane], 
     """Open the command's runtime (``APP`` or the URL options), run ``use``, close it."""
     runlane = target_runtime(Target(getattr(args, "app", None), args), load_app)
     try:
-        return use(runlane)
+        with acting_as(None, via="cli"):  # the audit trail's "who"
+            return use(runlane)
     finally:
         runlane.close()
 
@@ -159,7 +160,7 @@ def _queue_pause(load_app: LoadApp, args: argparse.Namespace) -> int:
 
 def _queue_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
     def use(runlane: Runlane) -> int:
-        runlane.resume_queue(args.queue)
+        runlane.resume_queue(args.queue, reason=args.reason)
         print(f"queue {args.queue!r} is running: its queued runs are claimed again")
         return 0
 
@@ -236,7 +237,7 @@ def _schedules_list(load_app: LoadApp, args: argparse.Namespace) -> int:
 
 def _schedule_pause(load_app: LoadApp, args: argparse.Namespace) -> int:
     def use(runlane: Runlane) -> int:
-        runlane.pause_schedule(args.schedule_id)
+        runlane.pause_schedule(args.schedule_id, reason=args.reason)
         print(f"schedule {args.schedule_id!r} is paused: it fires nothing until resumed")
         return 0
 
@@ -245,7 +246,7 @@ def _schedule_pause(load_app: LoadApp, args: argparse.Namespace) -> int:
 
 def _schedule_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
     def use(runlane: Runlane) -> int:
-        runlane.resume_schedule(args.schedule_id)
+        runlane.resume_schedule(args.schedule_id, reason=args.reason)
         print(
             f"schedule {args.schedule_id!r} is active again from its next slot "
             "(missed slots are not caught up)"
@@ -257,7 +258,7 @@ def _schedule_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
 
 def _schedule_run(load_app: LoadApp, args: argparse.Namespace) -> int:
     def use(runlane: Runlane) -> int:
-        handle = runlane.trigger_schedule_now(args.schedule_id)
+        handle = runlane.trigger_schedule_now(args.schedule_id, reason=args.reason)
         print(
             f"run {handle.id} triggered from schedule {args.schedule_id!r} "
             f"({handle.task_id} on queue {handle.queue})"
@@ -299,7 +300,9 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
         lambda args: _queue_pause(load_app, args),
     )
     pause.add_argument("queue", metavar="QUEUE")
-    pause.add_argument("--reason", default=None, help="shown by `runlane queues list`")
+    pause.add_argument(
+        "--reason", default=None, help="shown by `runlane queues list`, kept in the audit trail"
+    )
     resume = _command(
         queue_actions,
         "resume",
@@ -307,6 +310,7 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
         lambda args: _queue_resume(load_app, args),
     )
     resume.add_argument("queue", metavar="QUEUE")
+    resume.add_argument("--reason", default=None, help="why (kept in the audit trail)")
 
     workers = _command(
         commands,
@@ -342,3 +346,4 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
             functools.partial(handler, load_app),
         )
         parser.add_argument("schedule_id", metavar="SCHEDULE_ID")
+        parser.add_argument("--reason", default=None, help="why (kept in the audit trail)")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runlane._codec import MAX_DEPTH
+from runlane.cli._audit import add_reschedule_command, reason_option
 from runlane.cli._bulk import add_filter_options, run_bulk
 from runlane.cli._operator import dump_json, using, when
 from runlane.cli._target import TARGET_HELP, add_target_options, split_targets
@@ -214,16 +215,16 @@ def _show(load_app: LoadApp, args: argparse.Namespace) -> int:
 # -- runs retry, runs cancel --------------------------------------------------------------------
 
 
-def _retry_one(runlane: Runlane, run_id: str) -> None:
-    run = runlane.retry_run(run_id)
+def _retry_one(runlane: Runlane, run_id: str, reason: str | None) -> None:
+    run = runlane.retry_run(run_id, reason=reason)
     print(
         f"run {run.id} is queued again with a fresh budget: attempts "
         f"{spent_of(run)} (its next attempt is numbered #{run.attempt + 1})"
     )
 
 
-def _cancel_one(runlane: Runlane, run_id: str) -> None:
-    result = runlane.cancel(run_id)
+def _cancel_one(runlane: Runlane, run_id: str, reason: str | None) -> None:
+    result = runlane.cancel(run_id, reason=reason)
     if not result.changed:
         print(f"run {result.run_id} is {result.status.value}: nothing to cancel")
     elif result.status is RunStatus.CANCELLATION_REQUESTED:
@@ -235,7 +236,10 @@ def _cancel_one(runlane: Runlane, run_id: str) -> None:
         print(f"run {result.run_id}: {result.previous.value} -> {result.status.value}")
 
 
-_ONE: dict[str, Callable[[Runlane, str], None]] = {"retry": _retry_one, "cancel": _cancel_one}
+_ONE: dict[str, Callable[[Runlane, str, str | None], None]] = {
+    "retry": _retry_one,
+    "cancel": _cancel_one,
+}
 _FILTERS = ("status", "task", "queue", "created_after", "created_before", "limit")
 
 
@@ -261,7 +265,7 @@ def _action(load_app: LoadApp, action: str, args: argparse.Namespace) -> int:
         if not run_ids:
             return run_bulk(runlane, action, args)
         for run_id in run_ids:
-            _ONE[action](runlane, run_id)
+            _ONE[action](runlane, run_id, args.reason)
         return 0
 
     return _open(load_app, args, use)
@@ -373,8 +377,10 @@ def add_run_commands(commands: Any, load_app: LoadApp) -> None:
             + ("; RUN_IDs act on those runs, none on the filters" if action in _ONE else ""),
         )
         add_filter_options(parser)
+        reason_option(parser)
         add_target_options(parser)
         parser.set_defaults(handler=lambda args, action=action: _action(load_app, action, args))
+    add_reschedule_command(actions, load_app)
 
     trigger = commands.add_parser(
         "trigger", help="trigger a run; the payload is validated like Runlane.trigger()"

@@ -200,9 +200,7 @@ class AuditTrail:
 
     def list(self, since: object, limit: object, cursor: object) -> Page[AuditRecord]:
         if since is not None and (not isinstance(since, datetime) or since.tzinfo is None):
-            raise ConfigurationError(
-                f"since must be a timezone-aware datetime, got {shown(since)}"
-            )
+            raise ConfigurationError(f"since must be a timezone-aware datetime, got {shown(since)}")
         count = as_int("limit", limit, 1, 1000)
         before = None if cursor is None else _parse_cursor(cursor)
         records = self._opened().audit_list(self._environment, since, before, count + 1)
@@ -210,9 +208,7 @@ class AuditTrail:
         records = records[:count]
         return Page(items=tuple(records), next_cursor=_cursor(records[-1]) if more else None)
 
-    def reschedule(
-        self, run_id: uuid.UUID | str, run_at: object, reason: object
-    ) -> RunSnapshot:
+    def reschedule(self, run_id: uuid.UUID | str, run_at: object, reason: object) -> RunSnapshot:
         key = run_key(run_id)
         due = None if run_at is None else as_run_at(run_at)
         when = "now" if due is None else due.isoformat()
