@@ -5,16 +5,25 @@ continues from there; each worker's running runs, linked both ways."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 
 from runlane import RunContext, Runlane, RunStatus, queue, task
 from runlane.errors import ConfigurationError
 from runlane.postgres._web_reads import SEARCH_WINDOW
+from runlane.web import create_app
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, SchemaDb
+from tests.helpers import Conn, SchemaDb, wait_until
+from tests.test_web import browser, click, everyone, served, shot, submit_by_script, text
+
+__all__ = ["browser"]  # the module's Chromium (tests/test_web.py's fixture)
 
 
 @task(id="billing.charge")
@@ -177,3 +186,119 @@ def test_a_worker_gone_while_stopping_reads_lost_after_two_heartbeats(
         "running-late": "running",
         "running-gone": "lost",
     }
+
+
+# -- in the browser ------------------------------------------------------------------------------
+
+
+@task(id="hold.on")
+def hold_on(payload: Any, context: RunContext) -> Any:
+    RELEASE.wait(30)
+    return "released"
+
+
+RELEASE = threading.Event()
+
+
+def test_find_in_the_browser(browser: WebDriver, shop: dict[str, Any]) -> None:
+    rl: Runlane = shop["rl"]
+    ids = shop["ids"]
+    with served(create_app(rl, authorize=everyone)) as base:
+        # the run-id box, on any page: a full id opens the run, anything else says why not
+        browser.get(base + "/queues")
+        box = browser.find_element(By.ID, "find-run")
+        box.send_keys(f"  {ids['refund']} ")
+        submit_by_script(browser, "document.getElementById('find').submit()")
+        assert browser.current_url == f"{base}/runs/{ids['refund']}"
+        assert text(browser, "#run-id") == str(ids["refund"])
+        copy = browser.find_element(By.CSS_SELECTOR, "h1 [data-copy]")
+        assert copy.get_attribute("data-copy") == str(ids["refund"])
+        browser.get(base + "/find?run=billing")
+        assert "is not a run id" in text(browser, "#error")
+
+        # full ids in the list, each with its copy button
+        browser.get(base + "/runs")
+        shown = browser.find_elements(By.CSS_SELECTOR, "table.runs td.run-id a")
+        assert {a.text for a in shown} == {str(i) for i in ids.values()}
+        buttons = browser.find_elements(By.CSS_SELECTOR, "table.runs td.run-id [data-copy]")
+        assert {b.get_attribute("data-copy") for b in buttons} == {str(i) for i in ids.values()}
+
+        def search(**fields: str) -> set[str]:
+            browser.get(base + "/runs")
+            for name, value in fields.items():
+                browser.find_element(By.CSS_SELECTOR, f"#filters [name={name}]").send_keys(value)
+            click(browser, "#filters button[type=submit]")
+            return {str(row.get_attribute("data-run")) for row in rows_of(browser)}
+
+        assert search(task_prefix="billing") == {
+            str(ids["charge"]),
+            str(ids["charge2"]),
+            str(ids["refund"]),
+        }
+        assert search(queue_prefix="mail-") == {str(ids["eu"]), str(ids["us"])}
+        assert search(idempotency_key="order-42") == {str(ids["refund"]), str(ids["other"])}
+        assert search(payload='{"customer": {"tier": "gold"}}') == {str(ids["charge"])}
+        # the form keeps what was searched; a search offers no bulk action by filter
+        field = browser.find_element(By.CSS_SELECTOR, "#filters [name=payload]")
+        assert field.get_attribute("value") == '{"customer": {"tier": "gold"}}'
+        assert not browser.find_elements(By.ID, "bulk-retry")
+        shot(browser, "search")
+        assert search(payload="{not json") == set()
+        assert "payload contains: '{not json' is not JSON" in text(browser, "#error")
+
+
+def rows_of(driver: WebDriver) -> list[WebElement]:
+    return driver.find_elements(By.CSS_SELECTOR, "table.runs tbody tr[data-run]")
+
+
+def test_a_search_that_ran_out_of_time_says_so_in_the_browser(
+    browser: WebDriver, make_runlane: RunlaneFactory, db: Conn, schema: str, monkeypatch: Any
+) -> None:
+    rl = make_runlane(queues=QUEUES, tasks=[charge, send])
+    needle = rl.trigger(charge, {"needle": True}).id
+    SchemaDb(db, schema).run(
+        "insert into {schema}.runs (id, environment, task_id, queue, status, payload, "
+        "max_attempts, due_at, created_at) select gen_random_uuid(), 'default', 'mail.send', "
+        "'default', 'queued', jsonb_build_object(), 1, now(), now() + n * interval '1 millisecond' "
+        "from generate_series(1, %s) as n",
+        SEARCH_WINDOW + 10,
+    )
+    monkeypatch.setattr("runlane.web._pages.SEARCH_SECONDS", 1e-6)
+    with served(create_app(rl, authorize=everyone)) as base:
+        browser.get(base + "/runs?payload=" + quote('{"needle": true}'))
+        assert rows_of(browser) == []
+        note = text(browser, "#searched-to")
+        assert note.startswith("The search stopped early: it looked at runs created down to")
+        click(browser, "#searched-to a")
+        assert [row.get_attribute("data-run") for row in rows_of(browser)] == [str(needle)]
+        assert not browser.find_elements(By.ID, "searched-to")
+
+
+def test_each_worker_lists_its_runs_and_a_run_names_its_worker(
+    browser: WebDriver, make_runlane: RunlaneFactory
+) -> None:
+    rl = make_runlane(queues=[*QUEUES, queue("hold")], tasks=[charge, hold_on])
+    RELEASE.clear()
+    held = rl.trigger(hold_on, None, queue="hold").id
+    worker = rl.create_delivery_worker(concurrency=1, queues=["hold"])
+    try:
+        wait_until(lambda: rl.get_run(held).executing, timeout=15, what="the handler to start")
+        worker_id = str(worker.worker_id)
+        with served(create_app(rl)) as base:
+            browser.get(base + "/workers")
+            row = browser.find_element(By.ID, f"worker-{worker_id}")
+            links = row.find_elements(By.CSS_SELECTOR, "td.held a")
+            assert [a.text for a in links] == [str(held)]
+            shot(browser, "workers")
+            click(browser, f"#worker-{worker_id} td.held a")
+            assert browser.current_url == f"{base}/runs/{held}"
+            named = text(browser, "#run-worker")
+            host = rl.list_workers()[0].host
+            assert named.startswith(f"{worker_id} on {host}")
+            assert text(browser, "#run-host") == host
+            click(browser, "#run-worker a")
+            assert browser.current_url == f"{base}/workers?stopped=1#worker-{worker_id}"
+            assert browser.find_element(By.ID, f"worker-{worker_id}").is_displayed()
+    finally:
+        RELEASE.set()
+        worker.close(timeout=10)

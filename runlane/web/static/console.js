@@ -13,6 +13,7 @@
   var seconds = parseFloat(body.getAttribute("data-refresh") || "0");
   var toggle = document.getElementById("live-toggle");
   var state = document.getElementById("live-state");
+  var liveText = state ? state.textContent : "";
   var timer = null;
   var busy = false;
 
@@ -28,9 +29,7 @@
       toggle.setAttribute("aria-pressed", off ? "true" : "false");
     }
     if (state) {
-      state.textContent = off
-        ? "Live updates are paused."
-        : "This page updates in place every " + seconds + " s.";
+      state.textContent = off ? "Live updates are paused." : liveText;
     }
   }
 
@@ -59,6 +58,8 @@
   }
 
   function tick() {
+    /* data-ticks counts the timer's turns, paused or not (what a test waits on) */
+    body.setAttribute("data-ticks", String(parseInt(body.getAttribute("data-ticks") || "0", 10) + 1));
     if (busy || paused() || document.hidden || typing()) { return; }
     busy = true;
     fetch(window.location.href, { credentials: "same-origin", headers: { "X-Runlane-Live": "1" } })
