@@ -196,13 +196,10 @@ _TOO_DEEP = f"it is nested more than {MAX_DEPTH} levels deep (or contains itself
 
 
 def _check_plain(value: Any) -> bool:
-    """Refuse what ``json.dumps`` would silently change or fail on deep inside: object keys
-    that are not strings (it turns 1 into "1", so the stored value differs from the one
-    given) and nesting deeper than MAX_DEPTH (which also catches a value that contains
-    itself). Walks plain containers only, without recursion, and runs no user code.
-    Returns whether ``value`` holds only dicts, lists and tuples of strings, numbers,
-    booleans and None (nothing a converter would change); when it returns False the value
-    holds a subclass or another type, which _dump walks again through _plain_copy."""
+    """Refuse non-string object keys (``json.dumps`` would turn 1 into "1") and nesting
+    deeper than MAX_DEPTH (a value that contains itself too), without recursion or user
+    code. Returns whether ``value`` holds only plain dicts, lists, tuples and scalars; when
+    False, _dump walks it again through _plain_copy."""
     if type(value) in _SCALARS:
         return True
     if type(value) not in _CONTAINERS:
@@ -232,11 +229,9 @@ def _check_plain(value: Any) -> bool:
 
 
 def _plain_copy(value: Any, depth: int = 1) -> Any:
-    """``value`` with every dict, list and tuple (subclasses too) copied as a plain dict or
-    list, each read once the way the JSON encoder reads it: a dict subclass through its
-    ``items()``, a list or tuple subclass through its items rather than its ``__iter__``.
-    What _check_plain then checks is what is encoded, however a subclass overrides its
-    methods (an ``items()`` yielding non-string keys, different keys on each call)."""
+    """``value`` with every dict, list and tuple (subclasses too) copied as a plain one, each
+    read once as the JSON encoder reads it, so what _check_plain checks is what is encoded
+    however a subclass overrides its methods."""
     if depth > MAX_DEPTH:
         raise ValueError(_TOO_DEEP)
     if type(value) in _SCALARS:
@@ -393,11 +388,9 @@ def decode_payload(task_id: str, schema: type[Any] | None, stored: Any) -> Any:
 
 
 def encode_plain(value: Any, max_bytes: int | None, *, what: str) -> str:
-    """Plain JSON values only, as a task without a schema takes its payload: dicts with
-    string keys, lists and tuples (JSON arrays), strings, numbers, booleans and None. Nothing
-    is converted: a set, bytes, a date or an attrs instance is refused, where encode_output
-    would store a list, base85 text, ISO text or a dict that reads back as something else.
-    OutputNotSerializable or OutputTooLarge as for encode_output."""
+    """Plain JSON values only, as a task without a schema takes its payload: nothing is
+    converted (a set, bytes, a date or an attrs instance is refused). Errors as for
+    encode_output."""
     try:
         text, size = _dump(value, hint=False)
     except Exception as exc:  # user types: whatever encoding them raises refuses the value

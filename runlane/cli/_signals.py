@@ -27,15 +27,10 @@ _CLOSER_ALLOWANCE_SECONDS = 5.0
 
 
 class Stopper:
-    """SIGTERM/SIGINT handling for a long-running command.
-
-    The first signal closes gracefully in a fresh thread (the main thread keeps observing);
-    a second one exits at once with ``EXIT_FORCED``, leaving runs still executing to lease
-    expiry. Installed before the worker or services start, so no signal finds a gap; a
-    signal that arrives before ``attach`` closes what is attached as soon as it is. Once a
-    signal arrived the handler stays installed after the command returns: the process is
-    on its way out, and a second signal while it exits (its log thread draining, a thread
-    of the app's still running) exits with ``EXIT_FORCED`` too, never by the signal."""
+    """SIGTERM/SIGINT handling for a long-running command: the first signal closes
+    gracefully in a fresh thread, a second exits at once with ``EXIT_FORCED`` (runs still
+    executing are left to lease expiry). Installed before the worker or services start, so
+    no signal finds a gap, and kept after a signal: the process is on its way out."""
 
     def __init__(self) -> None:
         self.name = "runlane"
@@ -151,11 +146,8 @@ def _handling(
 @contextmanager
 def stop_requested() -> Iterator[threading.Event]:
     """For a command that repeats until stopped (``status --watch``): SIGTERM and SIGINT set
-    the event it yields, so the command stops between two rounds (never with a
-    ``KeyboardInterrupt`` raised inside a query or a pool's lock); it pauses with
-    ``runlane.toolkit.wait_event(event, seconds)``, sliced, so a signal handed to any thread
-    is seen. On a thread other than the main one (no handler can be installed there) the
-    event is never set by a signal."""
+    the event it yields, so it stops between two rounds, never inside a query. Off the main
+    thread no handler can be installed, and the event is never set by a signal."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop

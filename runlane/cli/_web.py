@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -54,11 +55,13 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "the web console needs its extra: pip install 'runlane[web]'"
         ) from None
-    from runlane.web import create_app  # noqa: PLC0415 - needs flask, of the web extra
+    from runlane.web import create_app, environment_login  # noqa: PLC0415 - the web extra
+
+    login = environment_login(os.environ)  # a token or basic auth: the console acts
 
     runlane = target_runtime(Target(args.app, args), load_app)
     try:
-        app = create_app(runlane)
+        app = create_app(runlane, authorize=login)
         shown_host = f"[{host}]" if ":" in host else host
         sockets: dict[int, Any] = {}
         server = listening(
@@ -71,13 +74,20 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
         )
         print(
             f"runlane web console on http://{shown_host}:{port}/ "
-            "(read-only; SIGTERM or Ctrl-C stops it)"
+            f"({_mode(login)}; SIGTERM or Ctrl-C stops it)"
         )
         with stop_requested() as stop:
             serve_until(server, sockets, stop)
     finally:
         runlane.close()
     return 0
+
+
+def _mode(login: Any) -> str:
+    if login is None:
+        return "read-only: RUNLANE_WEB_TOKEN, or RUNLANE_WEB_USER and _PASSWORD, let it act"
+    how = "the token of RUNLANE_WEB_TOKEN" if login.token else "RUNLANE_WEB_USER's password"
+    return f"acts for a browser that logs in at /login with {how}"
 
 
 def listening(create: Callable[[], T], bind: str, host: str, port: int) -> T:
@@ -117,13 +127,9 @@ def serve_until(
     server: Any, sockets: dict[int, Any], stop: threading.Event, turn: float = _TURN_SECONDS
 ) -> None:
     """Serve waitress's ``server`` (made with ``map=sockets``) until ``stop`` is set, then
-    stop its request threads (each finishes the request it serves) and close its sockets.
-    ``waitress.serve`` stops on a KeyboardInterrupt, but loses one that lands while its loop
-    runs a request thread's hand-over (its trigger catches every exception there): a Ctrl-C
-    right after a request went unheard. Here SIGINT and SIGTERM only set ``stop``, looked at
-    between turns of the loop (seen within one ``turn``). Stopping through the trigger
-    instead (a thunk closing the sockets) can close its pipe before ``pull_trigger`` writes
-    to it."""
+    stop its request threads and close its sockets. Signals only set ``stop``, looked at
+    between turns of the loop: ``waitress.serve`` can lose a KeyboardInterrupt that lands
+    during a request's hand-over."""
     from waitress import wasyncore  # noqa: PLC0415 - the web extra is optional
 
     while not stop.is_set():

@@ -138,14 +138,8 @@ def queue_name(schema: str, environment: str, queue: str) -> str:
     """The broker queue of a logical queue: ``runlane.<schema>.<environment>.<queue>``.
 
     The schema and the environment are percent-escaped (``%`` -> ``%25``, ``.`` -> ``%2E``),
-    so neither holds a dot: the first three dots of a name end ``runlane``, the schema and
-    the environment, and the rest is the queue as it is. Distinct (schema, environment,
-    queue) triples therefore never share a broker queue (environment ``a`` with queue
-    ``b.c`` is ``runlane.s.a.b.c``; environment ``a.b`` with queue ``c`` is
-    ``runlane.s.a%2Eb.c``), and none is the dead-letter queue ``runlane.<schema>.dead``
-    (three parts, not four or more). Names whose schema and environment hold no ``.`` or
-    ``%`` -- every schema, and every environment without a dot -- keep the broker queue
-    they had before the escaping; an environment with a dot moves to a new broker queue.
+    so the first three dots end ``runlane``, the schema and the environment: distinct
+    triples never share a broker queue, and none is the dead-letter ``runlane.<schema>.dead``.
     """
     return f"runlane.{_escape(schema)}.{_escape(environment)}.{queue}"
 
@@ -198,11 +192,8 @@ def declare_queue(
     queue_type: str = "quorum",
 ) -> None:
     """Declare the dead-letter exchange and queue, and the durable queue ``name`` of
-    ``queue_type`` (idempotent: every publisher and consumer declares what it uses). A
-    quorum queue gets ``x-delivery-limit``; a classic queue has none (RabbitMQ counts
-    deliveries of quorum queues only). The type is always named, so a queue that exists
-    with the other type is refused by the broker (see :func:`queue_type_mismatch`), never
-    used as it is."""
+    ``queue_type`` (idempotent). Quorum queues get ``x-delivery-limit``. The type is always
+    named, so the broker refuses a queue of the other type (:func:`queue_type_mismatch`)."""
     dead = dead_letter_names(schema)
     channel.exchange_declare(exchange=dead, exchange_type="fanout", durable=True)
     channel.queue_declare(queue=dead, durable=True, arguments={"x-queue-type": "quorum"})
@@ -250,11 +241,8 @@ _OUR_BODY = re.compile(rb'\{"run_id": "([0-9a-f-]{36})", "environment": "[ !#-\[
 
 
 def parse_body(body: bytes) -> uuid.UUID | None:
-    """The run id a message names, or None when the body is not one of ours.
-
-    A body exactly as :func:`message_body` writes it is read with one match, for a third of
-    what decoding it as JSON costs, once for every delivery; any other body is decoded as
-    JSON. Both give the same answer for every body the match accepts."""
+    """The run id a message names, or None when the body is not one of ours (a body as
+    :func:`message_body` writes it is read with one match, a third of a JSON decode)."""
     ours = _OUR_BODY.fullmatch(body)
     if ours is not None:
         try:

@@ -49,11 +49,8 @@ log = logging.getLogger("runlane.rabbitmq.consumer")
 
 _SETUP_SECONDS = 15.0  # declaring and consuming the worker's queues may take this long
 _MAX_PREFETCH = 1000  # the most unacknowledged deliveries of a queue a worker asks for
-# claim batches a worker claiming ahead may hold unacknowledged. The broker sends more only as
-# acknowledgements return, and those wait for the claims' WAL flush and then (a quorum queue)
-# the settlement's own log write: with two batches the buffer ran dry every cycle (one worker
-# at concurrency 8 on a backlog: 4,100-4,200 runs/s; 4,600-4,900 at four, 4,950-5,000 at six,
-# 4,900-5,000 at ten; benchmarks/README.md, issue 23, 2026-12-02 session 3)
+# claim batches a worker claiming ahead may hold unacknowledged: acknowledgements wait for the
+# claims' WAL flush, and with two batches the buffer ran dry every cycle (benchmarks/README.md)
 _AHEAD_BATCHES = 6
 # a worker that asked for more runs than its slots counts as claiming ahead this long after
 # (a claim for free slots in between, after a short claim, does not stop it)
@@ -102,17 +99,10 @@ class RabbitAcquirer:
         self._lease = options.lease
         self._worker_id = options.worker_id
         self._queues = {q.name: q for q in options.queues}
-        # unacknowledged deliveries the broker sends ahead, at two levels. While the worker
-        # claims only for its free slots (long handlers, or no backlog): its claim batch, at
-        # most 4 x concurrency, so one claim can feed every slot and a few runs ahead (the
-        # broker hands deliveries over whatever the handlers' length, and a message held
-        # here waits behind a busy worker); prefetch = concurrency halved throughput (the
-        # claim-ack-redeliver round trip left slots idle). While it claims ahead (quick
-        # handlers and a backlog: it asks for more runs than it has slots), a second
-        # consumer of each queue takes the prefetch to _AHEAD_BATCHES claim batches, so the
-        # next batches are buffered while earlier ones are claimed, flushed and acknowledged
-        # (see _pace). RabbitMQ applies a prefetch to consumers made after it is set, never
-        # to existing ones: hence a second consumer, not a new prefetch.
+        # the prefetch: the claim batch (at most 4 x concurrency; prefetch = concurrency
+        # halved throughput) while claiming for free slots only; while claiming ahead, a
+        # second consumer per queue at _AHEAD_BATCHES claim batches (_pace): RabbitMQ
+        # applies a prefetch only to consumers made after it is set
         self._concurrency = max(1, options.concurrency)
         self._prefetch = max(
             1, options.concurrency, min(options.claim_batch, 4 * options.concurrency)
@@ -161,8 +151,6 @@ class RabbitAcquirer:
     def listener(self) -> PostgresListener:
         """The LISTEN connection that carries cancellations to this worker."""
         return self._listener
-
-    # -- the lane's Acquirer -------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
@@ -306,8 +294,6 @@ class RabbitAcquirer:
             self._claims.close()
         closing.raise_first()
 
-    # -- signals from Postgres -----------------------------------------------------------
-
     def _on_notify(self, message: str | None) -> None:
         if message is None:  # reconnected: a cancellation may have been missed
             self._on_cancel(None)
@@ -319,8 +305,6 @@ class RabbitAcquirer:
             except ValueError:
                 return
             self._on_cancel(run_id)
-
-    # -- the prefetch ----------------------------------------------------------------------
 
     def _pace(self, want: int) -> None:
         """Consume ahead while the worker claims ahead of its slots (it wants more runs
@@ -363,8 +347,6 @@ class RabbitAcquirer:
                 channel.basic_cancel(tag)
             log.debug("runlane: %s stopped consuming ahead", self._name)
         self._ahead_asked = bool(self._ahead_tags)
-
-    # -- the buffer ------------------------------------------------------------------------
 
     def _take(self, want: int, for_bounded: int) -> list[_Delivery]:
         taken: list[_Delivery] = []
@@ -426,8 +408,6 @@ class RabbitAcquirer:
             conn.add_callback_threadsafe(settle)
         except AMQP_ERRORS as exc:
             log.info("runlane: %s: settling deliveries failed (%s)", self._name, exc)
-
-    # -- the consumer thread ---------------------------------------------------------------
 
     def _consume(self) -> None:
         backoff = Backoff(first=0.1, cap=5.0)

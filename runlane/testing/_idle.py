@@ -46,26 +46,12 @@ def run_until_idle(
 ) -> IdleResult:
     """Run everything that is due now, in the calling thread, until nothing is.
 
-    Each pass drains (``Runlane.drain``: the due runs execute here, one at a time) and then
-    runs one maintenance pass (``Runlane.run_maintenance_once``: due schedules create runs,
-    due retries and releases are delivered, resolved tokens and finished child runs resume
-    their waiting runs, expired attempts are finalized). It returns after the first pass in
-    which neither executed nor changed anything, so a task that fails with a zero
-    ``RetryPolicy.initial_delay`` is retried until it completes or runs out of attempts,
-    and a run released with no delay runs again.
-
-    It never waits for future work: a retry, release, durable sleep or schedule due later
-    than now is left for later and the call returns, so it cannot spin on work that is
-    not due. ``due_within`` (seconds) widens "now": when a retrying, released or sleeping
-    run is due within that many seconds, it sleeps until then and passes again (for
-    retries with short delays). A token that nobody completes keeps its run waiting; the
-    call returns.
-
-    Raises ``RuntimeError`` when the work is still changing after ``max_passes`` passes (a
-    task that triggers itself forever) and ``TimeoutError`` after ``timeout`` seconds (a
-    handler that does not return is asked to stop first, through ``context.cancelled``).
-    Polling lanes only: on a lane without ``drain()`` (RabbitMQ) it raises
-    ``ConfigurationError``, like ``drain()``.
+    Each pass drains, then runs one maintenance pass; it returns after the first pass that
+    changed nothing. Work due later is left for later, unless due within ``due_within``
+    seconds (then it sleeps until then and passes again). Raises ``RuntimeError`` when work
+    still changes after ``max_passes``, ``TimeoutError`` after ``timeout`` seconds (a
+    running handler is asked to stop first), and ``ConfigurationError`` on a lane without
+    ``drain()``. See docs/testing.md.
     """
     as_int("max_passes", max_passes, 1)
     # a timeout threading.Timer accepts (inf and NaN are refused, not a crash in the timer)
