@@ -5,6 +5,7 @@ continues from there; each worker's running runs, linked both ways."""
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from typing import Any
@@ -302,3 +303,29 @@ def test_each_worker_lists_its_runs_and_a_run_names_its_worker(
     finally:
         RELEASE.set()
         worker.close(timeout=10)
+
+
+def test_queues_of_finished_runs_are_listed_and_an_added_default_is_marked(
+    make_runlane: RunlaneFactory, db: Conn, schema: str
+) -> None:
+    """The queues page of a runtime that defines nothing (``runlane web --database-url``):
+    a queue whose runs all finished is listed, and the default queue runlane added to the
+    runtime is marked as known only from the database; an app's own default is not."""
+    bare = make_runlane()
+    SchemaDb(db, schema).run(
+        "insert into {schema}.runs (id, environment, task_id, queue, status, payload, "
+        "max_attempts, due_at, started_at, finished_at) values (gen_random_uuid(), "
+        "'default', 'old.task', 'archive', 'completed', jsonb_build_object(), 1, now(), "
+        "now(), now())"
+    )
+    page = create_app(bare).test_client().get("/queues").get_data(as_text=True)
+    rows = dict(re.findall(r'<tr data-queue="([^"]+)">(.*?)</tr>', page, re.DOTALL))
+    assert set(rows) == {"archive", "default"}
+    assert "(from the database)" in rows["archive"]
+    assert "(from the database)" in rows["default"]
+    assert "archive" not in {q.name for q in bare.list_queues()}  # only the console adds it
+    app = make_runlane(queues=QUEUES, tasks=[charge])
+    page = create_app(app).test_client().get("/queues").get_data(as_text=True)
+    own = re.search(r'<tr data-queue="default">(.*?)</tr>', page, re.DOTALL)
+    assert own is not None
+    assert "(from the database)" not in own.group(1)

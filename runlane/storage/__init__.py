@@ -521,6 +521,9 @@ class OperatorStore(Protocol):
         newest claim first, at most ``limit`` a worker: mappings of id, task_id, queue,
         status, started_at."""
 
+    def web_recent_queues(self, environment: str, limit: int) -> list[str]:
+        """The queues of the newest ``limit`` finished runs (not pruned), each once."""
+
     def stats_read(
         self,
         environment: str,
