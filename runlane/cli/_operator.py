@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import functools
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -132,39 +131,30 @@ _QUEUE_COLUMNS: Columns[QueueInfo] = [
 ]
 
 
-def _queues_list(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        queues = runlane.list_queues()
-        if args.json:
-            dump_json(queues)
-            return 0
-        print("\n".join(_table(_QUEUE_COLUMNS, queues)))
-        if any(not q.defined for q in queues):
-            print("* known from the database only (no code of this runtime defines it)")
+def _queues_list(runlane: Runlane, args: argparse.Namespace) -> int:
+    queues = runlane.list_queues()
+    if args.json:
+        dump_json(queues)
         return 0
-
-    return using(load_app, args, use)
-
-
-def _queue_pause(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        runlane.pause_queue(args.queue, reason=args.reason)
-        print(
-            f"queue {args.queue!r} is paused: no attempt of it starts until "
-            "`runlane queues resume`; running attempts finish, triggers are still accepted"
-        )
-        return 0
-
-    return using(load_app, args, use)
+    print("\n".join(_table(_QUEUE_COLUMNS, queues)))
+    if any(not q.defined for q in queues):
+        print("* known from the database only (no code of this runtime defines it)")
+    return 0
 
 
-def _queue_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        runlane.resume_queue(args.queue, reason=args.reason)
-        print(f"queue {args.queue!r} is running: its queued runs are claimed again")
-        return 0
+def _queue_pause(runlane: Runlane, args: argparse.Namespace) -> int:
+    runlane.pause_queue(args.queue, reason=args.reason)
+    print(
+        f"queue {args.queue!r} is paused: no attempt of it starts until "
+        "`runlane queues resume`; running attempts finish, triggers are still accepted"
+    )
+    return 0
 
-    return using(load_app, args, use)
+
+def _queue_resume(runlane: Runlane, args: argparse.Namespace) -> int:
+    runlane.resume_queue(args.queue, reason=args.reason)
+    print(f"queue {args.queue!r} is running: its queued runs are claimed again")
+    return 0
 
 
 # -- workers --------------------------------------------------------------------------------
@@ -190,18 +180,15 @@ def format_workers(workers: Sequence[WorkerInfo]) -> list[str]:
     return ["workers", *(f"  {line}" for line in _table(_WORKER_COLUMNS, workers))]
 
 
-def _workers(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        workers = runlane.list_workers(include_stopped=args.all)
-        if args.json:
-            dump_json(workers)
-        elif not workers:
-            print("no workers" + ("" if args.all else " running (--all shows stopped ones)"))
-        else:
-            print("\n".join(_table(_WORKER_COLUMNS, workers)))
-        return 0
-
-    return using(load_app, args, use)
+def _workers(runlane: Runlane, args: argparse.Namespace) -> int:
+    workers = runlane.list_workers(include_stopped=args.all)
+    if args.json:
+        dump_json(workers)
+    elif not workers:
+        print("no workers" + ("" if args.all else " running (--all shows stopped ones)"))
+    else:
+        print("\n".join(_table(_WORKER_COLUMNS, workers)))
+    return 0
 
 
 # -- schedules ------------------------------------------------------------------------------
@@ -220,64 +207,56 @@ _SCHEDULE_COLUMNS: Columns[ScheduleInfo] = [
 ]
 
 
-def _schedules_list(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        schedules = runlane.list_schedules()
-        if args.json:
-            dump_json(schedules)
-            return 0
-        if not schedules:
-            print("no schedules")
-            return 0
-        print("\n".join(_table(_SCHEDULE_COLUMNS, schedules)))
+def _schedules_list(runlane: Runlane, args: argparse.Namespace) -> int:
+    schedules = runlane.list_schedules()
+    if args.json:
+        dump_json(schedules)
         return 0
-
-    return using(load_app, args, use)
-
-
-def _schedule_pause(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        runlane.pause_schedule(args.schedule_id, reason=args.reason)
-        print(f"schedule {args.schedule_id!r} is paused: it fires nothing until resumed")
+    if not schedules:
+        print("no schedules")
         return 0
-
-    return using(load_app, args, use)
-
-
-def _schedule_resume(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        runlane.resume_schedule(args.schedule_id, reason=args.reason)
-        print(
-            f"schedule {args.schedule_id!r} is active again from its next slot "
-            "(missed slots are not caught up)"
-        )
-        return 0
-
-    return using(load_app, args, use)
+    print("\n".join(_table(_SCHEDULE_COLUMNS, schedules)))
+    return 0
 
 
-def _schedule_run(load_app: LoadApp, args: argparse.Namespace) -> int:
-    def use(runlane: Runlane) -> int:
-        handle = runlane.trigger_schedule_now(args.schedule_id, reason=args.reason)
-        print(
-            f"run {handle.id} triggered from schedule {args.schedule_id!r} "
-            f"({handle.task_id} on queue {handle.queue})"
-        )
-        return 0
+def _schedule_pause(runlane: Runlane, args: argparse.Namespace) -> int:
+    runlane.pause_schedule(args.schedule_id, reason=args.reason)
+    print(f"schedule {args.schedule_id!r} is paused: it fires nothing until resumed")
+    return 0
 
-    return using(load_app, args, use)
+
+def _schedule_resume(runlane: Runlane, args: argparse.Namespace) -> int:
+    runlane.resume_schedule(args.schedule_id, reason=args.reason)
+    print(
+        f"schedule {args.schedule_id!r} is active again from its next slot "
+        "(missed slots are not caught up)"
+    )
+    return 0
+
+
+def _schedule_run(runlane: Runlane, args: argparse.Namespace) -> int:
+    handle = runlane.trigger_schedule_now(args.schedule_id, reason=args.reason)
+    print(
+        f"run {handle.id} triggered from schedule {args.schedule_id!r} "
+        f"({handle.task_id} on queue {handle.queue})"
+    )
+    return 0
 
 
 # -- the parser -----------------------------------------------------------------------------
 
 
+Act = Callable[[Runlane, argparse.Namespace], int]
+
+
 def _command(
-    actions: Any, name: str, help_text: str, handler: Callable[[argparse.Namespace], int]
+    actions: Any, name: str, help_text: str, act: Act, load_app: LoadApp
 ) -> argparse.ArgumentParser:
+    """A subcommand running ``act`` on the runtime its ``APP`` or URL options name."""
     parser: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
     parser.add_argument("app", metavar="APP", nargs="?", default=None, help=TARGET_HELP)
     add_target_options(parser)
-    parser.set_defaults(handler=handler)
+    parser.set_defaults(handler=lambda args: using(load_app, args, lambda rl: act(rl, args)))
     return parser
 
 
@@ -290,14 +269,16 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
         queue_actions,
         "list",
         "every queue: state, runs by status, limit, oldest queued run",
-        lambda args: _queues_list(load_app, args),
+        _queues_list,
+        load_app,
     )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
     pause = _command(
         queue_actions,
         "pause",
         "stop new attempts of a queue on every worker (running ones finish)",
-        lambda args: _queue_pause(load_app, args),
+        _queue_pause,
+        load_app,
     )
     pause.add_argument("queue", metavar="QUEUE")
     pause.add_argument(
@@ -307,7 +288,8 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
         queue_actions,
         "resume",
         "let a paused queue's runs start again",
-        lambda args: _queue_resume(load_app, args),
+        _queue_resume,
+        load_app,
     )
     resume.add_argument("queue", metavar="QUEUE")
     resume.add_argument("--reason", default=None, help="why (kept in the audit trail)")
@@ -316,7 +298,8 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
         commands,
         "workers",
         "delivery workers: host, pid, queues, state (running, stopping, lost)",
-        lambda args: _workers(load_app, args),
+        _workers,
+        load_app,
     )
     workers.add_argument("--all", action="store_true", help="include stopped workers")
     workers.add_argument("--json", action="store_true", help="print one JSON document")
@@ -331,7 +314,8 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
         schedule_actions,
         "list",
         "every stored schedule with its next fire time",
-        lambda args: _schedules_list(load_app, args),
+        _schedules_list,
+        load_app,
     )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
     for name, help_text, handler in (
@@ -339,11 +323,6 @@ def add_operator_commands(commands: Any, load_app: LoadApp) -> None:
         ("resume", "fire again from the next slot (no catching up)", _schedule_resume),
         ("run", "trigger the schedule's run now (its slots are left alone)", _schedule_run),
     ):
-        parser = _command(
-            schedule_actions,
-            name,
-            help_text,
-            functools.partial(handler, load_app),
-        )
+        parser = _command(schedule_actions, name, help_text, handler, load_app)
         parser.add_argument("schedule_id", metavar="SCHEDULE_ID")
         parser.add_argument("--reason", default=None, help="why (kept in the audit trail)")
