@@ -18,7 +18,7 @@ from selenium.webdriver.remote.webelement import WebElement
 
 from runlane import RunContext, Runlane, RunStatus, queue, task
 from runlane.errors import ConfigurationError
-from runlane.postgres._web_reads import SEARCH_WINDOW
+from runlane.postgres._web_reads import SEARCH_WINDOW, WebReadRepository
 from runlane.web import create_app
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb, wait_until
@@ -151,6 +151,48 @@ def test_a_search_out_of_time_says_how_far_back_it_looked_and_continues(
     whole = rl.list_runs(payload_contains={"needle": True})
     assert [run.id for run in whole.runs] == [needle]
     assert whole.searched_to is None
+
+
+def test_a_search_uses_the_optional_index_the_docs_name(
+    shop: dict[str, Any], db: Conn, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With runs_payload_search or runs_key_search (docs/console.md) a payload or key search
+    is one statement through it; without, it walks windows and never tries one."""
+    rl: Runlane = shop["rl"]
+    ids = shop["ids"]
+
+    def no_direct(*args: Any) -> None:
+        raise AssertionError("searched through an index this schema does not have")
+
+    monkeypatch.setattr(WebReadRepository, "direct", no_direct)
+    assert found(rl.list_runs(payload_contains={"customer": {"id": 8}})) == {ids["charge2"]}
+    assert found(rl.list_runs(idempotency_key="order-42")) == {ids["refund"], ids["other"]}
+    monkeypatch.undo()
+
+    sdb = SchemaDb(db, schema)
+    sdb.run("create index runs_payload_search on {schema}.runs using gin (payload jsonb_path_ops)")
+    sdb.run(
+        "create index runs_key_search on {schema}.runs (environment, idempotency_key) "
+        "where idempotency_key is not null"
+    )
+
+    def no_windows(*args: Any) -> None:
+        raise AssertionError("walked windows though the index was there")
+
+    monkeypatch.setattr(WebReadRepository, "windows", no_windows)
+    assert found(rl.list_runs(payload_contains={"customer": {"id": 7}})) == {
+        ids["charge"],
+        ids["refund"],
+    }
+    assert found(
+        rl.list_runs(payload_contains={"customer": {"id": 7}}, task_prefix="billing.r")
+    ) == {ids["refund"]}
+    assert found(rl.list_runs(idempotency_key="order-42")) == {ids["refund"], ids["other"]}
+    page = rl.list_runs(idempotency_key="order-42", limit=1)
+    assert [r.id for r in page.runs] == [ids["other"]]
+    rest = rl.list_runs(idempotency_key="order-42", limit=1, cursor=page.next_cursor)
+    assert [r.id for r in rest.runs] == [ids["refund"]]
+    assert rest.next_cursor is None
 
 
 def test_a_worker_gone_while_stopping_reads_lost_after_two_heartbeats(

@@ -40,6 +40,7 @@ from psycopg.adapt import Buffer, Loader
 from runlane.postgres._connections import Conn
 
 __all__ = ["RAW_PATH", "TESTED_PSYCOPG", "RawStatement"]
+from runlane.postgres._now import set_now
 
 #: The psycopg releases (major, minor) whose internals the libpq path was tested against.
 TESTED_PSYCOPG = ((3, 3),)
@@ -119,8 +120,12 @@ class RawStatement:
     def rows(self, conn: Conn, values: Mapping[str, object]) -> list[tuple[str | None, ...]]:
         """Execute with ``values`` (by parameter name: None for NULL, or a str, int, float,
         UUID or datetime, sent as its text); the rows it returned."""
-        if "now" in self.params:
-            values = {**values, "now": None if self._clock is None else self._clock()}
+        if self._clock is not None:  # one moment for the statement and its triggers
+            moment = self._clock()
+            set_now(conn, moment)
+            values = {**values, "now": moment} if "now" in self.params else values
+        elif "now" in self.params:
+            values = {**values, "now": None}
         args = self._encoded(conn, values)
         if not RAW_PATH:
             return self._cursor_rows(conn, values)

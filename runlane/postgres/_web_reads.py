@@ -84,54 +84,95 @@ class WebReadRepository:
             "queue_prefix": query.queue_prefix,
             "idempotency_key": query.idempotency_key,
             "payload": None if query.payload_contains is None else Jsonb(query.payload_contains),
-            "window": SEARCH_WINDOW,
+            "before_created_at": before[0],
+            "before_id": before[1],
         }
         budget = timedelta(seconds=seconds)
 
         def search(conn: Conn) -> RunSearchResult:
-            found: list[RunSnapshot] = []
-            position = before
-            walked_any = False
-            try:
-                with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-                    cur.execute("select clock_timestamp() as clock")
-                    start = _clock(cur.fetchone())
-                    left = budget
-                    while True:
-                        # the first window always runs (a search makes progress however small
-                        # its budget); later ones only within what is left of it
-                        allowed = left if walked_any else max(left, timedelta(seconds=10))
-                        cur.execute(
-                            "select set_config('statement_timeout', %s, true)",
-                            (f"{max(1, round(allowed.total_seconds() * 1000))}ms",),
-                        )
-                        cur.execute(
-                            self._sql["web_run_search"],
-                            {
-                                **params,
-                                "before_created_at": position[0],
-                                "before_id": position[1],
-                            },
-                        )
-                        rows = cur.fetchall()
-                        walked_any = True
-                        for row in rows:
-                            if row["matched"]:
-                                found.append(snapshot(row))
-                        if len(found) >= query.limit:
-                            return RunSearchResult(found[: query.limit], None, False)
-                        if not rows or rows[-1]["walked"] < SEARCH_WINDOW:
-                            return RunSearchResult(found, None, False)  # walked to the oldest
-                        last = rows[-1]
-                        position = (last["walked_created_at"], last["walked_id"])
-                        left = budget - (last["clock"] - start)
-                        if left <= timedelta(0):
-                            return RunSearchResult(found, position, True)
-            except psycopg.errors.QueryCanceled:
-                # a later window ran out of the budget: what the earlier ones found stands
-                return RunSearchResult(found, position, True)
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute("select clock_timestamp() as clock")
+                start = _clock(cur.fetchone())
+                statement = self.indexed_statement(cur, query)
+            if statement is not None:
+                found = self.direct(conn, statement, {**params, "limit": query.limit}, budget)
+                if found is not None:
+                    return RunSearchResult(found, None, False)
+            return self.windows(conn, params, query.limit, start, budget)
 
         return self._db.run(search)
+
+    def indexed_statement(self, cur: Any, query: RunListQuery) -> str | None:
+        """The statement that searches through an optional index this schema has for the
+        query's payload or key filter (docs/console.md), None without one."""
+        if query.payload_contains is None and query.idempotency_key is None:
+            return None
+        cur.execute(self._sql["web_search_indexes"])
+        has = cur.fetchone()
+        if query.payload_contains is not None and has["payload"]:
+            return "web_run_search_by_payload"
+        if query.idempotency_key is not None and has["key"]:
+            return "web_run_search_by_key"
+        return None
+
+    def direct(
+        self, conn: Conn, statement: str, params: dict[str, Any], budget: timedelta
+    ) -> list[RunSnapshot] | None:
+        """The matches through an index, in one statement within ``budget``; None when it
+        ran out (a filter the index matches for too many runs): the windows go on."""
+        try:
+            with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                _statement_timeout(cur, budget)
+                cur.execute(self._sql[statement], params)
+                return [snapshot(row) for row in cur.fetchall()]
+        except psycopg.errors.QueryCanceled:
+            return None
+
+    def windows(
+        self,
+        conn: Conn,
+        params: dict[str, Any],
+        limit: int,
+        start: datetime,
+        budget: timedelta,
+    ) -> RunSearchResult:
+        """Walk runs newest first, ``SEARCH_WINDOW`` at a time, until ``limit`` matches,
+        the oldest run, or the end of ``budget`` (counted from ``start``, database time)."""
+        found: list[RunSnapshot] = []
+        position = (params["before_created_at"], params["before_id"])
+        walked_any = False
+        try:
+            with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                cur.execute("select clock_timestamp() as clock")
+                left = budget - (_clock(cur.fetchone()) - start)
+                while True:
+                    # the first window always runs (a search makes progress however small
+                    # its budget); later ones only within what is left of it
+                    _statement_timeout(cur, left if walked_any else timedelta(seconds=10))
+                    cur.execute(
+                        self._sql["web_run_search"],
+                        {
+                            **params,
+                            "window": SEARCH_WINDOW,
+                            "before_created_at": position[0],
+                            "before_id": position[1],
+                        },
+                    )
+                    rows = cur.fetchall()
+                    walked_any = True
+                    found += [snapshot(row) for row in rows if row["matched"]]
+                    if len(found) >= limit:
+                        return RunSearchResult(found[:limit], None, False)
+                    if not rows or rows[-1]["walked"] < SEARCH_WINDOW:
+                        return RunSearchResult(found, None, False)  # walked to the oldest
+                    last = rows[-1]
+                    position = (last["walked_created_at"], last["walked_id"])
+                    left = budget - (last["clock"] - start)
+                    if left <= timedelta(0):
+                        return RunSearchResult(found, position, True)
+        except psycopg.errors.QueryCanceled:
+            # a later window ran out of the budget: what the earlier ones found stands
+            return RunSearchResult(found, position, True)
 
     def web_recent_queues(self, environment: str, limit: int) -> list[str]:
         params = {"environment": environment, "limit": limit}
@@ -156,6 +197,14 @@ class WebReadRepository:
             return held
 
         return self._db.run(read)
+
+
+def _statement_timeout(cur: Any, allowed: timedelta) -> None:
+    """The transaction's statements may take ``allowed`` (at least a millisecond)."""
+    cur.execute(
+        "select set_config('statement_timeout', %s, true)",
+        (f"{max(1, round(allowed.total_seconds() * 1000))}ms",),
+    )
 
 
 def _clock(row: dict[str, Any] | None) -> datetime:

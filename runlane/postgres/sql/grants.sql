@@ -26,6 +26,7 @@ grant insert (id, environment, run_id, queue, available_at, claim_token, claim_e
     on {schema}.outbox to {role};
 grant execute on function {schema}.runlane_announce(text, text, text) to {role};
 grant execute on function {schema}.runlane_outbox_write(jsonb) to {role};
+grant execute on function {schema}.runlane_now() to {role};
 -- whether a queue is paused: every claim statement (delivery workers, drain, the RabbitMQ
 -- lane's claim by id), maintenance's recovery, the publisher's outbox reads and status()
 -- leave paused queues out or show them

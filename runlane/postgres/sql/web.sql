@@ -114,6 +114,45 @@ left join lateral (
 where m.matched or m.last
 order by m.created_at desc, m.id desc;
 
+-- name: web_search_indexes
+-- Which of the optional search indexes docs/console.md names exist in this schema:
+-- runs_payload_search (gin (payload jsonb_path_ops)) and runs_key_search ((environment,
+-- idempotency_key) where idempotency_key is not null). Where one exists, a search by payload
+-- or by key asks it first (web_run_search_by_payload, web_run_search_by_key).
+select to_regclass('{schema}.runs_payload_search') is not null as payload,
+       to_regclass('{schema}.runs_key_search') is not null as key;
+
+-- name: web_run_search_by_payload
+-- A search with a payload filter through runs_payload_search (the containment is the index
+-- condition; the other filters are checked on the rows it gives), newest first.
+select {@run_snapshot_columns}
+from {schema}.runs
+where environment = %(environment)s
+  and payload @> %(payload)s::jsonb
+  and status = any(%(statuses)s::text[])
+  and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+  and {@run_task_queue_filter}
+  and (%(task_prefix)s::text is null or starts_with(task_id, %(task_prefix)s::text))
+  and (%(queue_prefix)s::text is null or starts_with(queue, %(queue_prefix)s::text))
+  and (%(idempotency_key)s::text is null or idempotency_key = %(idempotency_key)s::text)
+order by created_at desc, id desc
+limit %(limit)s;
+
+-- name: web_run_search_by_key
+-- A search with an idempotency key through runs_key_search, newest first.
+select {@run_snapshot_columns}
+from {schema}.runs
+where environment = %(environment)s
+  and idempotency_key = %(idempotency_key)s::text
+  and status = any(%(statuses)s::text[])
+  and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+  and {@run_task_queue_filter}
+  and (%(task_prefix)s::text is null or starts_with(task_id, %(task_prefix)s::text))
+  and (%(queue_prefix)s::text is null or starts_with(queue, %(queue_prefix)s::text))
+  and (%(payload)s::jsonb is null or payload @> %(payload)s::jsonb)
+order by created_at desc, id desc
+limit %(limit)s;
+
 -- name: web_worker_runs
 -- The runs the given workers hold a lease on now, newest start first, at most %(limit)s a
 -- worker: one range of runs_live_by_queue (running rows are few: one per busy worker slot).
