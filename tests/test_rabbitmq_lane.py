@@ -27,6 +27,7 @@ import pytest
 from runlane import (
     ConfigurationError,
     MaintenanceLimits,
+    RetryPolicy,
     RunContext,
     Runlane,
     RunlaneClosed,
@@ -38,6 +39,7 @@ from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.lanes import AcquirerOptions
 from runlane.rabbitmq import RabbitMQStatus, rabbitmq_lane
 from runlane.rabbitmq._consumer import RabbitAcquirer
+from runlane.testing import MovableClock
 from tests.conftest import RabbitRuntimes
 from tests.helpers import (
     Executions,
@@ -47,6 +49,7 @@ from tests.helpers import (
     outbox_count,
     poll,
     q,
+    wait_for_status,
     wait_until,
 )
 
@@ -569,3 +572,49 @@ def test_a_runtime_closed_right_after_eager_triggers_records_what_it_publishes(
     assert set(executions.runs) == set(ids)
     assert not executions.more_than_once()
     assert consumer_stats(worker).duplicates == 0
+
+
+def test_a_retry_an_hour_away_is_delivered_once_the_clock_is_moved_past_it(
+    rabbit_runtime: RabbitRuntimes, rabbitmq_url: str, clock: MovableClock
+) -> None:
+    """rabbitmq_lane(clock=...): the retry delay passes on the moved clock, for the
+    statements and the triggers of every storage of the lane (maintenance's due delivery
+    writes the outbox item, the publisher publishes it, the consumer claims it), not by
+    waiting an hour."""
+    attempts: list[int] = []
+
+    @task(
+        id="lane.later",
+        retry=RetryPolicy(
+            max_attempts=2, initial_delay=timedelta(hours=1), max_delay=timedelta(hours=1), jitter=0
+        ),
+    )
+    def later(payload: Any, context: RunContext) -> str:
+        attempts.append(context.attempt)
+        if context.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+        return "second"
+
+    rl = rabbit_runtime(amqp_url=rabbitmq_url, tasks=[later], clock=clock)
+    with rl.create_delivery_worker(concurrency=1) as worker:
+        consumer_ready(worker)
+        handle = rl.trigger(later, None)
+        retrying = wait_for_status(rl, handle.id, RunStatus.RETRYING)
+        assert retrying.due_at is not None
+        assert retrying.due_at > clock() + timedelta(minutes=59)
+        assert rl.run_maintenance_once().due_runs_delivered == 0  # not due yet
+        clock.advance(3600)
+        assert rl.run_maintenance_once().due_runs_delivered == 1
+        done = rl.wait_for_run(handle.id, timeout=30)
+    assert done.status is RunStatus.COMPLETED
+    assert done.output == "second"
+    assert attempts == [1, 2]
+
+
+def test_a_clock_that_cannot_be_called_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="clock must be callable"):
+        rabbitmq_lane(
+            connection_string="postgresql://localhost/runlane",
+            amqp_url="amqp://guest:guest@localhost:5672/%2F",
+            clock=5,  # type: ignore[arg-type]
+        )

@@ -332,7 +332,7 @@ def test_each_worker_lists_its_runs_and_a_run_names_its_worker(
             row = browser.find_element(By.ID, f"worker-{worker_id}")
             links = row.find_elements(By.CSS_SELECTOR, "td.held a")
             assert [a.text for a in links] == [str(held)]
-            shot(browser, "workers")
+            shot(browser, "worker-runs")
             click(browser, f"#worker-{worker_id} td.held a")
             assert browser.current_url == f"{base}/runs/{held}"
             named = text(browser, "#run-worker")

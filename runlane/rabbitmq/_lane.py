@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import attrs
 import pika
@@ -87,6 +87,7 @@ class RabbitMQLane:
     recovery_threshold: timedelta
     defer_delay: timedelta
     queue_type: str = "quorum"
+    clock: Callable[[], datetime] | None = attrs.field(default=None, repr=False)
 
     name = "rabbitmq"
     drain_unsupported = _DRAIN_UNSUPPORTED
@@ -110,7 +111,7 @@ class RabbitMQLane:
         check_queue_names(self.schema, environment, queues)
 
     def create_storage(self) -> PostgresStorage:
-        storage = postgres_storage(self)
+        storage = postgres_storage(self, self.clock)
         storage.attach_eager_publisher(
             OutboxPublisher(
                 storage,
@@ -258,6 +259,7 @@ def rabbitmq_lane(
     recovery_threshold: timedelta = timedelta(minutes=5),
     defer_delay: timedelta = timedelta(seconds=1),
     queue_type: str = "quorum",
+    clock: Callable[[], datetime] | None = None,
 ) -> RabbitMQLane:
     """A lane keeping runs in ``schema`` at ``connection_string`` and delivering them
     through the RabbitMQ broker at ``amqp_url`` (durable queues, one per logical queue, named
@@ -280,6 +282,8 @@ def rabbitmq_lane(
     again after ``recovery_threshold``; no ``delivery_limit``). Every runtime of a schema
     must use the same type: the broker refuses to declare a queue with another. See
     docs/deploying.md, "Quorum or classic queues".
+    ``clock``: as :func:`~runlane.postgres.postgres_polling_lane`'s (a test's
+    :class:`runlane.testing.MovableClock`: the time every storage of the lane reads as now).
     """
     check_postgres_storage_options(
         connection_string=connection_string,
@@ -291,6 +295,8 @@ def rabbitmq_lane(
         connect_timeout=connect_timeout,
     )
     check_amqp_url(amqp_url)
+    if clock is not None and not callable(clock):
+        raise ConfigurationError(f"clock must be callable (a MovableClock), got {clock!r}")
     _positive("claim_duration", claim_duration)
     _positive("publish_timeout", publish_timeout)
     _positive("recovery_threshold", recovery_threshold)
@@ -327,4 +333,5 @@ def rabbitmq_lane(
         recovery_threshold=recovery_threshold,
         defer_delay=defer_delay,
         queue_type=queue_type,
+        clock=clock,
     )
