@@ -5,6 +5,7 @@ continues from there; each worker's running runs, linked both ways."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import uuid
@@ -17,6 +18,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 
 from runlane import RunContext, Runlane, RunStatus, queue, task
+from runlane.cli import EXIT_CONFIGURATION, main
 from runlane.errors import ConfigurationError
 from runlane.postgres._web_reads import SEARCH_WINDOW, WebReadRepository
 from runlane.web import create_app
@@ -371,3 +373,46 @@ def test_queues_of_finished_runs_are_listed_and_an_added_default_is_marked(
     own = re.search(r'<tr data-queue="default">(.*?)</tr>', page, re.DOTALL)
     assert own is not None
     assert "(from the database)" not in own.group(1)
+
+
+def test_runs_list_finds_from_the_cli(
+    shop: dict[str, Any],
+    database_url: str,
+    schema: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = shop["ids"]
+    for name in ("RUNLANE_DATABASE_URL", "RUNLANE_SCHEMA", "RUNLANE_ENVIRONMENT"):
+        monkeypatch.delenv(name, raising=False)
+
+    def runs(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(["runs", "list", *argv, "--database-url", database_url, "--schema", schema])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    code, out, _ = runs("--task-prefix", "billing", "--json")
+    assert code == 0
+    assert {run["id"] for run in json.loads(out)["runs"]} == {
+        str(ids["charge"]),
+        str(ids["charge2"]),
+        str(ids["refund"]),
+    }
+    code, out, _ = runs("--payload-contains", '{"customer": {"tier": "gold"}}')
+    assert code == 0
+    assert str(ids["charge"]) in out
+    assert str(ids["charge2"]) not in out
+    code, out, _ = runs("--idempotency-key", "order-42", "--queue-prefix", "oth", "--json")
+    assert [run["id"] for run in json.loads(out)["runs"]] == [str(ids["other"])]
+    # bad input: one line, exit 2
+    code, _, err = runs("--payload-contains", "[1]")
+    assert code == EXIT_CONFIGURATION
+    assert err.strip().count("\n") == 0
+    assert "payload_contains must be a JSON object" in err
+    code, _, err = runs("--payload-contains", "{nope")
+    assert code == EXIT_CONFIGURATION
+    assert "--payload-contains is not valid JSON" in err
+    code, _, err = runs("--task-prefix", "x", "--search-seconds", "0")
+    assert code == EXIT_CONFIGURATION
+    assert "search_seconds must be a number" in err

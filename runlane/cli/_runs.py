@@ -60,7 +60,11 @@ def _table(runs: tuple[RunSnapshot, ...]) -> list[str]:
 
 
 def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
-    contains = None if args.payload_contains is None else _payload(args.payload_contains)
+    contains = (
+        None
+        if args.payload_contains is None
+        else _payload(args.payload_contains, "--payload-contains")
+    )
     search: dict[str, Any] = {
         "task_prefix": args.task_prefix,
         "queue_prefix": args.queue_prefix,
