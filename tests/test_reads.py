@@ -72,11 +72,11 @@ def test_concurrent_get_run_is_batched_and_correct(make_runlane: RunlaneFactory)
     runlane = make_runlane(tasks=[noop])
     handles = runlane.trigger_many(noop, [{"i": i} for i in range(32)])
     runlane.get_run(handles[0].id)  # warm up: connect and check the schema
-    before = runlane._reads.point_reads.queries
+    before = runlane._rooms.reads.point_reads.queries
     jobs: list[Callable[[], RunSnapshot]] = [partial(runlane.get_run, h.id) for h in handles]
     snapshots = run_together(jobs)
     assert [s.payload for s in snapshots] == [{"i": i} for i in range(32)]
     assert [s.id for s in snapshots] == [h.id for h in handles]
-    assert runlane._reads.point_reads.queries - before < 32  # some reads were shared
+    assert runlane._rooms.reads.point_reads.queries - before < 32  # some reads were shared
     with pytest.raises(RunNotFound):
         runlane.get_run("01a22a69-2de7-71c4-861d-0feb3b665cda")

@@ -1,6 +1,5 @@
 """The runtime: ``create_runlane`` and the ``Runlane`` facade, which checks the runtime is
-open and hands each call to its room (``_lifetime``, ``_triggering``, ``_reads``,
-``_actions``, ``_queue_admin``, ``_schedule_admin``, ``_waiting``, ``_services``)."""
+open and hands each call to its room (``_rooms.py`` wires them)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar, Unpack
+from typing import Any, Unpack
 
 from runlane._limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PAYLOAD_BYTES
 from runlane._operator.bulk import BulkFilters
@@ -39,18 +38,11 @@ from runlane.models import (
     WaitToken,
     WorkerInfo,
 )
-from runlane.runtime._actions import RunActions
-from runlane.runtime._audit import AuditTrail, acting_as
+from runlane.runtime._audit import acting_as
 from runlane.runtime._database_wait import DEFAULT_WAIT_FOR_DATABASE
-from runlane.runtime._lifetime import Lifetime
-from runlane.runtime._queue_admin import QueueAdmin
-from runlane.runtime._reads import Reads
 from runlane.runtime._registrations import check_registrations
-from runlane.runtime._schedule_admin import ScheduleAdmin
-from runlane.runtime._services import ServiceStarts
-from runlane.runtime._stats import StatsOptions, StatsReads
-from runlane.runtime._triggering import Triggering
-from runlane.runtime._waiting import Waits
+from runlane.runtime._rooms import Rooms, wire_rooms
+from runlane.runtime._stats import StatsOptions
 from runlane.schedules import Schedule
 from runlane.stats import Stats
 from runlane.storage import Storage
@@ -58,8 +50,6 @@ from runlane.tasks import Queue, Task
 from runlane.worker import Middleware, Worker, check_middleware
 
 __all__ = ["DEFAULT_WAIT_FOR_DATABASE", "Runlane", "acting_as", "create_runlane"]
-
-_Room = TypeVar("_Room")
 
 
 class Runlane:
@@ -89,49 +79,28 @@ class Runlane:
         self._lane = lane
         self._queues = {q.name: q for q in queues}
         self._tasks = {t.id: t for t in tasks}
-        self._life = life = Lifetime(lane, environment, self, self._connected)
-        default_queue = next(q.name for q in queues if q.default)
-        self._triggering = Triggering(
-            environment, self._tasks, self._queues, default_queue, max_payload_bytes, life.opened
-        )
-        entries = [self._triggering.schedule_entry(s) for s in schedules]
-        self._reads = Reads(environment, lane, self._queues, life.opened)
-        self._stats = StatsReads(environment, life.opened)
-        self._audit = trail = AuditTrail(environment, life.opened)
-        self._actions = RunActions(environment, life.opened, trail)
-        self._queue_admin = QueueAdmin(environment, self._queues, life.opened, trail)
-        self._schedule_admin = ScheduleAdmin(environment, entries, life.opened, trail)
-        self._waits = Waits(
-            environment, max_output_bytes, life.opened, self.get_run, life.end_watcher
-        )
-        self._services = ServiceStarts(
-            environment=environment,
+        self._rooms = rooms = wire_rooms(
+            self,
+            self.get_run,
             lane=lane,
-            tasks=self._tasks,
             queues=self._queues,
-            schedules=entries,
+            tasks=self._tasks,
+            schedules=schedules,
             retention=retention,
-            middleware=tuple(middleware),
-            max_output_bytes=max_output_bytes,
-            trigger=self._triggering.runs,
-            life=life,
+            environment=environment,
+            limits=(max_payload_bytes, max_output_bytes),
+            middleware=middleware,
         )
-        life.connect()
+        self._life, self._triggering = rooms.life, rooms.triggering
 
-    def _open(self, room: _Room) -> _Room:
-        """``room`` once the runtime is checked to be open: every method's first step."""
+    def _open(self) -> Rooms:
+        """The rooms, once the runtime is checked to be open: every method's first step."""
         self._life.check_open()
-        return room
-
-    def _connected(self, storage: Storage) -> None:
-        self._reads.connect(storage)
-        self._services.connect(storage)
+        return self._rooms
 
     def wrap_attempts(self, middleware: object) -> None:
-        """Enter ``middleware`` outermost around the attempts of every worker (and drain)
-        made from now on; for runlane's integrations (applications pass ``middleware=`` to
-        ``create_runlane``)."""
-        self._services.wrap_attempts(*check_middleware([middleware]))
+        """Enter ``middleware`` outermost around later workers' attempts (for integrations)."""
+        self._rooms.services.wrap_attempts(*check_middleware([middleware]))
 
     @property
     def lane(self) -> Lane:
@@ -203,9 +172,7 @@ class Runlane:
         connection: Any = None,
         concurrency_key: str | None = None,
     ) -> list[RunHandle]:
-        """Trigger one run per payload in one round trip; handles come back in payload order.
-        Every payload is validated before anything is written; ``idempotency_keys`` holds one
-        key (or None) per payload."""
+        """Trigger one run per payload in one round trip, all validated first; handles in order."""
         self._life.check_open()
         options = TriggerOptions(queue, delay, run_at, priority, max_attempts, concurrency_key)
         batch = as_payload_list(payloads)
@@ -213,19 +180,17 @@ class Runlane:
 
     def get_run(self, run_id: uuid.UUID | str) -> RunSnapshot:
         """The run's current state; raises RunNotFound. Concurrent calls share one query."""
-        return self._open(self._reads).run(run_id)
+        return self._open().reads.run(run_id)
 
     def wait_for_run(
         self, run_id: uuid.UUID | str, timeout: timedelta | float | None = None
     ) -> RunSnapshot:
-        """Block until the run is terminal and return it; raises TimeoutError after
-        ``timeout``. Woken by the run's end announcement, with polling as the fallback."""
-        return self._open(self._waits).for_run(run_id, timeout)
+        """Block until the run is terminal and return it; TimeoutError after ``timeout``."""
+        return self._open().waits.for_run(run_id, timeout)
 
     def cancel(self, run_id: uuid.UUID | str, *, reason: str | None = None) -> CancelResult:
-        """Cancel a run: a live one at once, a running one once its handler stops
-        (``cancellation_requested`` meanwhile); a terminal one is left (``changed=False``)."""
-        return self._open(self._actions).cancel(run_id, reason)
+        """Cancel a run (a running one once its handler stops); a terminal one is left as is."""
+        return self._open().actions.cancel(run_id, reason)
 
     def list_runs(
         self,
@@ -237,94 +202,84 @@ class Runlane:
         cursor: str | None = None,
         **search: Unpack[RunSearch],
     ) -> RunPage:
-        """Runs of this environment, newest first, ``limit`` (1 to 1000) at a time,
-        index-served; pass ``next_cursor`` as ``cursor`` for the next, older page. With a
-        search keyword (:class:`RunSearch`) it looks within ``search_seconds`` and says in
-        ``searched_to`` how far back it got when it stopped early."""
-        return self._open(self._reads).runs(status, task, queue, limit, cursor, search=search)
+        """Runs newest first, ``limit`` at a time; ``next_cursor`` pages on. Search keywords
+        (:class:`RunSearch`) look within ``search_seconds`` and report ``searched_to``."""
+        return self._open().reads.runs(status, task, queue, limit, cursor, search=search)
 
     def get_run_history(self, run_id: uuid.UUID | str) -> RunHistory:
         """The run, its finished attempts and stored steps in one snapshot; or RunNotFound."""
-        return self._open(self._reads).history(run_id)
+        return self._open().reads.history(run_id)
 
     def retry_run(self, run_id: uuid.UUID | str, *, reason: str | None = None) -> RunSnapshot:
-        """Queue a ``failed`` or ``cancelled`` run again, due now, with a fresh attempt
-        budget, history kept; other statuses raise RunStateConflict."""
-        return self._open(self._actions).retry(run_id, reason)
+        """Queue a failed or cancelled run again with a fresh attempt budget, history kept."""
+        return self._open().actions.retry(run_id, reason)
 
     def reschedule_run(
         self, run_id: uuid.UUID | str, *, run_at: datetime | None, reason: str | None = None
     ) -> RunSnapshot:
-        """Move a queued (or delayed) or retrying run's due time to ``run_at`` (None: now);
-        any other status raises RunStateConflict. Recorded in the audit trail."""
-        return self._open(self._audit).reschedule(run_id, run_at, reason)
+        """Move a queued or retrying run's due time to ``run_at`` (None: now); audited."""
+        return self._open().audit.reschedule(run_id, run_at, reason)
 
     def delete_run(self, run_id: uuid.UUID | str, *, reason: str | None = None) -> bool:
-        """Delete one terminal run as ``delete_runs`` does; a live one raises
-        RunStateConflict. Recorded in the audit trail."""
-        return self._open(self._actions).delete(run_id, reason)
+        """Delete one terminal run as ``delete_runs`` does; a live one raises RunStateConflict."""
+        return self._open().actions.delete(run_id, reason)
 
     def list_audit(
         self, *, since: datetime | None = None, limit: int = 100, cursor: str | None = None
     ) -> Page[AuditRecord]:
-        """The operator actions of this environment, newest first: who, when, what, how
-        many runs and why (docs/operations.md, Audit trail)."""
-        return self._open(self._audit).list(since, limit, cursor)
+        """The operator actions of this environment, newest first: who, when, what and why."""
+        return self._open().audit.list(since, limit, cursor)
 
     def retry_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
         """``retry_run`` for every failed or cancelled run the filters match (``status``,
         ``task``, ``queue``, ``created_after``, ``created_before``, ``limit``; ``all=True``
         without a filter). Works in resumable batches of 500, each its own transaction;
         ``on_batch(done, matched)`` after each, ``dry_run=True`` only counts."""
-        return self._open(self._actions).bulk("retry", filters)
+        return self._open().actions.bulk("retry", filters)
 
     def cancel_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
         """``cancel`` for every live run the filters match, in batches as ``retry_runs``."""
-        return self._open(self._actions).bulk("cancel", filters)
+        return self._open().actions.bulk("cancel", filters)
 
     def delete_runs(self, **filters: Unpack[BulkFilters]) -> BulkResult:
-        """Delete the terminal runs the filters match, with their attempts and steps (a
-        parent with children stays as a tombstone); filters and batches as ``retry_runs``."""
-        return self._open(self._actions).bulk("delete", filters)
+        """Delete the terminal runs the filters match (parents with children stay as tombstones)."""
+        return self._open().actions.bulk("delete", filters)
 
     def pause_queue(self, name: str, *, reason: str | None = None) -> bool:
         """Stop every claim of queue ``name`` in this environment, durably, until
         ``resume_queue``; triggers still succeed. Returns True when it was not paused."""
-        return self._open(self._queue_admin).pause(name, reason)
+        return self._open().queue_admin.pause(name, reason)
 
     def resume_queue(self, name: str, *, reason: str | None = None) -> bool:
         """Resume a paused queue and wake its idle workers; True when it was paused."""
-        return self._open(self._queue_admin).resume(name, reason)
+        return self._open().queue_admin.resume(name, reason)
 
     def list_queues(self) -> list[QueueInfo]:
-        """Every queue this runtime defines or the database knows, by name: pause,
-        limits, unfinished runs by status, the oldest due queued run's age."""
-        return self._open(self._queue_admin).infos()
+        """Every queue defined here or known to the database: pause, limits, counts, oldest age."""
+        return self._open().queue_admin.infos()
 
     def list_workers(self, *, include_stopped: bool = False) -> list[WorkerInfo]:
         """The delivery workers of this environment, oldest first; a worker unseen for
         three heartbeat intervals is ``lost``; stopped ones only with ``include_stopped``."""
-        return self._open(self._reads).workers(include_stopped)
+        return self._open().reads.workers(include_stopped)
 
     def list_schedules(self) -> list[ScheduleInfo]:
-        """Every schedule stored in this environment or defined by this runtime, by id,
-        with its pause, last fire and ``next_fire_at`` (None while paused)."""
-        return self._open(self._schedule_admin).infos()
+        """Every schedule stored or defined here: pause, last fire, ``next_fire_at``."""
+        return self._open().schedule_admin.infos()
 
     def pause_schedule(self, id: str, *, reason: str | None = None) -> bool:
         """Stop schedule ``id`` firing, durably, until resumed; True when it was not paused."""
-        return self._open(self._schedule_admin).pause(id, reason)
+        return self._open().schedule_admin.pause(id, reason)
 
     def resume_schedule(self, id: str, *, reason: str | None = None) -> bool:
         """Resume a paused schedule from its next slot (missed ones are skipped); True if paused."""
-        return self._open(self._schedule_admin).resume(id, reason)
+        return self._open().schedule_admin.resume(id, reason)
 
     def trigger_schedule_now(
         self, id: str, *, idempotency_key: str | None = None, reason: str | None = None
     ) -> RunHandle:
-        """Create one run of schedule ``id`` now, as its slot would; the schedule's
-        state is not touched. ``idempotency_key`` makes a repeated call return the first run."""
-        return self._open(self._schedule_admin).run_now(id, idempotency_key, reason)
+        """Create one run of schedule ``id`` now, as its slot would; its state is untouched."""
+        return self._open().schedule_admin.run_now(id, idempotency_key, reason)
 
     def create_wait_token(
         self,
@@ -332,18 +287,16 @@ class Runlane:
         timeout: timedelta | float | None = None,
         idempotency_key: str | None = None,
     ) -> WaitToken:
-        """A pending token a handler can wait on; it times out after ``timeout``
-        (database time). A repeated ``idempotency_key`` returns the first token."""
-        return self._open(self._waits).create_token(timeout, idempotency_key)
+        """A pending token a handler can wait on, timing out after ``timeout`` (database time)."""
+        return self._open().waits.create_token(timeout, idempotency_key)
 
     def get_wait_token(self, token_id: uuid.UUID | str) -> WaitToken:
         """The token's current state."""
-        return self._open(self._waits).get_token(token_id)
+        return self._open().waits.get_token(token_id)
 
     def complete_wait_token(self, token_id: uuid.UUID | str, output: Any = None) -> WaitToken:
-        """Complete a pending token with ``output`` and resume the runs waiting on it;
-        a token already completed or timed out is left as it is. Returns its state."""
-        return self._open(self._waits).complete_token(token_id, output)
+        """Complete a pending token with ``output``, resume its waiters, return its state."""
+        return self._open().waits.complete_token(token_id, output)
 
     def drain(
         self,
@@ -356,7 +309,7 @@ class Runlane:
         """Execute currently due runs in the calling thread until none is due,
         ``max_runs`` ran, or ``stop`` is set; ``on_progress`` is called after each attempt.
         Polling lanes only."""
-        return self._open(self._services).drain(max_runs, queues, stop, on_progress)
+        return self._open().services.drain(max_runs, queues, stop, on_progress)
 
     def create_delivery_worker(
         self,
@@ -369,13 +322,13 @@ class Runlane:
         """Start a worker running ``queues`` (default: all) in ``concurrency`` threads;
         ``claim_batch`` caps one claim, ``wait_for_database`` is how long its start waits
         for the database (seconds; None: no limit)."""
-        return self._open(self._services).delivery_worker(
+        return self._open().services.delivery_worker(
             concurrency, queues, claim_batch, wait_for_database
         )
 
     def run_maintenance_once(self, limits: MaintenanceLimits | None = None) -> MaintenanceResult:
         """One bounded maintenance pass, every phase in order; the first failure propagates."""
-        return self._open(self._services).maintenance_once(limits)
+        return self._open().services.maintenance_once(limits)
 
     def start_services(
         self,
@@ -385,20 +338,20 @@ class Runlane:
         lease_duration: timedelta = timedelta(seconds=30),
         wait_for_database: float | None = DEFAULT_WAIT_FOR_DATABASE,
     ) -> Services:
-        """Run maintenance as supervised background loops, one per band, each owned by
-        one replica through a lease; ``on_service_error(error, info)`` gets failed passes."""
-        return self._open(self._services).services(
+        """Run maintenance as supervised background loops, one per band, each band owned by
+        one replica through a lease."""
+        return self._open().services.services(
             on_service_error, limits, lease_duration, wait_for_database
         )
 
     def status(self) -> StatusReport:
         """The progress signals an operator should alert on (see StatusReport)."""
-        return self._open(self._reads).status()
+        return self._open().reads.status()
 
     def stats(self, **options: Unpack[StatsOptions]) -> Stats:
         """The per-minute rollup in buckets: ``queue``, ``task``, ``since`` (default an hour
         before ``until``), ``until`` (default now), ``bucket`` (docs/observability.md)."""
-        return self._open(self._stats).read(options)
+        return self._open().stats.read(options)
 
 
 def create_runlane(
