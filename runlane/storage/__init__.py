@@ -419,9 +419,8 @@ class OperatorStore(Protocol):
     def run_bulk_count_within(
         self, runs: BulkFilter, limit: int, seconds: float
     ) -> tuple[int, bool]:
-        """``(count, True)`` as :meth:`run_bulk_count` gives it when the count takes at most
-        ``seconds`` of the database's time; else ``(estimate, False)``, the database's
-        estimate of how many runs meet ``runs``, read without a scan."""
+        """``(count, True)`` when counting takes at most ``seconds`` of database time, else
+        ``(estimate, False)``: the planner's estimate, read without a scan."""
 
     def run_bulk_batch(
         self,
@@ -436,9 +435,8 @@ class OperatorStore(Protocol):
         ``before``, in a transaction of its own; runs locked by others are skipped."""
 
     def worker_list(self, environment: str, *, include_stopped: bool) -> list[WorkerInfo]:
-        """The environment's registered workers, oldest first; a running or stopping one
-        unseen for three heartbeat intervals (database time) is ``lost``. Stopped ones only
-        with ``include_stopped``."""
+        """The environment's workers, oldest first; one unseen for three heartbeat intervals
+        is ``lost``; stopped ones only with ``include_stopped``."""
 
     def queue_pause(self, environment: str, queue: str, reason: str | None) -> bool:
         """Pause ``queue`` (durably; every claim leaves it out from this commit) with
@@ -452,14 +450,10 @@ class OperatorStore(Protocol):
         """Whether the database knows ``queue``: a queue_states row, or runs of it."""
 
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
-        """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
-        ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
-        its value, ``claimed`` (of the ``running`` runs, those whose current attempt's
-        handler has not been seen to start: claimed ahead by a worker, or started under a
-        second ago; 0 when absent), ``live_leases`` (running attempts whose lease has not
-        lapsed: what ``status()`` reports against a bounded queue's limit), and
-        ``oldest_queued_age`` in seconds of database time (None: none due). ``status()`` and
-        ``list_queues()`` both read it."""
+        """One mapping per queue with unfinished runs or a queue_states row: ``queue``, its
+        pause (``paused``, ``paused_reason``, ``paused_at``), a count per unfinished status,
+        ``claimed`` (running but not seen to start), ``live_leases`` and
+        ``oldest_queued_age`` (seconds, database time; None: none due)."""
 
     def schedule_list(self, environment: str) -> list[StoredSchedule]:
         """Every stored schedule of the environment, by id."""
@@ -468,8 +462,7 @@ class OperatorStore(Protocol):
         """One stored schedule with its ``definition`` (when one is stored)."""
 
     def schedule_pause(self, environment: str, schedule_id: str) -> bool | None:
-        """Pause the schedule (idempotent): whether it was paused already, None when it is
-        not stored."""
+        """Pause the schedule: whether it was paused already; None when it is not stored."""
 
     def schedule_resume(
         self, environment: str, schedule_id: str, cron: str, timezone: str, next_slot_at: datetime
