@@ -6,8 +6,10 @@
 serves it with waitress. Pages: overview, runs, a run, queues, workers, schedules (see
 docs/console.md).
 
-The console is read-only unless ``authorize(request, action) -> bool`` allows an action;
-actions are named in :data:`ACTIONS`. Every POST carries a CSRF token, every stored value is
+The console is read-only unless ``authorize(request, action)`` allows an action (True, or
+the identity acting, recorded in the audit trail); actions are named in :data:`ACTIONS`.
+``runlane web`` acts with a token or basic auth from the environment
+(:func:`environment_login`). Every POST carries a CSRF token, every stored value is
 escaped, every response has a Content-Security-Policy without inline scripts, and no page
 uses an external asset.
 """
@@ -18,9 +20,18 @@ from flask import Blueprint, Flask
 
 from runlane.runtime import Runlane
 from runlane.web._app import make_app, make_blueprint
+from runlane.web._login import EnvironmentLogin, environment_login
 from runlane.web._security import ACTIONS, CONTENT_SECURITY_POLICY, Authorize
 
-__all__ = ["ACTIONS", "CONTENT_SECURITY_POLICY", "Authorize", "blueprint", "create_app"]
+__all__ = [
+    "ACTIONS",
+    "CONTENT_SECURITY_POLICY",
+    "Authorize",
+    "EnvironmentLogin",
+    "blueprint",
+    "create_app",
+    "environment_login",
+]
 
 
 def create_app(runlane: Runlane, *, authorize: Authorize | None = None) -> Flask:

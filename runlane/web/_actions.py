@@ -60,7 +60,7 @@ class Actions:
     def cancel(self, run_id: str) -> Response:
         self.console.allowed("cancel")
         key = run_id_arg(run_id)
-        result = self.runlane.cancel(key)
+        result = self.runlane.cancel(key, reason=text_arg(request.form, "reason"))
         if not result.changed:
             notice = "unchanged"
         elif result.status is RunStatus.CANCELLATION_REQUESTED:

@@ -8,6 +8,7 @@ action goes in a room of its own and one line here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -16,12 +17,14 @@ from flask import Blueprint, Flask, Response, current_app, request, url_for
 
 from runlane.errors import ConfigurationError
 from runlane.models import RunStatus
-from runlane.runtime import Runlane
+from runlane.runtime import Runlane, acting_as
 from runlane.toolkit import noun_for
 from runlane.web._actions import BULK_COUNT_CAP, BULK_LIMIT, Actions
+from runlane.web._audit import AuditRoom
 from runlane.web._console import NOTICES, Console, Room
 from runlane.web._errors import error_page
 from runlane.web._find import Find
+from runlane.web._login import EnvironmentLogin, Login
 from runlane.web._metrics import Metrics
 from runlane.web._pages import PAGE_SIZE, Pages
 from runlane.web._present import ago, cut, duration, pretty, when
@@ -32,7 +35,7 @@ __all__ = ["BULK_COUNT_CAP", "BULK_LIMIT", "PAGE_SIZE", "ROOMS", "make_app", "ma
 REFRESH_SECONDS = 10  # pages update in place this often (app.config RUNLANE_REFRESH_SECONDS)
 
 # every room of the console, in the order its routes are registered
-ROOMS: tuple[Callable[[Console], Room], ...] = (Pages, Find, Actions, Metrics)
+ROOMS: tuple[Callable[[Console], Room], ...] = (Pages, Find, Actions, Metrics, AuditRoom, Login)
 
 
 def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
@@ -52,12 +55,17 @@ def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
     )
     for room in ROOMS:
         for rule, endpoint, methods, view in room(console).routes():
-            bp.add_url_rule(rule, endpoint, view, methods=methods)
+            acts = "POST" in methods  # recorded in the audit trail as authorize's identity
+            bp.add_url_rule(
+                rule, endpoint, _acting(console, view) if acts else view, methods=methods
+            )
 
     def helpers() -> dict[str, Any]:
         return {
             "can": console.guard.allows,
             "read_only": console.guard.read_only(),
+            "login": isinstance(console.guard.authorizer, EnvironmentLogin),
+            "identity": console.guard.identity,
             "csrf_field": CSRF_FIELD,
             "csrf_token": console.guard.token,
             "when": when,
@@ -80,6 +88,15 @@ def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
     bp.after_request(finish)
     bp.register_error_handler(Exception, error_page)
     return bp
+
+
+def _acting(console: Console, view: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(view)
+    def acting(*args: Any, **kwargs: Any) -> Any:
+        with acting_as(console.guard.identity, via="console"):
+            return view(*args, **kwargs)
+
+    return acting
 
 
 def make_app(runlane: Runlane, authorize: Authorize | None) -> Flask:

@@ -31,6 +31,9 @@ NOTICES = {
     "schedule_resumed": "The schedule is running again.",
     "triggered": "The schedule's run was created.",
     "triggered_before": "This form was sent before: the run it created then is shown.",
+    "deleted": "The run was deleted.",
+    "rescheduled": "The run's due time was moved.",
+    "ran_now": "The run is due now.",
 }
 
 # (rule, endpoint, methods, view)

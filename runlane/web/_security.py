@@ -33,7 +33,9 @@ __all__ = [
 
 log = logging.getLogger("runlane.web")
 
-Authorize = Callable[[Request, str], bool]
+# True allows, a non-empty string allows and names who acts (the audit trail's actor),
+# anything else refuses
+Authorize = Callable[[Request, str], bool | str]
 
 # every action the console can take; authorize(request, action) is asked with one of these
 ACTIONS = (
@@ -46,6 +48,8 @@ ACTIONS = (
     "pause_schedule",
     "resume_schedule",
     "trigger_schedule",
+    "delete",
+    "reschedule",
 )
 
 CSRF_COOKIE = "runlane_csrf"
@@ -72,11 +76,20 @@ class Guard:
     def __init__(self, authorize: Authorize | None) -> None:
         if authorize is not None and not callable(authorize):
             raise ConfigurationError(
-                f"authorize must be a callable (request, action) -> bool, or None for a "
-                f"read-only console; got a {type(authorize).__name__}"
+                f"authorize must be a callable (request, action) -> bool or an identity, or "
+                f"None for a read-only console; got a {type(authorize).__name__}"
             )
         self._authorize = authorize
         self._own_key = secrets.token_bytes(32)
+
+    @property
+    def authorizer(self) -> Authorize | None:
+        return self._authorize
+
+    def identity(self) -> str | None:
+        """Who this request acts as: the name ``authorize`` returned, if it returned one."""
+        name = g.get("runlane_identity")
+        return name if isinstance(name, str) else None
 
     def allows(self, action: str) -> bool:
         """Whether this request may take ``action`` (answered once per request and action).
@@ -91,7 +104,11 @@ class Guard:
         asked: dict[str, bool] = g.setdefault("runlane_allowed", {})
         if action not in asked:
             try:
-                asked[action] = self._authorize(request, action) is True
+                answer = self._authorize(request, action)
+                named = isinstance(answer, str) and bool(answer.strip())
+                asked[action] = answer is True or named
+                if named:
+                    g.runlane_identity = answer
             except BaseException as exc:
                 ctrl_c = isinstance(exc, KeyboardInterrupt)
                 if ctrl_c and threading.current_thread() is threading.main_thread():
