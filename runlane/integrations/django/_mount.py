@@ -58,19 +58,20 @@ def console_app() -> Flask:
         return _app
 
 
-def authorize_for(rule: str) -> Callable[[Request, str], bool]:
+def authorize_for(rule: str) -> Callable[[Request, str], bool | str]:
     """The console's ``authorize`` for ``RUNLANE_CONSOLE_ACTIONS = rule``: asked about the
-    Django user the view put in the environ (active staff only, whatever the rule)."""
+    Django user the view put in the environ (active staff only, whatever the rule). A user
+    who may act is named by their username: the actor of the console's audit records."""
 
-    def authorize(request: Request, action: str) -> bool:
+    def authorize(request: Request, action: str) -> bool | str:
         user = request.environ.get(USER_KEY)
         if user is None or not (user.is_active and user.is_staff):
             return False
-        if rule == STAFF:
-            return True
         if rule == SUPERUSER:
-            return bool(user.is_superuser)
-        return bool(user.has_perm(rule))
+            allowed = bool(user.is_superuser)
+        else:
+            allowed = rule == STAFF or bool(user.has_perm(rule))
+        return (str(user.get_username()) or True) if allowed else False
 
     authorize.__qualname__ = f"django users ({rule})"
     return authorize
