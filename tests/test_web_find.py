@@ -20,7 +20,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from runlane import RunContext, Runlane, RunStatus, queue, task
 from runlane.cli import EXIT_CONFIGURATION, main
 from runlane.errors import ConfigurationError
-from runlane.postgres._web_reads import SEARCH_WINDOW, WebReadRepository
+from runlane.postgres._web_reads import FIRST_WINDOW, WebReadRepository
 from runlane.web import create_app
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb, wait_until
@@ -124,13 +124,13 @@ def test_a_search_out_of_time_says_how_far_back_it_looked_and_continues(
 ) -> None:
     rl = make_runlane(queues=QUEUES, tasks=[charge, send])
     needle = rl.trigger(charge, {"needle": True}).id
-    # more runs than two windows of a search walk, all newer than the needle
+    # more runs than the first two windows of a search walk, all newer than the needle
     SchemaDb(db, schema).run(
         "insert into {schema}.runs (id, environment, task_id, queue, status, payload, "
         "max_attempts, due_at, created_at) select gen_random_uuid(), 'default', 'mail.send', "
         "'default', 'queued', jsonb_build_object('n', n), 1, now(), "
         "now() + n * interval '1 millisecond' from generate_series(1, %s) as n",
-        2 * SEARCH_WINDOW + 10,
+        5 * FIRST_WINDOW + 10,
     )
     # a budget spent by the first window: it stops there, says so, and the cursor goes on
     pages = []
@@ -306,7 +306,7 @@ def test_a_search_that_ran_out_of_time_says_so_in_the_browser(
         "max_attempts, due_at, created_at) select gen_random_uuid(), 'default', 'mail.send', "
         "'default', 'queued', jsonb_build_object(), 1, now(), now() + n * interval '1 millisecond' "
         "from generate_series(1, %s) as n",
-        SEARCH_WINDOW + 10,
+        FIRST_WINDOW + 10,
     )
     monkeypatch.setattr("runlane.web._pages.SEARCH_SECONDS", 1e-6)
     with served(create_app(rl, authorize=everyone)) as base:

@@ -21,9 +21,10 @@ from runlane.postgres._executor import Executor
 from runlane.postgres._runs import snapshot
 from runlane.storage import RunListQuery, RunSearchResult
 
-__all__ = ["SEARCH_WINDOW", "WebReadRepository"]
+__all__ = ["FIRST_WINDOW", "SEARCH_WINDOW", "WebReadRepository"]
 
-SEARCH_WINDOW = 2000  # runs one window of a search walks (newest first)
+SEARCH_WINDOW = 2000  # runs one window of a search walks at most (newest first)
+FIRST_WINDOW = 250  # ... the first: a common match fills its page at once; each next is 4x
 _TOP = ("infinity", uuid.UUID(int=2**128 - 1))
 _STATUSES = [status.value for status in RunStatus]
 
@@ -136,11 +137,13 @@ class WebReadRepository:
         start: datetime,
         budget: timedelta,
     ) -> RunSearchResult:
-        """Walk runs newest first, ``SEARCH_WINDOW`` at a time, until ``limit`` matches,
-        the oldest run, or the end of ``budget`` (counted from ``start``, database time)."""
+        """Walk runs newest first in windows (``FIRST_WINDOW``, then four times as many each
+        time, up to ``SEARCH_WINDOW``) until ``limit`` matches, the oldest run, or the end of
+        ``budget`` (counted from ``start``, database time)."""
         found: list[RunSnapshot] = []
         position = (params["before_created_at"], params["before_id"])
         walked_any = False
+        window = FIRST_WINDOW
         try:
             with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
                 cur.execute("select clock_timestamp() as clock")
@@ -153,7 +156,7 @@ class WebReadRepository:
                         self._sql["web_run_search"],
                         {
                             **params,
-                            "window": SEARCH_WINDOW,
+                            "window": window,
                             "before_created_at": position[0],
                             "before_id": position[1],
                         },
@@ -163,10 +166,11 @@ class WebReadRepository:
                     found += [snapshot(row) for row in rows if row["matched"]]
                     if len(found) >= limit:
                         return RunSearchResult(found[:limit], None, False)
-                    if not rows or rows[-1]["walked"] < SEARCH_WINDOW:
+                    if not rows or rows[-1]["walked"] < window:
                         return RunSearchResult(found, None, False)  # walked to the oldest
                     last = rows[-1]
                     position = (last["walked_created_at"], last["walked_id"])
+                    window = min(SEARCH_WINDOW, window * 4)
                     left = budget - (last["clock"] - start)
                     if left <= timedelta(0):
                         return RunSearchResult(found, position, True)
