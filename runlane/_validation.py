@@ -29,6 +29,7 @@ __all__ = [
     "TriggerOptions",
     "as_duration",
     "as_int32",
+    "as_moment",
     "as_payload_list",
     "as_run_at",
     "check_idempotency_key",
@@ -84,6 +85,18 @@ def as_duration(name: str, value: timedelta | float | int | None) -> timedelta:
             f"got {delta.total_seconds():g} seconds"
         )
     return delta
+
+
+def as_moment(name: str, value: object) -> datetime | None:
+    """None, or a timezone-aware datetime (a filter's bound)."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise ConfigurationError(
+            f"{name} must be a timezone-aware datetime (e.g. datetime.now(UTC) - "
+            f"timedelta(hours=1)), got {shown(value)}"
+        )
+    return value
 
 
 def as_run_at(value: object) -> datetime:

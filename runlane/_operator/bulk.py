@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from runlane._operator.runs import optional_name
+from runlane._validation import as_moment
 from runlane.errors import ConfigurationError
 from runlane.models import BulkResult, RunStatus
 from runlane.storage import BulkFilter, Storage
@@ -128,17 +129,6 @@ def _statuses(action: str, status: object) -> tuple[RunStatus, ...]:
     return tuple(s for s in allowed if s in chosen)
 
 
-def _moment(name: str, value: object) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise ConfigurationError(
-            f"{name} must be a timezone-aware datetime (e.g. datetime.now(UTC) - "
-            f"timedelta(hours=1)), got {shown(value)}"
-        )
-    return value
-
-
 def _limit(value: object) -> int | None:
     return as_int_or_none("limit", value, 1, MAX_LIMIT)
 
@@ -168,8 +158,8 @@ def bulk_filter(
         statuses=_statuses(action, status),
         task_id=optional_name("task", task_id),
         queue=optional_name("queue", queue),
-        created_after=_moment("created_after", created_after),
-        created_before=_moment("created_before", created_before),
+        created_after=as_moment("created_after", created_after),
+        created_before=as_moment("created_before", created_before),
     )
     bound = _limit(filters.get("limit"))
     # limit= bounds how many, not which: alone it is no filter

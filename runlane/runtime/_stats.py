@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 import attrs
 
-from runlane._validation import check_text
+from runlane._validation import as_moment, check_text
 from runlane.errors import ConfigurationError
 from runlane.runtime._backend import Opened
 from runlane.stats import BUCKETS, Stats, StatsBucket
@@ -19,8 +19,8 @@ __all__ = ["StatsOptions", "StatsReads"]
 
 # buckets a window may hold (a week in minutes is 10,080)
 MAX_BUCKETS = 10_080
-# the default bucket is the smallest giving at most this many (1 h: 1m, 24 h: 5m, 7 d: 1h)
-_DEFAULT_BUCKETS = 300
+# the default bucket is the smallest giving at most this many (1 h: 1m, 24 h: 15m, 7 d: 1h)
+_DEFAULT_BUCKETS = 200
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -35,15 +35,9 @@ class StatsOptions(TypedDict, total=False):
 
 
 def _moment(name: str, value: object) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise ConfigurationError(
-            f"{name} must be a timezone-aware datetime (e.g. datetime.now(UTC) - "
-            f"timedelta(hours=1)), got {shown(value)}"
-        )
+    moment = as_moment(name, value)
     try:
-        return value.astimezone(UTC)
+        return None if moment is None else moment.astimezone(UTC)
     except OverflowError:
         raise ConfigurationError(f"{name} {shown(value)} is out of range") from None
 
