@@ -1,20 +1,12 @@
 """Bulk actions by filter: ``retry_runs``, ``cancel_runs``, ``delete_runs``, and the
-creation-time filters an operator types (``--created-after/--created-before``, the
-console's *Created after* / *Created before*).
+creation-time filters an operator types (the CLI's ``--created-after/--created-before``, the
+console's fields).
 
-Each action checks its filters here (nothing is touched on bad input), counts the runs they
-match (``matched``, bounded by ``limit``), then walks them newest first, one status at a
-time, in batches of ``BATCH_SIZE`` runs, each batch one short transaction of its own that
-skips runs locked by others (a worker's claim never waits behind more than one batch). Each
-batch changes its runs as the single-run action does, re-checking their status, so a re-run
-after an interruption (Ctrl-C between batches, a killed process) finds only what is left to
-do. ``on_batch(done, matched)`` is called after each committed batch; an exception it raises
-(KeyboardInterrupt) stops the action there.
-
-A filter time is ISO 8601 (the CLI wants the offset, the console reads a time without one as
-UTC). Any time ``datetime`` can hold is a filter, also one whose UTC instant falls outside
-Python's years 1 to 9999: Postgres compares it as given, and nothing converts it to UTC in
-Python, where it would raise ``OverflowError``.
+Filters are checked before anything is touched; the matched runs are walked newest first in
+batches of ``BATCH_SIZE``, each a short transaction that skips locked runs and changes its
+runs as the single-run action does, so a re-run after an interruption finds only what is
+left (docs/operating.md, Bulk actions). Filter times are compared by Postgres as given, never
+converted to UTC in Python, where an instant outside years 1 to 9999 would overflow.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Operating schedules: list them with their next fire time, pause and resume them, fire one
 now, and find the late ones for ``status()``.
 
-Everything here works on a runtime that defines no tasks or schedules (the operator CLI's,
-built from a database URL): each schedule's task id, queue, payload, priority and attempt
-budget are stored with its state by maintenance (see ``maintenance/_pass.py``). Schedules
-this runtime defines but maintenance has not stored yet are listed too, and can be paused
-(which stores them) and fired.
-
-Time is the database's: a resumed schedule awaits the first slot after the database's
-``now()`` at resume, and lateness is measured against it.
+It works on a runtime that defines no tasks (the operator CLI's, built from a database URL):
+maintenance stores each schedule's task, queue, payload and budget with its state. Schedules
+this runtime defines but maintenance has not stored yet are listed, paused and fired too.
+Time is the database's: a resumed schedule awaits the first slot after its ``now()``.
 """
 
 from __future__ import annotations
