@@ -226,7 +226,8 @@ def test_the_console_checks_its_own_csrf_token_behind_the_exemption(
 
 
 def test_management_commands_are_the_clis(site: dict[str, Any]) -> None:
-    status = manage(site, "runlane_status", "--json")
+    # manage.py's own --settings is manage.py's, not passed on to runlane
+    status = manage(site, "runlane_status", "--settings=console_settings", "--json")
     plain = subprocess.run(
         [sys.executable, "-m", "runlane.cli", "status", "orders.runlane_app:runlane", "--json"],
         cwd=EXAMPLE, env=site["env"], capture_output=True, text=True, timeout=60, check=False,
