@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,9 @@ def _has_compat(commit: str) -> bool:
 
 
 def _compiles(commit: str) -> bool:
-    """False for a commit whose package does not even compile (a half-applied commit in the
-    history is no release to test against)."""
+    """False for a commit whose package does not compile or whose lanes do not import (a
+    half-applied commit in the history, such as one holding a module's new use without the
+    name it uses, is no release to test against)."""
     archive = subprocess.run(
         ["git", "-C", str(REPO), "archive", "--format=tar", commit, "runlane"],
         capture_output=True,
@@ -76,7 +78,17 @@ def _compiles(commit: str) -> bool:
                 compile(source.read(), member.name, "exec")
             except SyntaxError:
                 return False
-    return True
+        with tempfile.TemporaryDirectory(prefix="runlane-release-") as root:
+            tar.extractall(root, filter="data")
+            imported = subprocess.run(
+                [sys.executable, "-c", "import runlane, runlane.postgres"],
+                env={**os.environ, "PYTHONPATH": root},
+                cwd=root,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+    return imported.returncode == 0
 
 
 def _shallow() -> bool:
