@@ -198,15 +198,10 @@ class RunContext:
     def report_progress(
         self, *, fraction: float | None = None, message: str | None = None, data: Any = None
     ) -> None:
-        """Say how far the attempt got: ``fraction`` (0 to 1), a short ``message`` (at most
-        1,000 characters), ``data`` (plain JSON values: dicts with string keys, lists or
-        tuples, strings, numbers, booleans, None; within ``max_output_bytes``); shown as
-        ``RunSnapshot.progress`` (``{"fraction", "message", "data"}``) by ``get_run`` and
-        ``runlane runs show``. Cheap to call often: it returns at once, and the worker
-        writes at most one report a second per attempt, the last one reported, and the
-        last of all just before the attempt's result. Fenced like every attempt write: once
-        a write finds the attempt lost its lease, the next call raises ``StaleLease``. A
-        value that cannot be stored raises ``ConfigurationError``, and nothing is written."""
+        """Say how far the attempt got: ``fraction`` (0 to 1), a short ``message``, plain JSON
+        ``data``; read back as ``RunSnapshot.progress``. Cheap to call often (the worker
+        writes at most one report a second, the last one wins) and fenced: after a lost
+        lease the next call raises ``StaleLease`` (docs/operating.md, Progress)."""
         backend, lease = self._attached()
         value = encode_progress(fraction, message, data, output_limit(backend))
         if self._progress is None:
