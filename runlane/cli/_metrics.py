@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from runlane.cli._signals import stop_requested
 from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options, target_runtime
-from runlane.cli._web import listening, parse_bind, serve_until
+from runlane.cli._web import parse_bind, serve_app
 from runlane.errors import ConfigurationError
 from runlane.metrics import MISSING, available, wsgi_app
 from runlane.toolkit import as_int
@@ -31,7 +30,7 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     if not available():
         raise ConfigurationError(MISSING)
     try:
-        from waitress.server import create_server  # noqa: PLC0415 - of the metrics extra
+        import waitress.server  # noqa: F401, PLC0415 - only whether the extra is there
     except ImportError:
         raise ConfigurationError(
             "runlane metrics serves with waitress: pip install 'runlane[metrics]'"
@@ -39,20 +38,12 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
 
     runlane = target_runtime(Target(args.app, args), load_app)
     try:
-        app = wsgi_app(runlane)
-        sockets: dict[int, Any] = {}
-        server = listening(
-            lambda: create_server(
-                app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
-            ),
-            args.bind,
-            host,
-            port,
+        serve_app(
+            wsgi_app(runlane),
+            args,
+            (host, port),
+            lambda url: f"runlane metrics on {url}/metrics (SIGTERM or Ctrl-C stops it)",
         )
-        shown_host = f"[{host}]" if ":" in host else host
-        print(f"runlane metrics on http://{shown_host}:{port}/metrics (SIGTERM or Ctrl-C stops it)")
-        with stop_requested() as stop:
-            serve_until(server, sockets, stop)
     finally:
         runlane.close()
     return 0

@@ -20,7 +20,7 @@ from runlane.cli._target import TARGET_HELP, LoadApp, Target, add_target_options
 from runlane.errors import ConfigurationError
 from runlane.toolkit import as_int, shown
 
-__all__ = ["DEFAULT_BIND", "add_web_command", "listening", "parse_bind", "serve_until"]
+__all__ = ["DEFAULT_BIND", "add_web_command", "listening", "parse_bind", "serve_app", "serve_until"]
 
 DEFAULT_BIND = "127.0.0.1:8080"
 
@@ -50,7 +50,7 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     host, port = parse_bind(args.bind)
     as_int("--threads", args.threads, 1, _MAX_THREADS)
     try:
-        from waitress.server import create_server  # noqa: PLC0415 - the web extra is optional
+        import waitress.server  # noqa: F401, PLC0415 - only whether the extra is there
     except ImportError:
         raise ConfigurationError(
             "the web console needs its extra: pip install 'runlane[web]'"
@@ -62,25 +62,39 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     runlane = target_runtime(Target(args.app, args), load_app)
     try:
         app = create_app(runlane, authorize=login)
-        shown_host = f"[{host}]" if ":" in host else host
-        sockets: dict[int, Any] = {}
-        server = listening(
-            lambda: create_server(
-                app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
+        serve_app(
+            app,
+            args,
+            (host, port),
+            lambda url: (
+                f"runlane web console on {url}/ ({_mode(login)}; SIGTERM or Ctrl-C stops it)"
             ),
-            args.bind,
-            host,
-            port,
         )
-        print(
-            f"runlane web console on http://{shown_host}:{port}/ "
-            f"({_mode(login)}; SIGTERM or Ctrl-C stops it)"
-        )
-        with stop_requested() as stop:
-            serve_until(server, sockets, stop)
     finally:
         runlane.close()
     return 0
+
+
+def serve_app(
+    app: Any, args: argparse.Namespace, address: tuple[str, int], banner: Callable[[str], str]
+) -> None:
+    """Serve ``app`` with waitress (``args.threads``) on ``args.bind`` until SIGTERM or Ctrl-C,
+    printing ``banner(url)`` once it listens; the caller checked that waitress is there."""
+    from waitress.server import create_server  # noqa: PLC0415 - of an optional extra
+
+    host, port = address
+    sockets: dict[int, Any] = {}
+    server = listening(
+        lambda: create_server(
+            app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
+        ),
+        args.bind,
+        host,
+        port,
+    )
+    print(banner(f"http://{f'[{host}]' if ':' in host else host}:{port}"))
+    with stop_requested() as stop:
+        serve_until(server, sockets, stop)
 
 
 def _mode(login: Any) -> str:
