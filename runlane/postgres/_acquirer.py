@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -62,6 +63,7 @@ class PollingAcquirer:
             if options.drain
             else storage.dedicated(f"{options.name}-claims", durable_commits=False)
         )
+        self._storage_name = options.name
         self._wake = threading.Event()
         self._listener = (
             None if options.drain else make_listener(self._on_notify, f"{options.name}-listener")
@@ -73,7 +75,14 @@ class PollingAcquirer:
 
     def start(self) -> None:
         if self._listener is not None:
-            self._listener.start()
+            self._listener.start()  # it says where it LISTENs once connected
+        elif not self._drain:
+            log.info(
+                "runlane: %s polls only (listen=False): no LISTEN connection; work is found "
+                "within the poll interval (%gs)",
+                self._storage_name,
+                self._poll,
+            )
 
     def _on_notify(self, message: str | None) -> None:
         """``queue`` (work arrived), ``free|queue`` (capacity freed), ``cancel|<run id>``, or
@@ -167,10 +176,17 @@ class PollingAcquirer:
         self._wake.wait(poll)
 
     def wait_ready(self, timeout: float) -> bool:
-        """Ready once the LISTEN connection is up (at once in poll-only mode or a drain)."""
+        """Ready once the LISTEN connection is up (at once in poll-only mode or a drain, and
+        once the listener gave LISTEN up behind a pooler: it polls)."""
         if self._listener is None:
             return True
-        return self._listener.connected.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while not self._listener.connected.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if self._listener.gave_up.is_set():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def interrupt(self) -> None:
         self._wake.set()

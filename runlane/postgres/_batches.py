@@ -103,7 +103,12 @@ def pipelined(
     transaction = own_transaction(conn)  # told before the pipeline starts
     with contextlib.ExitStack() as cursors:
         sent = [cursors.enter_context(conn.cursor(row_factory=tuple_row)) for _ in params]
-        with conn.pipeline(), transaction:
+        # through a transaction pooler (nothing prepared: postgres/_pooler.py) the transaction
+        # begins before the pipeline and commits after it: PgBouncer before 1.21 hands the
+        # server connection on at a sync ending a transaction, under replies still due here
+        pooled = conn.prepare_threshold is None
+        outer, inner = (transaction, conn.pipeline()) if pooled else (conn.pipeline(), transaction)
+        with outer, inner:
             for cursor, p in zip(sent, params, strict=True):
                 cursor.execute(statement, p)
         return [row for cursor in sent for row in cursor.fetchall()]

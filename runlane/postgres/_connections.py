@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import re
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -21,7 +20,10 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError, StorageUnavailable
+from runlane.postgres import _pool_log  # noqa: F401 - files psycopg.pool's records of runlane's pools
 from runlane.postgres._connect_errors import connect_cause, establishing, waiting_helps
+from runlane.postgres._pooler import Pooling
+from runlane.postgres._sockets import dup_socket, shut_down_socket
 from runlane.toolkit import shown
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "Conn",
     "ConnectionSource",
     "DedicatedSource",
+    "PoolExhausted",
     "PoolSource",
     "StatementInterrupted",
     "check_conninfo",
@@ -38,7 +41,6 @@ __all__ = [
     "connection_lost",
     "describe_target",
     "own_transaction",
-    "shut_down",
     "storage_error",
 ]
 
@@ -183,6 +185,8 @@ def storage_error(
     detail = _scrubbed(str(exc).strip() or type(exc).__name__, connection_string)
     if isinstance(exc, psycopg.errors.QueryCanceled):
         return _cancelled(exc, detail, what)
+    if isinstance(exc, PoolExhausted):
+        return StorageUnavailable(f"runlane could not {what}: {exc}", transient=True)
     if isinstance(exc, psycopg.OperationalError) and establishing(exc):
         timeout = _conninfo_timeout(connection_string, connect_timeout)
         cause = connect_cause(exc, describe_target(connection_string), timeout)
@@ -247,35 +251,14 @@ def connect_timeout_option(conninfo: str, timeout: float) -> dict[str, Any]:
     return {"connect_timeout": connect_seconds(timeout)}
 
 
+class PoolExhausted(psycopg_pool.PoolTimeout):
+    """Every connection of a pool was in use for the whole wait (the database is up)."""
+
+
 class StatementInterrupted(psycopg.OperationalError):
     """A statement that ``interrupt()`` ended by shutting its connection's socket down (the
     server did not take a cancel request in time): a failure of the connection, but not one
     to repeat on a new connection, as a cancelled statement is not."""
-
-
-class _OwnPoolRecords(logging.Filter):
-    """On the ``psycopg.pool`` logger: the records about runlane's own pools (named
-    ``runlane-...``: reconnect attempts, each connection handed out) leave that logger and go
-    to ``runlane.postgres.pool`` at DEBUG, so a database outage is reported once, by runlane,
-    and not as one WARNING per reconnect try; ``--log-level DEBUG`` (or that logger at
-    DEBUG) shows them; so does setting ``psycopg.pool`` itself to DEBUG, as psycopg logs
-    them. Records about other pools of the process pass untouched."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        if not any(isinstance(a, str) and a.startswith("runlane-") for a in args):
-            return True
-        if logging.NOTSET < _psycopg_pool_log.level <= logging.DEBUG:
-            return True  # psycopg.pool itself was asked for everything: as it logs them
-        if _pool_log.isEnabledFor(logging.DEBUG):
-            _pool_log.debug("%s (psycopg.pool %s)", record.getMessage(), record.levelname)
-        return False
-
-
-_pool_log = logging.getLogger("runlane.postgres.pool")
-_psycopg_pool_log = logging.getLogger("psycopg.pool")
-if not any(isinstance(f, _OwnPoolRecords) for f in _psycopg_pool_log.filters):
-    _psycopg_pool_log.addFilter(_OwnPoolRecords())
 
 
 class ConnectionSource(Protocol):
@@ -296,8 +279,18 @@ class PoolSource:
     at once when the database is back. A failed first use therefore does not poison the
     runtime, and recovery after an outage does not wait out the pool's reconnect backoff."""
 
-    def __init__(self, conninfo: str, *, min_size: int, max_size: int, name: str, timeout: float):
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        min_size: int,
+        max_size: int,
+        name: str,
+        timeout: float,
+        pooling: Pooling | None = None,
+    ):
         self._conninfo = conninfo
+        self._pooling = pooling or Pooling()
         self._min_size = min_size
         self._max_size = max_size
         self._name = name
@@ -341,8 +334,12 @@ class PoolSource:
         }
         # one connection first, made here: a wrong host, port, password or database fails
         # within the connect timeout with libpq's own reason (the pool would retry it in
-        # its thread, logging each try, until its timeout, and report only the timeout)
-        psycopg.connect(self._conninfo, **kwargs).close()
+        # its thread, logging each try, until its timeout, and report only the timeout);
+        # it also tells whether the connections go through a pooler (_pooler.py)
+        with psycopg.connect(self._conninfo, **kwargs) as probe:
+            self._pooling.learn(probe)
+        del kwargs["application_name"]
+        kwargs.update(self._pooling.connect_options(self._name))
         pool: ConnectionPool[Conn] = ConnectionPool(
             self._conninfo,
             min_size=self._min_size,
@@ -396,7 +393,16 @@ class PoolSource:
         pool = self._current()
         try:
             conn = pool.getconn()
-        except psycopg_pool.PoolTimeout:  # only acquiring raises it
+        except psycopg_pool.PoolTimeout as exc:  # only acquiring raises it
+            stats = pool.get_stats()
+            if stats.get("pool_size", 0) >= self._max_size and not stats.get("pool_available"):
+                # every connection was in use all along: the pool is fine, only busy
+                raise PoolExhausted(
+                    f"all {self._max_size} connections of its pool {self._name!r} were in use "
+                    f"for {self._timeout:g}s (connect_timeout), and none came free; nothing "
+                    "was written. Raise pool_max_size (and the pooler's or the server's "
+                    "connection budget), or make fewer calls at once"
+                ) from exc
             self._discard(pool)
             raise
         try:
@@ -443,8 +449,10 @@ class DedicatedSource:
         name: str,
         synchronous_commit: bool = True,
         statement_timeout: float | None = 60.0,
+        pooling: Pooling | None = None,
     ) -> None:
         self._conninfo = conninfo
+        self._pooling = pooling or Pooling()
         self._timeout = timeout
         self._name = name
         settings = []
@@ -485,7 +493,7 @@ class DedicatedSource:
             conn = self._conn if self._busy else None
             # a duplicate of its socket, taken while the connection is surely open: the
             # owner closes it only after clearing _conn under this lock
-            sock = _dup_socket(conn) if conn is not None else None
+            sock = dup_socket(conn) if conn is not None else None
         if conn is None or sock is None:
             return
         with sock:
@@ -501,7 +509,20 @@ class DedicatedSource:
                     self._shut = conn
             if still:
                 log.debug("%s: the cancel was not taken in time; shutting the socket", self._name)
-                _shut_down_socket(sock)
+                shut_down_socket(sock)
+
+    def _connect(self) -> Conn:
+        """A new connection; through a transaction pooler without startup settings (which
+        the pooler refuses, and which would not last past a transaction), application name
+        or prepared statements (_pooler.py). Unknown yet: a plain connection tells first."""
+        plain = {k: v for k, v in self._options.items() if k != "options"}
+        common = {"autocommit": True, **connect_timeout_option(self._conninfo, self._timeout)}
+        if not self._pooling.known:
+            with psycopg.connect(self._conninfo, **common, **plain) as probe:
+                self._pooling.learn(probe)
+        mode = self._pooling.connect_options(self._name)
+        options = plain if self._pooling.transaction else self._options
+        return psycopg.connect(self._conninfo, **common, **mode, **options)
 
     def _closed_error(self) -> RunlaneClosed:
         return RunlaneClosed(
@@ -521,14 +542,7 @@ class DedicatedSource:
         if stale and conn is not None:
             conn.close()
         if conn is None or stale:
-            # connect outside the lock: close() and interrupt() must not wait for it
-            conn = psycopg.connect(
-                self._conninfo,
-                autocommit=True,
-                application_name=self._name[:63],
-                **connect_timeout_option(self._conninfo, self._timeout),
-                **self._options,
-            )
+            conn = self._connect()  # outside the lock: close() and interrupt() do not wait
         with self._lock:
             if self._closed:
                 conn.close()
@@ -554,35 +568,3 @@ class DedicatedSource:
             with self._lock:
                 self._busy = False
                 self._shut = None
-
-
-def shut_down(conn: psycopg.Connection[Any]) -> None:
-    """End a wait on ``conn`` in another thread now (a notifies() wait, a statement that a
-    stalled server never answers): shut its socket down under it. The connection is then
-    broken; its owner closes it. Nothing happens when it is already closed."""
-    sock = _dup_socket(conn)
-    if sock is not None:
-        with sock:
-            _shut_down_socket(sock)
-
-
-def _dup_socket(conn: psycopg.Connection[Any]) -> socket.socket | None:
-    """The connection's socket through a descriptor of its own (None when it is closed):
-    it keeps the socket open even if the owner closes the connection meanwhile, so a
-    shutdown through it never reaches another socket that reused the number."""
-    try:
-        fd = os.dup(conn.fileno())
-    except (OSError, psycopg.Error):
-        return None
-    try:
-        return socket.socket(fileno=fd)
-    except OSError:
-        os.close(fd)
-        return None
-
-
-def _shut_down_socket(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        log.debug("shutting a connection's socket down failed", exc_info=True)

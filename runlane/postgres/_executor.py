@@ -39,6 +39,7 @@ from runlane.postgres._connections import (
 )
 from runlane.postgres._migrations import known_checksums
 from runlane.postgres._now import Clock, now_cursor
+from runlane.postgres._pooler import Pooling
 from runlane.postgres._pq import RawStatement
 from runlane.postgres._sql import statements
 from runlane.storage import MaintenanceFence
@@ -76,9 +77,11 @@ def _migrate_hint(schema: str) -> str:
 
 class _Shared:
     """What a storage and its dedicated views share: the schema's statements, the clock
-    they read as now (_now.py), and whether the schema was found current."""
+    they read as now (_now.py), whether the connections go through a pooler (_pooler.py),
+    and whether the schema was found current."""
 
-    def __init__(self, schema: str, clock: Clock | None) -> None:
+    def __init__(self, schema: str, clock: Clock | None, pooling: Pooling) -> None:
+        self.pooling = pooling
         self.sql = statements(schema)
         self.raw = {name: RawStatement(name, self.sql[name], clock) for name in _RAW_STATEMENTS}
         self.cursor = now_cursor(clock)
@@ -99,6 +102,7 @@ class Executor:
         connect_timeout: float,
         statement_timeout: float | None,
         clock: Clock | None = None,
+        pooling: Pooling | None = None,
         _shared: _Shared | None = None,
     ) -> None:
         self.schema = schema
@@ -107,7 +111,7 @@ class Executor:
         # of dedicated views' statements: a statement blocked longer than this fails
         self.statement_timeout = statement_timeout
         self._source = source
-        self._shared = _shared or _Shared(schema, clock)
+        self._shared = _shared or _Shared(schema, clock, pooling or Pooling())
         self.sql, self.raw = self._shared.sql, self._shared.raw
         self._lock = threading.Lock()
         self._opened = False
@@ -123,6 +127,7 @@ class Executor:
             name=name,
             synchronous_commit=synchronous_commit,
             statement_timeout=self.statement_timeout,
+            pooling=self._shared.pooling,
         )
         return Executor(
             conninfo=self.conninfo,

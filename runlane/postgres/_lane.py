@@ -24,10 +24,11 @@ from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, check_conninf
 from runlane.postgres._ends import RunEnds
 from runlane.postgres._listener import PostgresListener
 from runlane.postgres._now import Clock
+from runlane.postgres._pooler import POOLERS
 from runlane.postgres._sql import notify_channel, validate_schema_name
 from runlane.postgres._storage import PostgresStorage
 from runlane.storage import MaintenanceFence, Storage
-from runlane.toolkit import as_int, as_seconds, as_timedelta
+from runlane.toolkit import as_int, as_seconds, as_timedelta, shown
 
 __all__ = [
     "PostgresOptions",
@@ -58,6 +59,18 @@ class PostgresOptions(Protocol):
     def pool_max_size(self) -> int: ...
     @property
     def connect_timeout(self) -> float: ...
+    @property
+    def listen_connection_string(self) -> str | None: ...
+    @property
+    def pooler(self) -> str: ...
+
+
+def listen_target(options: PostgresOptions) -> tuple[str, str, bool]:
+    """Where the LISTEN connection goes: its connection string, how the start line names
+    it, and whether it is to check for a pooler (the lane's own string, pooler ``auto``)."""
+    if options.listen_connection_string is not None:
+        return options.listen_connection_string, "listen_connection_string", False
+    return options.connection_string, "the lane's connection string", options.pooler == "auto"
 
 
 def postgres_storage(options: PostgresOptions, clock: Clock | None = None) -> PostgresStorage:
@@ -70,6 +83,7 @@ def postgres_storage(options: PostgresOptions, clock: Clock | None = None) -> Po
         pool_max_size=options.pool_max_size,
         connect_timeout=options.connect_timeout,
         clock=clock,
+        pooler=options.pooler,
     )
 
 
@@ -80,20 +94,23 @@ def postgres_listener(
     name: str,
 ) -> PostgresListener:
     """An announcement listener on the schema's ``notify_channel``, not started."""
+    target, via, check_pooler = listen_target(options)
     return PostgresListener(
-        connection_string=options.connection_string,
+        connection_string=target,
         channel=notify_channel(options.schema),
         environment=environment,
         on_wake=on_wake,
         name=name,
         connect_timeout=options.connect_timeout,
+        via=via,
+        check_pooler=check_pooler,
     )
 
 
 def postgres_run_ends(options: PostgresOptions, environment: str, name: str) -> RunEnds:
     """Wake-ups on runs ending, for ``wait_for_run`` (``watch_run_ends``)."""
     return RunEnds(
-        connection_string=options.connection_string,
+        connection_string=listen_target(options)[0],
         schema=options.schema,
         environment=environment,
         connect_timeout=options.connect_timeout,
@@ -114,6 +131,8 @@ class PostgresPollingLane:
     poll_interval: timedelta
     listen: bool
     clock: Clock | None = attrs.field(default=None, repr=False)
+    listen_connection_string: str | None = attrs.field(default=None, repr=False)
+    pooler: str = "auto"
 
     @property
     def name(self) -> str:
@@ -187,6 +206,9 @@ def check_postgres_storage_options(
     lease_duration: timedelta,
     poll_interval: timedelta,
     connect_timeout: float,
+    pooler: str = "auto",
+    listen: bool = True,
+    listen_connection_string: str | None = None,
 ) -> None:
     """The checks every lane keeping its runs in Postgres makes of its storage options
     (its ``create_runlane``-time validation): raises :class:`~runlane.ConfigurationError`
@@ -205,6 +227,29 @@ def check_postgres_storage_options(
     as_timedelta("poll_interval", poll_interval, _MIN_POLL_INTERVAL, MAX_POLL_INTERVAL)
     # libpq counts connect_timeout in whole seconds, the pool waits it for a connection
     as_seconds("connect_timeout", connect_timeout, MAX_CONNECT_TIMEOUT)
+    check_listen_options(pooler, listen, listen_connection_string)
+
+
+def check_listen_options(pooler: str, listen: bool, listen_connection_string: str | None) -> None:
+    """``pooler`` is one runlane knows; LISTEN has somewhere to go that can hear."""
+    if pooler not in POOLERS:
+        raise ConfigurationError(
+            f"pooler must be one of {', '.join(map(repr, POOLERS))}, got {shown(pooler)}: "
+            "'transaction' behind PgBouncer (pool_mode=transaction), RDS Proxy or pgcat"
+        )
+    if listen_connection_string is not None:
+        if not listen:
+            raise ConfigurationError(
+                "listen_connection_string= is where the LISTEN connection goes, and "
+                "listen=False turns that connection off: pass one or the other"
+            )
+        check_conninfo(listen_connection_string)
+    elif listen and pooler == "transaction":
+        raise ConfigurationError(
+            "LISTEN cannot work through a pooler in transaction mode (the server session "
+            "changes hands after each transaction): pass listen_connection_string= (straight "
+            "to the primary) or listen=False (poll only)"
+        )
 
 
 def postgres_polling_lane(
@@ -218,17 +263,25 @@ def postgres_polling_lane(
     poll_interval: timedelta = timedelta(seconds=1),
     listen: bool = True,
     clock: Clock | None = None,
+    listen_connection_string: str | None = None,
+    pooler: str = "auto",
 ) -> PostgresPollingLane:
     """A lane storing runs in ``schema`` of the database at ``connection_string``.
 
     ``lease_duration`` is how long an attempt's lease lasts between extensions; a worker that
     stops extending (crash, freeze) loses the run to maintenance after at most this long.
     Idle workers wake on NOTIFY and also poll every ``poll_interval`` (jittered), which is
-    what finds delayed runs and covers lost notifications; ``listen=False`` polls only (for
-    connection poolers that cannot LISTEN). ``clock``: the time every statement of the lane's
-    storages reads as now instead of the database's (tests: :class:`runlane.testing.MovableClock`,
-    docs/testing.md). ``connect_timeout`` (seconds, 5 by default; a
-    ``connect_timeout`` in the connection string wins) bounds making a connection: a wrong
+    what finds delayed runs and covers lost notifications; ``listen=False`` polls only.
+    ``listen_connection_string`` sends the one LISTEN connection somewhere else than the
+    rest (straight to the primary while everything else goes through PgBouncer).
+    ``pooler``: ``"auto"`` finds out from the first connection whether it goes through a
+    pooler; ``"transaction"`` says it does (PgBouncer ``pool_mode=transaction``, RDS Proxy,
+    pgcat: no named prepared statements, startup settings or LISTEN through it);
+    ``"session"`` or ``"none"`` say session state lasts (docs/deployment.md). ``clock``: the
+    time every statement of the lane's storages reads as now instead of the database's
+    (tests: :class:`runlane.testing.MovableClock`, docs/testing.md).
+    ``connect_timeout`` (seconds, 5 by default; a ``connect_timeout`` in the connection string
+    wins) bounds making a connection: a wrong
     host, port, password or database fails the first call within it, with a
     :class:`~runlane.StorageUnavailable` naming the cause. A free pooled connection is waited
     for up to ``connect_timeout`` too: a call that starts during an outage fails within it,
@@ -245,6 +298,9 @@ def postgres_polling_lane(
         lease_duration=lease_duration,
         poll_interval=poll_interval,
         connect_timeout=connect_timeout,
+        pooler=pooler,
+        listen=listen,
+        listen_connection_string=listen_connection_string,
     )
     return PostgresPollingLane(
         connection_string=connection_string,
@@ -256,4 +312,6 @@ def postgres_polling_lane(
         poll_interval=poll_interval,
         listen=listen,
         clock=clock,
+        listen_connection_string=listen_connection_string,
+        pooler=pooler,
     )

@@ -5,6 +5,13 @@ on the schema's channel; the listener passes the queue to a callback. After ever
 (re)connect it calls the callback with ``None`` ("something may have been missed"), because
 notifications sent while it was away are lost. A quiet connection is probed now and then, so
 a half-open one is noticed and replaced.
+
+It says once, at INFO, where it LISTENs (``via``: the lane's connection string, or its
+``listen_connection_string=`` straight to the primary). A LISTEN through a pooler in
+transaction mode would hear nothing reliably (the server session changes hands after each
+transaction): when the lane's own connection string turns out to go through one
+(``check_pooler``, postgres/_pooler.py), the listener says so in one WARNING line and stops;
+its owner polls (``gave_up``).
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ from psycopg import sql
 from runlane.postgres._connections import (
     DEFAULT_CONNECT_TIMEOUT,
     connect_timeout_option,
-    shut_down,
+    describe_target,
 )
+from runlane.postgres._pooler import behind_pooler
+from runlane.postgres._sockets import shut_down
 from runlane.toolkit import Backoff
 
 __all__ = ["PostgresListener"]
@@ -30,6 +39,10 @@ log = logging.getLogger("runlane.listener")
 
 _PROBE_EVERY = 5.0  # seconds of silence before "select 1" checks the connection
 _WAIT_SLICE = 1.0  # longest single wait; close() normally interrupts it sooner
+
+
+class _ThroughPooler(Exception):
+    """The LISTEN connection goes through a transaction-mode pooler."""
 
 
 class PostgresListener:
@@ -42,8 +55,14 @@ class PostgresListener:
         on_wake: Callable[[str | None], None],
         name: str,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        via: str = "the lane's connection string",
+        check_pooler: bool = False,
     ) -> None:
         self._conninfo = connection_string
+        self._via = via
+        self._check_pooler = check_pooler
+        self._announced = False
+        self.gave_up = threading.Event()  # set when a pooler made LISTEN useless: poll only
         self._channel = channel
         self._environment = environment
         self._on_wake = on_wake
@@ -80,10 +99,15 @@ class PostgresListener:
             keepalives_count=3,
         )
         try:
-            conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
+            through = self._check_pooler and behind_pooler(conn)
+            if not through:
+                conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
         except BaseException:
             conn.close()
             raise
+        if through:
+            conn.close()
+            raise _ThroughPooler
         return conn
 
     def _loop(self) -> None:
@@ -91,6 +115,16 @@ class PostgresListener:
         while not self._stop.is_set():
             try:
                 conn = self._connect()
+            except _ThroughPooler:
+                log.warning(
+                    "runlane listener %s: %s goes through a connection pooler, where LISTEN "
+                    "hears nothing reliably: polling only. Pass listen_connection_string= "
+                    "(straight to the primary) to be woken at once, or listen=False",
+                    self._name,
+                    describe_target(self._conninfo),
+                )
+                self.gave_up.set()
+                return
             except psycopg.Error as exc:
                 if self._stop.is_set():  # closed while connecting: close gave up on the wait
                     log.debug("runlane listener: connect failed after close (%s)", exc)
@@ -102,6 +136,14 @@ class PostgresListener:
                 self._conn = conn
             self.connected.set()
             backoff.reset()
+            if not self._announced:
+                self._announced = True
+                log.info(
+                    "runlane listener %s: LISTEN on %s (%s)",
+                    self._name,
+                    describe_target(self._conninfo),
+                    self._via,
+                )
             try:
                 self._on_wake(None)  # whatever was sent while we were away is lost
                 self._listen(conn)

@@ -18,7 +18,9 @@ own machinery rather than its documented API (``pq`` is documented). They are us
 with the psycopg releases this path was tested against (``TESTED_PSYCOPG``, checked when
 this module loads; no upper bound is forced on users): with any other release, or with
 ``RUNLANE_PSYCOPG_LIBPQ=0`` in the environment, the same statements go through psycopg's
-public cursor API and come back as the same text (``RAW_PATH`` says which is in use). The
+public cursor API and come back as the same text (``RAW_PATH`` says which is in use); so
+do they on a connection whose ``prepare_threshold`` is None (through a transaction-mode
+pooler: no statement may be prepared by name, ``postgres/_pooler.py``). The
 trigger tests run both ways (tests/test_pq.py, test_group_commit.py, test_trigger.py).
 """
 
@@ -38,9 +40,9 @@ from psycopg import errors, generators, pq
 from psycopg.adapt import Buffer, Loader
 
 from runlane.postgres._connections import Conn
+from runlane.postgres._now import set_now
 
 __all__ = ["RAW_PATH", "TESTED_PSYCOPG", "RawStatement"]
-from runlane.postgres._now import set_now
 
 #: The psycopg releases (major, minor) whose internals the libpq path was tested against.
 TESTED_PSYCOPG = ((3, 3),)
@@ -127,7 +129,9 @@ class RawStatement:
         elif "now" in self.params:
             values = {**values, "now": None}
         args = self._encoded(conn, values)
-        if not RAW_PATH:
+        if not RAW_PATH or conn.prepare_threshold is None:
+            # a connection that prepares nothing by name (through a transaction pooler,
+            # postgres/_pooler.py, whose next transaction may run on another server session)
             return self._cursor_rows(conn, values)
         encoding = conn.info.encoding
         with conn.lock:

@@ -14,6 +14,7 @@ from runlane.postgres._inspect import InspectRepository
 from runlane.postgres._maintenance import MaintenanceRepository
 from runlane.postgres._now import Clock
 from runlane.postgres._outbox import OutboxRepository
+from runlane.postgres._pooler import Pooling
 from runlane.postgres._queues import QueueRepository
 from runlane.postgres._runs import RunRepository
 from runlane.postgres._schedules import ScheduleRepository
@@ -52,11 +53,13 @@ class PostgresStorage:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         statement_timeout: float | None = 60.0,
         clock: Clock | None = None,
+        pooler: str = "auto",
         _db: Executor | None = None,
         _eager: EagerPublisher | None = None,
     ) -> None:
         self.schema = validate_schema_name(schema)
         check_conninfo(connection_string)
+        pooling = Pooling(pooler)  # direct or through a transaction pooler: postgres/_pooler.py
         self._db = _db or Executor(
             conninfo=connection_string,
             schema=schema,
@@ -66,10 +69,12 @@ class PostgresStorage:
                 max_size=pool_max_size,
                 name=f"runlane-{schema}",
                 timeout=connect_timeout,
+                pooling=pooling,
             ),
             connect_timeout=connect_timeout,
             statement_timeout=statement_timeout,
             clock=clock,
+            pooling=pooling,
         )
         # a transport lane's publisher: triggers store their items claimed and hand them over
         self._eager = _eager

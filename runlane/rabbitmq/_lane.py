@@ -88,6 +88,8 @@ class RabbitMQLane:
     defer_delay: timedelta
     queue_type: str = "quorum"
     clock: Callable[[], datetime] | None = attrs.field(default=None, repr=False)
+    listen_connection_string: str | None = attrs.field(default=None, repr=False)
+    pooler: str = "auto"
 
     name = "rabbitmq"
     drain_unsupported = _DRAIN_UNSUPPORTED
@@ -259,6 +261,8 @@ def rabbitmq_lane(
     recovery_threshold: timedelta = timedelta(minutes=5),
     defer_delay: timedelta = timedelta(seconds=1),
     queue_type: str = "quorum",
+    listen_connection_string: str | None = None,
+    pooler: str = "auto",
     clock: Callable[[], datetime] | None = None,
 ) -> RabbitMQLane:
     """A lane keeping runs in ``schema`` at ``connection_string`` and delivering them
@@ -282,6 +286,9 @@ def rabbitmq_lane(
     again after ``recovery_threshold``; no ``delivery_limit``). Every runtime of a schema
     must use the same type: the broker refuses to declare a queue with another. See
     docs/deploying.md, "Quorum or classic queues".
+    ``listen_connection_string`` and ``pooler``: as
+    :func:`~runlane.postgres.postgres_polling_lane`'s (the outbox publisher's LISTEN
+    connection; through a transaction pooler it needs ``listen_connection_string``).
     ``clock``: as :func:`~runlane.postgres.postgres_polling_lane`'s (a test's
     :class:`runlane.testing.MovableClock`: the time every storage of the lane reads as now).
     """
@@ -293,6 +300,8 @@ def rabbitmq_lane(
         lease_duration=lease_duration,
         poll_interval=poll_interval,
         connect_timeout=connect_timeout,
+        pooler=pooler,
+        listen_connection_string=listen_connection_string,
     )
     check_amqp_url(amqp_url)
     if clock is not None and not callable(clock):
@@ -333,5 +342,7 @@ def rabbitmq_lane(
         recovery_threshold=recovery_threshold,
         defer_delay=defer_delay,
         queue_type=queue_type,
+        listen_connection_string=listen_connection_string,
+        pooler=pooler,
         clock=clock,
     )
