@@ -77,7 +77,6 @@ class MaintenanceRepository:
                     max_attempts=row[4],
                     lease_token=row[5],
                     lease_expires_at=row[6],
-                    cancel_requested=bool(row[7]),
                 )
                 for row in conn.execute(statement, params).fetchall()
             ]

@@ -170,7 +170,6 @@ class ExpiredAttempt:
     max_attempts: int
     lease_token: uuid.UUID
     lease_expires_at: datetime
-    cancel_requested: bool  # the run is cancellation_requested: its handler is asked to stop
 
 
 @attrs.frozen

@@ -88,7 +88,7 @@ returning r.id, r.queue;
 -- decides each one's fate (runlane.retry.next_retry_delay) and run_expire_many writes it,
 -- re-checking the lease there.
 select id, task_id, attempt, attempt - releases as attempts_consumed, max_attempts,
-       lease_token, lease_expires_at, status = 'cancellation_requested' as cancel_requested
+       lease_token, lease_expires_at
 from {schema}.runs
 where environment = %(environment)s
   and status in ('running', 'cancellation_requested')
