@@ -73,6 +73,7 @@ def _round(
         "lease_seconds": timedelta(minutes=5).total_seconds(),
         "concurrency_limit": None,
         "worker_id": None,
+        "now": None,
     }
     claimed: list[tuple[uuid.UUID, int, uuid.UUID]] = []
     started = time.perf_counter()
@@ -92,6 +93,7 @@ def _round(
                 "attempts": [c[1] for c in chunk],
                 "lease_tokens": [c[2] for c in chunk],
                 "outputs": "[" + ",".join("1" for _ in chunk) + "]",
+                "now": None,
             },
         )
     completions = (time.perf_counter() - started) / runs * 1e6
