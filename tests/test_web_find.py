@@ -16,6 +16,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import WebDriverWait
 
 from runlane import RunContext, Runlane, RunStatus, queue, task
 from runlane.cli import EXIT_CONFIGURATION, main
@@ -258,6 +259,9 @@ def test_find_in_the_browser(browser: WebDriver, shop: dict[str, Any]) -> None:
         assert text(browser, "#run-id") == str(ids["refund"])
         copy = browser.find_element(By.CSS_SELECTOR, "h1 [data-copy]")
         assert copy.get_attribute("data-copy") == str(ids["refund"])
+        copy.click()
+        WebDriverWait(browser, 5).until(lambda d: copy.get_attribute("data-copied") == "1")
+        assert copy.text == "copied"
         browser.get(base + "/find?run=billing")
         assert "is not a run id" in text(browser, "#error")
 

@@ -88,17 +88,21 @@
     if (!button) { return; }
     var value = button.getAttribute("data-copy");
     function copied() { button.setAttribute("data-copied", "1"); button.textContent = "copied"; }
-    if (navigator.clipboard && window.isSecureContext) {
-      navigator.clipboard.writeText(value).then(copied, function () {});
-    } else {
+    function bySelection() {
+      /* plain http on another host has no clipboard API; a refused permission neither */
       var area = document.createElement("textarea");
       area.value = value;
       area.setAttribute("readonly", "");
       area.className = "offscreen";
       body.appendChild(area);
       area.select();
-      try { document.execCommand("copy"); copied(); } catch (e) { /* copy by hand */ }
+      try { if (document.execCommand("copy")) { copied(); } } catch (e) { /* copy by hand */ }
       body.removeChild(area);
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(value).then(copied, bySelection);
+    } else {
+      bySelection();
     }
   });
   void timer;
