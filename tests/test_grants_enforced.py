@@ -593,3 +593,41 @@ def test_a_malformed_error_written_through_sql_breaks_no_read(
     assert other.message == '"just text"'
     assert {run.id for run in runtime.list_runs().runs} >= {queued.id, waiting}
     assert runtime.get_run_history(queued.id).run.error == error
+
+
+STATS_ROW = (
+    "insert into {schema}.stats_rollup (environment, span, minute, queue, task_id, completed, "
+    "wait_counts, run_counts) values ('default', 1, %s, 'default', 'grants.leaf', %s, "
+    "array_fill(0, array[54]), array_fill(0, array[54]))"
+)
+
+
+@pytest.mark.parametrize("job", ["producer", "worker", "maintenance", "operator"])
+def test_only_maintenance_writes_the_rollup_and_only_operators_read_it(
+    job: str, schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """The per-minute rollup (migration 20) is the stats band's: no other job writes it
+    nor moves its fold's mark; the operator job reads it (Runlane.stats, the console,
+    /metrics), producers and workers have no use for it and cannot read it."""
+    conninfo = granted(job)
+    runs.run(STATS_ROW, "2026-01-01T00:00:00Z", 7)
+    runs.run("insert into {schema}.stats_folds values ('default', '2026-01-01T00:05:00Z')")
+    snapshot = (
+        "select s::text from {schema}.stats_rollup as s "
+        "union all select f::text from {schema}.stats_folds as f order by 1"
+    )
+    before = runs.all(snapshot)
+    refused(conninfo, schema, "truncate {schema}.stats_rollup")
+    if job != "maintenance":
+        refused(conninfo, schema, "update {schema}.stats_rollup set completed = 1000")
+        refused(conninfo, schema, "delete from {schema}.stats_rollup")
+        refused(conninfo, schema, STATS_ROW, "2026-01-01T00:01:00Z", 1000)
+        refused(conninfo, schema, "update {schema}.stats_folds set folded_until = now()")
+        refused(conninfo, schema, "insert into {schema}.stats_folds values ('other', now())")
+    if job in ("producer", "worker"):
+        refused(conninfo, schema, "select completed from {schema}.stats_rollup")
+    else:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            text = sql.SQL("select completed from {}.stats_rollup").format(sql.Identifier(schema))
+            assert conn.execute(text).fetchall() == [(7,)]
+    assert runs.all(snapshot) == before

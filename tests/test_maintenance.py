@@ -688,6 +688,7 @@ def test_phases_run_in_order_and_results_add_up() -> None:
         "attempt_expiry",
         "delivery_recovery",
         "cleanup",
+        "stats",
     ]
     total = MaintenanceResult(attempts_expired=2) + MaintenanceResult(
         attempts_expired=1, runs_pruned=4

@@ -64,7 +64,7 @@ from tests.helpers import Conn, SchemaDb, run_together, storage_of, wait_until
 
 T = TypeVar("T")
 
-BANDS = frozenset({"schedules", "delivery", "recovery", "cleanup"})
+BANDS = frozenset({"schedules", "delivery", "recovery", "cleanup", "stats"})
 SHORT = timedelta(seconds=1)
 
 NO_BACKOFF = RetryPolicy(

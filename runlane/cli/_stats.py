@@ -88,7 +88,7 @@ def add_stats_command(commands: Any, load_app: LoadApp) -> None:
     stats.add_argument(
         "--bucket",
         metavar="SIZE",
-        help=f"one of {', '.join(BUCKETS)} (default: the smallest giving at most 300 buckets)",
+        help=f"one of {', '.join(BUCKETS)} (default: the smallest giving at most 200 buckets)",
     )
     stats.add_argument("--json", action="store_true", help="print JSON")
     stats.set_defaults(handler=lambda args: _cmd_stats(load_app, args))

@@ -8,6 +8,7 @@ services, each write also carries the band's fence (see ``_services.py``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import attrs
@@ -39,6 +40,9 @@ from runlane.tasks import Task
 __all__ = ["MaintenanceScope", "ScheduleEntry", "run_maintenance_pass", "run_phase"]
 
 _PRUNE_BATCH = 500
+# how far back each stats pass recomputes the rollup: minutes older than this are final
+# (docs/observability.md: what a transaction committing later than this misses)
+STATS_LOOKBACK = timedelta(minutes=5)
 
 
 @attrs.frozen
@@ -219,6 +223,24 @@ def _cleanup(
     )
 
 
+def _stats(
+    scope: MaintenanceScope, limits: MaintenanceLimits, fence: MaintenanceFence | None
+) -> MaintenanceResult:
+    """Fold the recent minutes into the rollup and prune it past retention. The fold
+    recomputes (its rows are not records changed: it counts nothing); pruning counts."""
+    storage = scope.storage
+    if limits.stats_minutes:
+        storage.stats_fold(scope.environment, STATS_LOOKBACK, limits.stats_minutes, fence=fence)
+    pruned = (
+        storage.stats_prune(
+            scope.environment, scope.retention.stats, limits.cleanup_limit, fence=fence
+        )
+        if limits.cleanup_limit
+        else 0
+    )
+    return MaintenanceResult(stats_pruned=pruned)
+
+
 def run_phase(
     scope: MaintenanceScope,
     phase: MaintenancePhase,
@@ -256,6 +278,8 @@ def run_phase(
         return MaintenanceResult(lane=scope.recover_delivery(env, limits, fence))
     if phase is MaintenancePhase.CLEANUP:
         return _cleanup(scope, limits.cleanup_limit, fence)
+    if phase is MaintenancePhase.STATS:
+        return _stats(scope, limits, fence)
     raise AssertionError(f"unknown phase {phase!r}")
 
 

@@ -89,6 +89,7 @@ BANDS = (
     ),
     Band("recovery", (MaintenancePhase.ATTEMPT_EXPIRY,), timedelta(seconds=1)),
     Band("cleanup", (MaintenancePhase.CLEANUP,), timedelta(seconds=60)),
+    Band("stats", (MaintenancePhase.STATS,), timedelta(seconds=10)),
 )
 
 

@@ -30,6 +30,7 @@ class MaintenancePhase(enum.StrEnum):
     ATTEMPT_EXPIRY = "attempt_expiry"
     DELIVERY_RECOVERY = "delivery_recovery"
     CLEANUP = "cleanup"
+    STATS = "stats"  # the per-minute rollup: fold recent minutes, prune past retention
 
 
 def _count(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
@@ -60,6 +61,8 @@ class MaintenanceLimits:
     attempt_expiry_limit: int = _limit(1000)
     delivery_recovery_limit: int = _limit(100)
     cleanup_limit: int = _limit(1000)
+    # minutes of the rollup one pass recomputes at most (a fold behind catches up this fast)
+    stats_minutes: int = _limit(60)
     # transport lanes: outbox items one pass publishes (at least 1)
     outbox_publish_limit: int = attrs.field(default=100, validator=_positive)
 
@@ -127,6 +130,7 @@ class MaintenanceResult:
     runs_pruned: int = 0
     runs_tombstoned: int = 0
     workers_pruned: int = 0  # rows of stopped and lost workers past their retention
+    stats_pruned: int = 0  # rows of the per-minute rollup past their retention
     lane: LaneMaintenance = LaneMaintenance()  # what the lane's delivery recovery did
 
     @property
@@ -175,12 +179,14 @@ def _retention(instance: object, attribute: attrs.Attribute[timedelta], value: t
 class RetentionPolicy:
     """How long terminal runs are kept before cleanup prunes them, and how long the rows of
     stopped and lost workers are (``workers``, from their last heartbeat: an attempt's host
-    is shown while its worker's row is kept, so the default matches ``completed``)."""
+    is shown while its worker's row is kept, so the default matches ``completed``), and the
+    rows of the per-minute rollup ``Runlane.stats`` reads (``stats``, from their minute)."""
 
     completed: timedelta = attrs.field(default=timedelta(days=7), validator=_retention)
     failed: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
     cancelled: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
     workers: timedelta = attrs.field(default=timedelta(days=7), validator=_retention)
+    stats: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
 
 
 @attrs.frozen

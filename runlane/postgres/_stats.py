@@ -1,6 +1,5 @@
-"""The stats repository: the per-minute rollup (migration 20) the maintenance band
-``stats`` folds and prunes, and its read for ``Runlane.stats``. Statements:
-``sql/stats.sql``.
+"""The stats repository: the rollup (migration 20) the maintenance band ``stats`` folds
+and prunes, and its read for ``Runlane.stats``. Statements: ``sql/stats.sql``.
 """
 
 from __future__ import annotations
@@ -8,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from runlane.postgres._connections import Conn
+from runlane.postgres._connections import Conn, own_transaction
 from runlane.postgres._executor import Executor
 from runlane.stats import HISTOGRAM_BOUNDS, Histogram, StatsBucket
 from runlane.storage import MaintenanceFence
@@ -16,13 +15,8 @@ from runlane.storage import MaintenanceFence
 __all__ = ["StatsRepository"]
 
 _NEGATED_BOUNDS = [-bound for bound in reversed(HISTOGRAM_BOUNDS)]
-
-
-def _histogram(pairs: list[list[int]], total: float) -> Histogram:
-    counts = [0] * (len(HISTOGRAM_BOUNDS) + 1)
-    for index, n in pairs:
-        counts[index - 1] = n  # SQL arrays count from 1
-    return Histogram(tuple(counts), float(total))
+# the longer spans the minutes are summed into (stats_rollup.span), longest first
+SPANS = (60, 15)
 
 
 class StatsRepository:
@@ -47,12 +41,22 @@ class StatsRepository:
             "bucket_count": len(HISTOGRAM_BOUNDS),
             "negated_bounds": _NEGATED_BOUNDS,
         }
-        statement = self._sql["stats_fold"]
+        sql = self._sql
 
         def fold(conn: Conn) -> int:
-            row = conn.execute(statement, params).fetchone()
-            assert row is not None
-            return int(row[2])
+            with own_transaction(conn):  # the minutes and their spans together
+                row = conn.execute(sql["stats_fold"], params).fetchone()
+                assert row is not None
+                start_at, end_at, written = row[0], row[1], int(row[2])
+                for span in SPANS:
+                    spans = {
+                        "environment": environment,
+                        "span": span,
+                        "start_at": start_at,
+                        "end_at": end_at,
+                    }
+                    conn.execute(sql["stats_fold_span"], spans)
+            return written
 
         return self._db.fenced(fence, fold)
 
@@ -85,6 +89,8 @@ class StatsRepository:
             "since": since,
             "until": until,
             "bucket_seconds": bucket.total_seconds(),
+            # the longest span that divides the bucket: the fewest rows to sum
+            "span": next((s for s in SPANS if bucket % timedelta(minutes=s) == timedelta(0)), 1),
         }
         statement = self._sql["stats_read"]
 
@@ -98,8 +104,8 @@ class StatsRepository:
                     completed=int(row[4]),
                     failed=int(row[5]),
                     cancelled=int(row[6]),
-                    wait=_histogram(row[9], row[7]),
-                    run_time=_histogram(row[10], row[8]),
+                    wait=Histogram(tuple(row[9]), float(row[7])),
+                    run_time=Histogram(tuple(row[10]), float(row[8])),
                 )
                 for row in conn.execute(statement, params).fetchall()
             ]

@@ -128,6 +128,10 @@ grant update (owner, fencing, expires_at, acquired_at)
 -- expired attempts record their worker; cleanup deletes stopped and lost workers' rows
 grant insert (worker_id) on {schema}.attempts to {role};
 grant select, delete on {schema}.workers to {role};
+-- the stats band folds recent minutes into the rollup (an upsert of whole minutes, and a
+-- delete of those nothing happened in), records how far it got, and prunes past retention
+grant select, insert, update, delete on {schema}.stats_rollup to {role};
+grant select, insert, update on {schema}.stats_folds to {role};
 
 -- name: grant_operator
 -- list_runs, get_run, get_run_history, status (and `runlane status`, `runlane runs ...`),
@@ -146,6 +150,8 @@ grant select on {schema}.wait_tokens to {role};
 grant select on {schema}.maintenance_leases to {role};
 -- list_workers, and the host of each attempt in get_run_history
 grant select on {schema}.workers to {role};
+-- stats (and `runlane stats`, the console's charts, /metrics): reads of the rollup only
+grant select on {schema}.stats_rollup to {role};
 -- pause_queue (an upsert of the queue's row) and resume_queue; resuming a queue of a
 -- transport lane writes outbox items of its queued runs (grant_common's outbox insert)
 grant insert (environment, queue, paused, paused_reason, paused_at, updated_at)

@@ -1,5 +1,6 @@
--- The per-minute rollup (migration 20): the maintenance band's fold and prune, and the
--- reads of Runlane.stats.
+-- The rollup (migration 20): the maintenance band's fold and prune, and the reads of
+-- Runlane.stats. Rows of span 1 are minutes recomputed from runs and attempts; rows of spans
+-- 15 and 60 are those minutes summed (a histogram element by element: sum(a[1]), ...).
 --
 -- Named statements of the Postgres storage; {schema} is the quoted schema name. Minutes are
 -- UTC minutes from the epoch (date_bin), whatever the session's time zone. A histogram's
@@ -19,7 +20,8 @@
 -- retried), completed, failed and cancelled (runs.finished_at), and for the runs that
 -- completed or failed the wait (due_at to attempt_started_at) and run time (to finished_at)
 -- of their final attempt. Rows of the window's minutes nothing happened in are deleted.
--- Returns the window and the rows written.
+-- Returns the window (stats_fold_span then sums its minutes into the longer spans) and the
+-- rows written.
 with win as materialized (
     select w.start_at,
            least(w.start_at + %(max_minutes)s * interval '1 minute',
@@ -124,22 +126,22 @@ with win as materialized (
     left join started as s using (queue, task_id, minute)
     left join finished as f using (queue, task_id, minute)
 ), cleared as (
-    delete from {schema}.stats_minutes as m
+    delete from {schema}.stats_rollup as m
     using win
-    where m.environment = %(environment)s
+    where m.environment = %(environment)s and m.span = 1
       and m.minute >= win.start_at and m.minute < win.end_at
       and not exists (select from rolled as k
                       where k.queue = m.queue and k.task_id = m.task_id
                         and k.minute = m.minute)
     returning 1
 ), written as (
-    insert into {schema}.stats_minutes as m (
-        environment, minute, queue, task_id, triggered, started, retried, completed, failed,
-        cancelled, wait_counts, wait_sum, run_counts, run_sum)
-    select %(environment)s, minute, queue, task_id, triggered, started, retried, completed,
+    insert into {schema}.stats_rollup as m (
+        environment, span, minute, queue, task_id, triggered, started, retried, completed,
+        failed, cancelled, wait_counts, wait_sum, run_counts, run_sum)
+    select %(environment)s, 1, minute, queue, task_id, triggered, started, retried, completed,
            failed, cancelled, wait_counts, wait_sum, run_counts, run_sum
     from rolled
-    on conflict (environment, minute, queue, task_id) do update
+    on conflict (environment, span, minute, queue, task_id) do update
     set triggered = excluded.triggered, started = excluded.started,
         retried = excluded.retried, completed = excluded.completed,
         failed = excluded.failed, cancelled = excluded.cancelled,
@@ -158,58 +160,157 @@ select win.start_at, win.end_at,
        (select count(*) from moved)::int as moved
 from win;
 
+-- name: stats_fold_span
+-- The rows of span %(span)s (15 or 60 minutes) that the minutes from %(start_at)s to
+-- %(end_at)s fall in, summed again from all their minutes' rows; a span none of whose
+-- minutes has a row is deleted.
+with win as materialized (
+    select date_bin(%(span)s * interval '1 minute', %(start_at)s::timestamptz,
+                    timestamptz 'epoch') as start_at,
+           date_bin(%(span)s * interval '1 minute',
+                    %(end_at)s::timestamptz - interval '1 microsecond', timestamptz 'epoch')
+               + %(span)s * interval '1 minute' as end_at
+), rolled as (
+    select date_bin(%(span)s * interval '1 minute', m.minute, timestamptz 'epoch') as minute,
+           m.queue, m.task_id,
+           sum(m.triggered)::int as triggered, sum(m.started)::int as started,
+           sum(m.retried)::int as retried, sum(m.completed)::int as completed,
+           sum(m.failed)::int as failed, sum(m.cancelled)::int as cancelled,
+           array[sum(m.wait_counts[1]), sum(m.wait_counts[2]), sum(m.wait_counts[3]),
+       sum(m.wait_counts[4]), sum(m.wait_counts[5]), sum(m.wait_counts[6]),
+       sum(m.wait_counts[7]), sum(m.wait_counts[8]), sum(m.wait_counts[9]),
+       sum(m.wait_counts[10]), sum(m.wait_counts[11]), sum(m.wait_counts[12]),
+       sum(m.wait_counts[13]), sum(m.wait_counts[14]), sum(m.wait_counts[15]),
+       sum(m.wait_counts[16]), sum(m.wait_counts[17]), sum(m.wait_counts[18]),
+       sum(m.wait_counts[19]), sum(m.wait_counts[20]), sum(m.wait_counts[21]),
+       sum(m.wait_counts[22]), sum(m.wait_counts[23]), sum(m.wait_counts[24]),
+       sum(m.wait_counts[25]), sum(m.wait_counts[26]), sum(m.wait_counts[27]),
+       sum(m.wait_counts[28]), sum(m.wait_counts[29]), sum(m.wait_counts[30]),
+       sum(m.wait_counts[31]), sum(m.wait_counts[32]), sum(m.wait_counts[33]),
+       sum(m.wait_counts[34]), sum(m.wait_counts[35]), sum(m.wait_counts[36]),
+       sum(m.wait_counts[37]), sum(m.wait_counts[38]), sum(m.wait_counts[39]),
+       sum(m.wait_counts[40]), sum(m.wait_counts[41]), sum(m.wait_counts[42]),
+       sum(m.wait_counts[43]), sum(m.wait_counts[44]), sum(m.wait_counts[45]),
+       sum(m.wait_counts[46]), sum(m.wait_counts[47]), sum(m.wait_counts[48]),
+       sum(m.wait_counts[49]), sum(m.wait_counts[50]), sum(m.wait_counts[51]),
+       sum(m.wait_counts[52]), sum(m.wait_counts[53]), sum(m.wait_counts[54])]::int[]
+               as wait_counts,
+           sum(m.wait_sum) as wait_sum,
+           array[sum(m.run_counts[1]), sum(m.run_counts[2]), sum(m.run_counts[3]),
+       sum(m.run_counts[4]), sum(m.run_counts[5]), sum(m.run_counts[6]),
+       sum(m.run_counts[7]), sum(m.run_counts[8]), sum(m.run_counts[9]),
+       sum(m.run_counts[10]), sum(m.run_counts[11]), sum(m.run_counts[12]),
+       sum(m.run_counts[13]), sum(m.run_counts[14]), sum(m.run_counts[15]),
+       sum(m.run_counts[16]), sum(m.run_counts[17]), sum(m.run_counts[18]),
+       sum(m.run_counts[19]), sum(m.run_counts[20]), sum(m.run_counts[21]),
+       sum(m.run_counts[22]), sum(m.run_counts[23]), sum(m.run_counts[24]),
+       sum(m.run_counts[25]), sum(m.run_counts[26]), sum(m.run_counts[27]),
+       sum(m.run_counts[28]), sum(m.run_counts[29]), sum(m.run_counts[30]),
+       sum(m.run_counts[31]), sum(m.run_counts[32]), sum(m.run_counts[33]),
+       sum(m.run_counts[34]), sum(m.run_counts[35]), sum(m.run_counts[36]),
+       sum(m.run_counts[37]), sum(m.run_counts[38]), sum(m.run_counts[39]),
+       sum(m.run_counts[40]), sum(m.run_counts[41]), sum(m.run_counts[42]),
+       sum(m.run_counts[43]), sum(m.run_counts[44]), sum(m.run_counts[45]),
+       sum(m.run_counts[46]), sum(m.run_counts[47]), sum(m.run_counts[48]),
+       sum(m.run_counts[49]), sum(m.run_counts[50]), sum(m.run_counts[51]),
+       sum(m.run_counts[52]), sum(m.run_counts[53]), sum(m.run_counts[54])]::int[] as run_counts,
+           sum(m.run_sum) as run_sum
+    from {schema}.stats_rollup as m, win
+    where m.environment = %(environment)s and m.span = 1
+      and m.minute >= win.start_at and m.minute < win.end_at
+    group by 1, 2, 3
+), cleared as (
+    delete from {schema}.stats_rollup as s
+    using win
+    where s.environment = %(environment)s and s.span = %(span)s
+      and s.minute >= win.start_at and s.minute < win.end_at
+      and not exists (select from rolled as k
+                      where k.queue = s.queue and k.task_id = s.task_id
+                        and k.minute = s.minute)
+    returning 1
+), written as (
+    insert into {schema}.stats_rollup as s (
+        environment, span, minute, queue, task_id, triggered, started, retried, completed,
+        failed, cancelled, wait_counts, wait_sum, run_counts, run_sum)
+    select %(environment)s, %(span)s, minute, queue, task_id, triggered, started, retried,
+           completed, failed, cancelled, wait_counts, wait_sum, run_counts, run_sum
+    from rolled
+    on conflict (environment, span, minute, queue, task_id) do update
+    set triggered = excluded.triggered, started = excluded.started,
+        retried = excluded.retried, completed = excluded.completed,
+        failed = excluded.failed, cancelled = excluded.cancelled,
+        wait_counts = excluded.wait_counts, wait_sum = excluded.wait_sum,
+        run_counts = excluded.run_counts, run_sum = excluded.run_sum
+    returning 1
+)
+select (select count(*) from written)::int, (select count(*) from cleared)::int;
+
 -- name: stats_prune
--- Retention: the oldest rows of the rollup older than %(keep_seconds)s, at most %(limit)s.
+-- Retention: the oldest rows of the rollup (every span) older than %(keep_seconds)s, at most
+-- %(limit)s.
 with old as (
-    select environment, minute, queue, task_id
-    from {schema}.stats_minutes
+    select environment, span, minute, queue, task_id
+    from {schema}.stats_rollup
     where environment = %(environment)s
       and minute < {@now} - %(keep_seconds)s * interval '1 second'
     order by minute
     limit %(limit)s
 )
-delete from {schema}.stats_minutes as m
+delete from {schema}.stats_rollup as m
 using old
-where m.environment = old.environment and m.minute = old.minute
+where m.environment = old.environment and m.span = old.span and m.minute = old.minute
   and m.queue = old.queue and m.task_id = old.task_id;
 
 -- name: stats_read
--- Runlane.stats: the rollup's rows of [since, until) (minutes; null queue or task: any)
--- summed per bucket of %(bucket_seconds)s seconds from the epoch, with their histograms
--- summed element by element. Served by the primary key (environment, minute, ...).
-with picked as materialized (
-    select date_bin(%(bucket_seconds)s * interval '1 second', minute, timestamptz 'epoch')
-               as bucket,
-           triggered, started, retried, completed, failed, cancelled,
-           wait_counts, wait_sum, run_counts, run_sum
-    from {schema}.stats_minutes
-    where environment = %(environment)s
-      and minute >= %(since)s and minute < %(until)s
-      and (%(queue)s::text is null or queue = %(queue)s::text)
-      and (%(task_id)s::text is null or task_id = %(task_id)s::text)
-), sums as (
-    select bucket, sum(triggered)::bigint as triggered, sum(started)::bigint as started,
-           sum(retried)::bigint as retried, sum(completed)::bigint as completed,
-           sum(failed)::bigint as failed, sum(cancelled)::bigint as cancelled,
-           sum(wait_sum) as wait_sum, sum(run_sum) as run_sum
-    from picked
-    group by bucket
-), waits as (
-    select p.bucket, u.i, sum(u.n)::bigint as n
-    from picked as p, unnest(p.wait_counts) with ordinality as u(n, i)
-    where u.n <> 0
-    group by 1, 2
-), runs as (
-    select p.bucket, u.i, sum(u.n)::bigint as n
-    from picked as p, unnest(p.run_counts) with ordinality as u(n, i)
-    where u.n <> 0
-    group by 1, 2
-)
-select s.bucket, s.triggered, s.started, s.retried, s.completed, s.failed, s.cancelled,
-       s.wait_sum, s.run_sum,
-       (select coalesce(array_agg(array[w.i, w.n] order by w.i), '{{}}')
-        from waits as w where w.bucket = s.bucket) as wait_counts,
-       (select coalesce(array_agg(array[r.i, r.n] order by r.i), '{{}}')
-        from runs as r where r.bucket = s.bucket) as run_counts
-from sums as s
-order by s.bucket;
+-- Runlane.stats: the rollup's rows of span %(span)s in [since, until) (null queue or task:
+-- any) summed per bucket of %(bucket_seconds)s seconds from the epoch (a multiple of the
+-- span), histograms element by element. Served by the primary key.
+select date_bin(%(bucket_seconds)s * interval '1 second', minute, timestamptz 'epoch')
+           as bucket,
+       sum(triggered)::bigint as triggered, sum(started)::bigint as started,
+       sum(retried)::bigint as retried, sum(completed)::bigint as completed,
+       sum(failed)::bigint as failed, sum(cancelled)::bigint as cancelled,
+       sum(wait_sum) as wait_sum, sum(run_sum) as run_sum,
+       array[sum(wait_counts[1]), sum(wait_counts[2]), sum(wait_counts[3]), sum(wait_counts[4]),
+       sum(wait_counts[5]), sum(wait_counts[6]), sum(wait_counts[7]),
+       sum(wait_counts[8]), sum(wait_counts[9]), sum(wait_counts[10]),
+       sum(wait_counts[11]), sum(wait_counts[12]), sum(wait_counts[13]),
+       sum(wait_counts[14]), sum(wait_counts[15]), sum(wait_counts[16]),
+       sum(wait_counts[17]), sum(wait_counts[18]), sum(wait_counts[19]),
+       sum(wait_counts[20]), sum(wait_counts[21]), sum(wait_counts[22]),
+       sum(wait_counts[23]), sum(wait_counts[24]), sum(wait_counts[25]),
+       sum(wait_counts[26]), sum(wait_counts[27]), sum(wait_counts[28]),
+       sum(wait_counts[29]), sum(wait_counts[30]), sum(wait_counts[31]),
+       sum(wait_counts[32]), sum(wait_counts[33]), sum(wait_counts[34]),
+       sum(wait_counts[35]), sum(wait_counts[36]), sum(wait_counts[37]),
+       sum(wait_counts[38]), sum(wait_counts[39]), sum(wait_counts[40]),
+       sum(wait_counts[41]), sum(wait_counts[42]), sum(wait_counts[43]),
+       sum(wait_counts[44]), sum(wait_counts[45]), sum(wait_counts[46]),
+       sum(wait_counts[47]), sum(wait_counts[48]), sum(wait_counts[49]),
+       sum(wait_counts[50]), sum(wait_counts[51]), sum(wait_counts[52]),
+       sum(wait_counts[53]), sum(wait_counts[54])] as wait_counts,
+       array[sum(run_counts[1]), sum(run_counts[2]), sum(run_counts[3]), sum(run_counts[4]),
+       sum(run_counts[5]), sum(run_counts[6]), sum(run_counts[7]),
+       sum(run_counts[8]), sum(run_counts[9]), sum(run_counts[10]),
+       sum(run_counts[11]), sum(run_counts[12]), sum(run_counts[13]),
+       sum(run_counts[14]), sum(run_counts[15]), sum(run_counts[16]),
+       sum(run_counts[17]), sum(run_counts[18]), sum(run_counts[19]),
+       sum(run_counts[20]), sum(run_counts[21]), sum(run_counts[22]),
+       sum(run_counts[23]), sum(run_counts[24]), sum(run_counts[25]),
+       sum(run_counts[26]), sum(run_counts[27]), sum(run_counts[28]),
+       sum(run_counts[29]), sum(run_counts[30]), sum(run_counts[31]),
+       sum(run_counts[32]), sum(run_counts[33]), sum(run_counts[34]),
+       sum(run_counts[35]), sum(run_counts[36]), sum(run_counts[37]),
+       sum(run_counts[38]), sum(run_counts[39]), sum(run_counts[40]),
+       sum(run_counts[41]), sum(run_counts[42]), sum(run_counts[43]),
+       sum(run_counts[44]), sum(run_counts[45]), sum(run_counts[46]),
+       sum(run_counts[47]), sum(run_counts[48]), sum(run_counts[49]),
+       sum(run_counts[50]), sum(run_counts[51]), sum(run_counts[52]),
+       sum(run_counts[53]), sum(run_counts[54])] as run_counts
+from {schema}.stats_rollup
+where environment = %(environment)s and span = %(span)s
+  and minute >= %(since)s and minute < %(until)s
+  and (%(queue)s::text is null or queue = %(queue)s::text)
+  and (%(task_id)s::text is null or task_id = %(task_id)s::text)
+group by 1
+order by 1;

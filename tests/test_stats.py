@@ -1,0 +1,287 @@
+"""Metrics over time (issue 39): the per-minute rollup the maintenance band ``stats`` keeps,
+read by ``Runlane.stats`` and ``runlane stats``. The rollup's figures are checked against a
+scan of runs and attempts on a data set with known waits and run times (the test's clock
+moved, never slept); retention prunes it; bad windows are refused in one line."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import attrs
+import pytest
+from psycopg import sql
+
+from runlane import (
+    ConfigurationError,
+    MaintenanceLimits,
+    RetentionPolicy,
+    RetryPolicy,
+    RunContext,
+    Runlane,
+    Task,
+    task,
+)
+from runlane.cli import main
+from runlane.stats import HISTOGRAM_BOUNDS, Histogram, Stats, histogram_index
+from runlane.testing import MovableClock
+from tests.conftest import RunlaneFactory
+from tests.helpers import Conn
+
+_clock: MovableClock | None = None  # the running test's, which the handlers move
+
+ONCE_THEN_FAIL = RetryPolicy(
+    max_attempts=2, initial_delay=timedelta(seconds=20), max_delay=timedelta(seconds=20), jitter=0
+)
+
+
+@task(id="stats.work")
+def work(payload: dict[str, Any], context: RunContext) -> None:
+    assert _clock is not None
+    _clock.advance(payload["seconds"])  # the run time, in moved database time
+
+
+@task(id="stats.flaky", retry=ONCE_THEN_FAIL)
+def flaky(payload: dict[str, Any], context: RunContext) -> None:
+    assert _clock is not None
+    _clock.advance(payload["seconds"])
+    raise RuntimeError("always")
+
+
+TASKS: list[Task[Any, Any]] = [work, flaky]
+
+
+def _minute(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+def _scan(db: Conn, schema: str) -> dict[tuple[datetime, str], dict[str, Any]]:
+    """The figures of every minute and task, from the runs and attempts rows themselves
+    (what the rollup must equal): plain Python over every row."""
+    runs = db.execute(
+        sql.SQL(
+            "select id, task_id, status, created_at, finished_at, due_at, attempt_started_at, "
+            "attempt, lease_token from {}.runs"
+        ).format(sql.Identifier(schema))
+    ).fetchall()
+    attempts = db.execute(
+        sql.SQL("select run_id, attempt, outcome, started_at from {}.attempts").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
+    by_id = {r[0]: r for r in runs}
+    out: dict[tuple[datetime, str], dict[str, Any]] = defaultdict(
+        lambda: {
+            "triggered": 0,
+            "started": 0,
+            "retried": 0,
+            "completed": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "wait": [],
+            "run": [],
+        }
+    )
+    for run_id, task_id, status, created, finished, due, attempt_started, _, lease in runs:
+        out[(_minute(created), task_id)]["triggered"] += 1
+        if status in ("running", "cancellation_requested") and lease is not None:
+            out[(_minute(attempt_started), task_id)]["started"] += 1
+        if status in ("completed", "failed", "cancelled"):
+            row = out[(_minute(finished), task_id)]
+            row[status] += 1
+            if status != "cancelled" and attempt_started is not None:
+                row["wait"].append(max(0.0, (attempt_started - due).total_seconds()))
+                row["run"].append(max(0.0, (finished - attempt_started).total_seconds()))
+        del run_id
+    for run_id, number, outcome, started in attempts:
+        run = by_id[run_id]
+        row = out[(_minute(started), run[1])]
+        row["started"] += 1
+        moved_on = run[7] > number or run[2] == "retrying"
+        if outcome == "retrying" or (outcome == "expired" and moved_on):
+            row["retried"] += 1
+    return out
+
+
+def _histogram(values: list[float]) -> Histogram:
+    counts = Counter(histogram_index(v) for v in values)
+    return Histogram(tuple(counts.get(i, 0) for i in range(len(HISTOGRAM_BOUNDS) + 1)), sum(values))
+
+
+def _by_minute(stats: Stats) -> dict[datetime, Any]:
+    return {b.start: b for b in stats.buckets if b != type(b)(start=b.start)}
+
+
+def _data_set(rl: Runlane, clock: MovableClock) -> None:
+    """Runs with known waits and run times, one at a time: three that complete after
+    waiting 10 s, running 0.25 s, 4 s and 45 s; one that fails after 10 s and 1.5 s,
+    retries 20 s later at once and fails for good after 1.5 s more; one cancelled while
+    queued."""
+    for seconds in (0.25, 4.0, 45.0):
+        rl.trigger(work, {"seconds": seconds})
+        clock.advance(10)
+        rl.drain()
+    rl.trigger(flaky, {"seconds": 1.5})
+    clock.advance(10)
+    rl.drain()
+    clock.advance(20)
+    rl.run_maintenance_once()  # the retry comes due, and is delivered
+    rl.drain()
+    rl.cancel(rl.trigger(work, {"seconds": 0}).id)
+
+
+@pytest.fixture
+def moved(clock: MovableClock) -> Any:
+    global _clock  # noqa: PLW0603 - the handlers' reach to the test's clock
+    _clock = clock
+    yield clock
+    _clock = None
+
+
+def test_the_rollup_equals_a_scan_of_runs(
+    make_runlane: RunlaneFactory, moved: MovableClock, db: Conn, schema: str
+) -> None:
+    rl = make_runlane(tasks=TASKS)
+    start = rl.stats().until
+    _data_set(rl, moved)
+    assert rl.run_maintenance_once().stats_pruned == 0
+    stats = rl.stats(since=start - timedelta(minutes=1), bucket="1m")
+    scan = _scan(db, schema)
+    assert scan  # the data set made figures
+    per_task = [rl.stats(since=start - timedelta(minutes=1), bucket="1m", task=t.id) for t in TASKS]
+    for task_stats in per_task:
+        found = _by_minute(task_stats)
+        wanted = {m: row for (m, t), row in scan.items() if t == task_stats.task}
+        assert set(found) == set(wanted)
+        for minute, row in wanted.items():
+            got = found[minute]
+            figures = ("triggered", "started", "retried", "completed", "failed", "cancelled")
+            assert {f: getattr(got, f) for f in figures} == {f: row[f] for f in figures}
+            assert got.wait.counts == _histogram(row["wait"]).counts
+            assert got.run_time.counts == _histogram(row["run"]).counts
+            assert got.wait.sum == pytest.approx(sum(row["wait"]), abs=1e-6)
+            assert got.run_time.sum == pytest.approx(sum(row["run"]), abs=1e-6)
+    # the known data set, read from the totals of every task and minute
+    totals = stats.totals
+    # the 15- and 60-minute spans hold the same figures, summed
+    for bucket in ("15m", "1h"):
+        longer = rl.stats(since=start - timedelta(minutes=1), bucket=bucket).totals
+        for histogram in ("wait", "run_time"):  # sums of sums: equal but for rounding
+            assert getattr(longer, histogram).sum == pytest.approx(getattr(totals, histogram).sum)
+        wait = attrs.evolve(longer.wait, sum=totals.wait.sum)
+        run_time = attrs.evolve(longer.run_time, sum=totals.run_time.sum)
+        assert attrs.evolve(longer, start=totals.start, wait=wait, run_time=run_time) == totals
+    assert (totals.triggered, totals.completed, totals.failed, totals.cancelled) == (5, 3, 1, 1)
+    assert (totals.started, totals.retried) == (5, 1)
+    assert totals.wait.count == totals.run_time.count == 4
+    waits = sorted(v for row in scan.values() for v in row["wait"])
+    runs = sorted(v for row in scan.values() for v in row["run"])
+    # what the clock was moved by, plus the little real time that passed meanwhile
+    assert waits == [pytest.approx(w, abs=0.5) for w in (0, 10, 10, 10)]
+    assert runs == [pytest.approx(r, abs=0.5) for r in (0.25, 1.5, 4, 45)]
+    # percentiles interpolate within a bucket (bounds a factor of sqrt(2) apart)
+    p50 = totals.run_time.percentile(0.5)
+    assert p50 is not None
+    assert 1.5 / 1.42 <= p50 <= 1.5 * 1.42
+    assert totals.run_time.percentile(1.0) == pytest.approx(45, rel=0.42)
+    assert totals.wait.percentile(0.75) == pytest.approx(10, rel=0.42)
+
+
+def test_a_fold_again_changes_nothing_and_retention_prunes(
+    make_runlane: RunlaneFactory, moved: MovableClock
+) -> None:
+    rl = make_runlane(tasks=TASKS, retention=RetentionPolicy(stats=timedelta(hours=1)))
+    since = rl.stats().until - timedelta(minutes=1)
+    _data_set(rl, moved)
+    rl.run_maintenance_once()
+    first = rl.stats(since=since, bucket="5m")
+    rl.run_maintenance_once()
+    again = rl.stats(since=since, until=first.until, bucket="5m")
+    assert again.buckets == first.buckets
+    assert first.totals.triggered == 5
+    moved.advance(2 * 3600)  # past retention: the next pass prunes what the rollup held
+    pruned = rl.run_maintenance_once(MaintenanceLimits(stats_minutes=0))
+    assert pruned.stats_pruned > 0
+    gone = rl.stats(since=since, until=first.until, bucket="5m")
+    assert gone.totals.triggered == 0
+
+
+def test_buckets_cover_the_window_and_a_queue_filters(
+    make_runlane: RunlaneFactory, moved: MovableClock
+) -> None:
+    rl = make_runlane(tasks=TASKS)
+    until = datetime(2026, 12, 1, 10, 7, 30, tzinfo=UTC)
+    hour = rl.stats(since=until - timedelta(hours=1), until=until)
+    assert hour.bucket == timedelta(minutes=1)
+    assert len(hour.buckets) == 61
+    assert hour.buckets[0].start == datetime(2026, 12, 1, 9, 7, tzinfo=UTC)
+    assert rl.stats(since=until - timedelta(days=1), until=until).bucket == timedelta(minutes=15)
+    week = rl.stats(since=until - timedelta(days=7), until=until)
+    assert week.bucket == timedelta(hours=1)
+    assert len(week.buckets) == 169
+    since = rl.stats().until - timedelta(minutes=1)
+    _data_set(rl, moved)
+    rl.run_maintenance_once()
+    assert rl.stats(since=since, queue="default").totals.triggered == 5
+    assert rl.stats(since=since, queue="elsewhere").totals.triggered == 0
+    as_dict = rl.stats(since=since, task="stats.flaky").to_dict()
+    assert (as_dict["totals"]["failed"], as_dict["totals"]["retried"]) == (1, 1)
+    assert json.loads(json.dumps(as_dict)) == as_dict
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"since": datetime(2026, 1, 2, tzinfo=UTC), "until": datetime(2026, 1, 1, tzinfo=UTC)},
+            "must be before until",
+        ),
+        (
+            {"since": datetime(2026, 1, 1, tzinfo=UTC), "until": datetime(2026, 1, 1, tzinfo=UTC)},
+            "must be before until",
+        ),
+        ({"bucket": "2m"}, "bucket must be one of 1m, 5m, 15m, 1h, 6h, 1d"),
+        ({"bucket": timedelta(minutes=2)}, "bucket must be one of"),
+        ({"since": datetime(2026, 1, 1)}, "since must be a timezone-aware datetime"),
+        ({"until": "yesterday"}, "until must be a timezone-aware datetime"),
+        ({"since": datetime(2020, 1, 1, tzinfo=UTC), "bucket": "1m"}, "at most 10080"),
+        ({"queue": ""}, "queue"),
+        ({"window": 3}, "stats() takes queue, task, since, until and bucket"),
+    ],
+)
+def test_bad_windows_are_refused_in_one_line(
+    make_runlane: RunlaneFactory, options: dict[str, Any], message: str
+) -> None:
+    rl = make_runlane(tasks=TASKS)
+    with pytest.raises(ConfigurationError, match=r"^[^\n]*$") as caught:
+        rl.stats(**options)
+    assert message in str(caught.value)
+
+
+def test_runlane_stats_on_the_command_line(
+    make_runlane: RunlaneFactory,
+    moved: MovableClock,
+    capsys: pytest.CaptureFixture[str],
+    database_url: str,
+    schema: str,
+) -> None:
+    rl = make_runlane(tasks=TASKS)
+    since = rl.stats().until - timedelta(minutes=1)
+    _data_set(rl, moved)
+    rl.run_maintenance_once()
+    # the command's runtime reads the real clock: the window is given (the data set's
+    # minutes are on the test's moved clock, a few minutes ahead)
+    window = ["--since", since.isoformat(), "--until", (since + timedelta(hours=1)).isoformat()]
+    target = ["--database-url", database_url, "--schema", schema, *window]
+    assert main(["stats", *target, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["totals"]["completed"], data["bucket_seconds"]) == (3, 60)
+    assert main(["stats", *target, "--task", "stats.flaky"]) == 0
+    text = capsys.readouterr().out
+    assert all(part in text for part in ("failed 1", "retried 1", "task stats.flaky"))
+    assert main(["stats", *target, "--bucket", "2m"]) == 2
+    assert "bucket must be one of" in capsys.readouterr().err
+    assert main(["stats", *target[:4], "--since", "yesterday"]) == 2
+    assert "--since must be a time like" in capsys.readouterr().err
