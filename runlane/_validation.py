@@ -244,20 +244,16 @@ class TriggerOptions:
     # set by context.trigger_child: the run that triggers (not a caller's option)
     parent_run_id: uuid.UUID | None = None
 
-    @property
-    def defaults(self) -> bool:
-        """Every option at its default (a bool priority is not: the checks refuse it): the
-        runtime then reuses the plan it checked for the task's defaults."""
-        return (
-            self.queue is None
-            and self.delay is None
-            and self.run_at is None
-            and self.max_attempts is None
-            and self.concurrency_key is None
-            and self.parent_run_id is None
-            and type(self.priority) is int
-            and self.priority == 0
-        )
+    @classmethod
+    def of(cls, *given: Any) -> TriggerOptions:
+        """A trigger call's options in field order: the shared ``DEFAULT_OPTIONS`` when each
+        is at its default (a bool priority is not: the checks refuse it), so the runtime
+        finds the plan it checked for the task's defaults without building anything."""
+        queue, delay, run_at, priority, max_attempts, key = given
+        unset = queue is None and delay is None and run_at is None and max_attempts is None
+        if unset and key is None and type(priority) is int and priority == 0:
+            return DEFAULT_OPTIONS
+        return cls(*given)
 
 
 #: the options of a call that gave none

@@ -155,7 +155,7 @@ class Runlane:
         needs the queue's ``key_concurrency_limit``.
         """
         self._life.check_open()
-        options = TriggerOptions(queue, delay, run_at, priority, max_attempts, concurrency_key)
+        options = TriggerOptions.of(queue, delay, run_at, priority, max_attempts, concurrency_key)
         return self._triggering.one(task, payload, idempotency_key, options, connection)
 
     def trigger_many(
@@ -174,7 +174,7 @@ class Runlane:
     ) -> list[RunHandle]:
         """Trigger one run per payload in one round trip, all validated first; handles in order."""
         self._life.check_open()
-        options = TriggerOptions(queue, delay, run_at, priority, max_attempts, concurrency_key)
+        options = TriggerOptions.of(queue, delay, run_at, priority, max_attempts, concurrency_key)
         batch = as_payload_list(payloads)
         return self._triggering.runs(task, batch, idempotency_keys, options, connection, batch=True)
 

@@ -14,6 +14,7 @@ from runlane import _telemetry
 from runlane._codec import encode_payload
 from runlane._ids import new_run_ids
 from runlane._validation import (
+    DEFAULT_OPTIONS,
     TriggerOptions,
     as_duration,
     as_int32,
@@ -113,7 +114,7 @@ class Triggering:
         A call with every option at its default gets the plan its task's first such call
         made (the checks depend on nothing else), so the common trigger checks nothing
         twice; anything else is checked on every call."""
-        defaults = options.defaults
+        defaults = options is DEFAULT_OPTIONS
         if defaults:
             try:
                 plan = self._default_plans.get(task)
