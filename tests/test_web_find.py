@@ -321,6 +321,13 @@ def test_a_search_that_ran_out_of_time_says_so_in_the_browser(
         click(browser, "#searched-to a")
         assert [row.get_attribute("data-run") for row in rows_of(browser)] == [str(needle)]
         assert not browser.find_elements(By.ID, "searched-to")
+        # a search that stopped below created_after has nothing older to look at
+        browser.get(
+            base + "/runs?created_after=2100-01-01T00:00:00&payload=" + quote('{"needle": true}')
+        )
+        assert rows_of(browser) == []
+        assert not browser.find_elements(By.ID, "searched-to")
+        assert not browser.find_elements(By.ID, "older")
 
 
 def test_each_worker_lists_its_runs_and_a_run_names_its_worker(

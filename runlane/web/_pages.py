@@ -86,11 +86,13 @@ class Pages:
         )
         shown = list(page.runs)
         next_cursor = page.next_cursor
+        searched_to = page.searched_to
         if filters.created_after is not None:
             after = filters.created_after
             kept = [run for run in shown if run.created_at >= after]
-            if len(kept) < len(shown):
-                next_cursor = None  # the walk went past created_after: no older page
+            if len(kept) < len(shown) or (searched_to is not None and searched_to < after):
+                # the walk (or the search) went past created_after: no older page
+                next_cursor = searched_to = None
             shown = kept
         return render_template(
             "runlane/runs.html",
@@ -98,7 +100,7 @@ class Pages:
             filters=filters,
             search=search,
             link_args={**filters.args(), **search.args()},
-            searched_to=page.searched_to,
+            searched_to=searched_to,
             search_seconds=SEARCH_SECONDS,
             runs=shown,
             next_cursor=next_cursor,
