@@ -631,3 +631,72 @@ def test_only_maintenance_writes_the_rollup_and_only_operators_read_it(
             text = sql.SQL("select completed from {}.stats_rollup").format(sql.Identifier(schema))
             assert conn.execute(text).fetchall() == [(7,)]
     assert runs.all(snapshot) == before
+
+
+AUDIT_ROW = (
+    "insert into {schema}.audit_log (id, action_id, environment, via, action, changed) "
+    "values (%s, %s, 'default', 'api', 'cancel', true)"
+)
+
+
+@pytest.mark.parametrize("job", ["producer", "worker", "maintenance", "operator"])
+def test_the_audit_trail_is_append_only_and_names_its_writer(
+    job: str, schema: str, granted: RoleMaker, runs: Runs, db: Conn
+) -> None:
+    """No role rewrites or deletes a record, nor writes its time or database role; only the
+    operator job writes records, and maintenance deletes only old ones (retention's
+    function). runlane_reschedule_runs moves a queued run's due time and nothing else."""
+    conninfo = granted(job)
+    mine = uuid.uuid4()
+    runs.run(AUDIT_ROW, mine, mine)
+    before = runs.all("select a::text from {schema}.audit_log as a")
+    refused(conninfo, schema, "update {schema}.audit_log set reason = 'forged'")
+    refused(conninfo, schema, "update {schema}.audit_log set runs = 0, changed = false")
+    refused(conninfo, schema, "delete from {schema}.audit_log")
+    refused(conninfo, schema, "truncate {schema}.audit_log")
+    forged = uuid.uuid4()
+    refused(
+        conninfo,
+        schema,
+        "insert into {schema}.audit_log (id, action_id, environment, via, action, changed, "
+        "db_role, at) values (%s, %s, 'default', 'api', 'cancel', true, 'someone', "
+        "'2000-01-01')",
+        forged,
+        forged,
+    )
+    if job != "maintenance":
+        refused(conninfo, schema, "select {schema}.runlane_prune_audit('default', '1 day', 10)")
+    else:  # retention keeps a day at least, whatever it is asked
+        prune = "select {schema}.runlane_prune_audit('default', '0 seconds', 10)"
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            text = sql.SQL(prune).format(schema=sql.Identifier(schema))
+            assert conn.execute(text).fetchone() == (0,)
+    if job != "operator":
+        refused(conninfo, schema, AUDIT_ROW, forged, forged)
+    assert runs.all("select a::text from {schema}.audit_log as a") == before
+    running = runs.make("running")
+    completed = runs.make("completed")
+    queued = runs.make("queued")
+    moved = (
+        "select * from {schema}.runlane_reschedule_runs('default', %s, now() + interval "
+        "'1 day', now(), false)"
+    )
+    if job != "operator":
+        refused(conninfo, schema, moved, [queued])
+        return
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        text = sql.SQL(moved).format(schema=sql.Identifier(schema))
+        answer = conn.execute(text, ([running, completed, queued],)).fetchall()
+        assert sorted((str(s), m) for _, s, m in answer) == [
+            ("completed", False),
+            ("queued", True),
+            ("running", False),
+        ]
+        # and its own records: written, with its name and the database's time
+        conn.execute(sql.SQL(AUDIT_ROW).format(schema=sql.Identifier(schema)), (forged, forged))
+    role = psycopg.conninfo.conninfo_to_dict(conninfo)["user"]
+    (written,) = runs.all(
+        "select db_role from {schema}.audit_log where id = %s and at > now() - interval '1 minute'",
+        forged,
+    )
+    assert written == (role,)

@@ -218,6 +218,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         "workers",
         "queue_flow",
         "queue_starts",
+        "audit_log",
         "stats_rollup",
         "stats_folds",
     }

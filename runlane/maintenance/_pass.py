@@ -218,8 +218,15 @@ def _cleanup(
         if limit
         else 0
     )
+    audit = (
+        scope.storage.audit_prune(
+            scope.environment, scope.retention.audit.total_seconds(), limit, fence=fence
+        )
+        if limit
+        else 0
+    )
     return MaintenanceResult(
-        runs_pruned=deleted, runs_tombstoned=tombstoned, workers_pruned=workers
+        runs_pruned=deleted, runs_tombstoned=tombstoned, workers_pruned=workers, audit_pruned=audit
     )
 
 

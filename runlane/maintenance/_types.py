@@ -130,6 +130,7 @@ class MaintenanceResult:
     runs_pruned: int = 0
     runs_tombstoned: int = 0
     workers_pruned: int = 0  # rows of stopped and lost workers past their retention
+    audit_pruned: int = 0  # records of the operators' audit trail past their retention
     stats_pruned: int = 0  # rows of the per-minute rollup past their retention
     lane: LaneMaintenance = LaneMaintenance()  # what the lane's delivery recovery did
 
@@ -186,6 +187,8 @@ class RetentionPolicy:
     failed: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
     cancelled: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
     workers: timedelta = attrs.field(default=timedelta(days=7), validator=_retention)
+    # the operators' audit trail (``Runlane.list_audit``), from each record's time
+    audit: timedelta = attrs.field(default=timedelta(days=365), validator=_retention)
     stats: timedelta = attrs.field(default=timedelta(days=30), validator=_retention)
 
 

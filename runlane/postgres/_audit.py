@@ -141,14 +141,21 @@ class AuditRepository:
 
         return self._db.run(listed)
 
-    def audit_prune(self, environment: str, keep_seconds: float, limit: int) -> int:
+    def audit_prune(
+        self,
+        environment: str,
+        keep_seconds: float,
+        limit: int,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> int:
         params = {"environment": environment, "keep_seconds": keep_seconds, "limit": limit}
 
         def prune(conn: Conn) -> int:
             row = conn.execute(self._sql["audit_prune"], params).fetchone()
             return 0 if row is None else int(row[0])
 
-        return self._db.run(prune)
+        return self._db.fenced(fence, prune)
 
     def run_reschedule(
         self, environment: str, run_id: uuid.UUID, run_at: datetime | None

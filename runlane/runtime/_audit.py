@@ -34,9 +34,6 @@ __all__ = ["MAX_REASON_CHARS", "AuditTrail", "acting_as", "check_reason"]
 
 T = TypeVar("T")
 
-# TEMPORARY (issue 39, helper D): True once migration 21 (audit_log) is in the tree; the
-# migration waits for versions 19 and 20 to land first (numbers are contiguous)
-RECORDING = False
 # a reason is a note for other operators, not a document
 MAX_REASON_CHARS = 500
 _MAX_ACTOR_CHARS = 200
@@ -134,8 +131,6 @@ class _AuditedBatches:
         size: int,
     ) -> BulkBatch:
         entry = attrs.evolve(self._head, id=uuid.uuid4(), part=self.parts)
-        if not RECORDING:
-            return self._storage.run_bulk_batch(action, runs, status, before, size)
         self.parts += 1
         return self._storage.audit_action(
             entry,
@@ -180,10 +175,7 @@ class AuditTrail:
     ) -> T:
         """``action`` on the storage, committed with ``entry`` (and what ``counted`` says of
         its result; None: it did not happen, nothing is recorded)."""
-        storage = self._opened()
-        if not RECORDING:
-            return action(storage)
-        return storage.audit_action(entry, action, counted)
+        return self._opened().audit_action(entry, action, counted)
 
     def bulk(
         self,
@@ -194,7 +186,7 @@ class AuditTrail:
         changed nothing in a batch (it matched none) is recorded alone."""
         batches = _AuditedBatches(self._opened(), entry)
         result = act(batches)
-        if batches.parts == 0 and not result.dry_run and RECORDING:
+        if batches.parts == 0 and not result.dry_run:
             self._opened().audit_write(entry, 0, False)
         return result
 

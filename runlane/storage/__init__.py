@@ -558,8 +558,16 @@ class AuditStore(Protocol):
     ) -> list[AuditRecord]:
         """The environment's actions newest first, at or after ``since``, below ``before``."""
 
-    def audit_prune(self, environment: str, keep_seconds: float, limit: int) -> int:
-        """Delete up to ``limit`` records older than ``keep_seconds``; how many went."""
+    def audit_prune(
+        self,
+        environment: str,
+        keep_seconds: float,
+        limit: int,
+        *,
+        fence: MaintenanceFence | None = None,
+    ) -> int:
+        """Retention: delete up to ``limit`` records older than ``keep_seconds`` (database
+        time); how many went."""
 
     def run_reschedule(
         self, environment: str, run_id: uuid.UUID, run_at: datetime | None

@@ -35,9 +35,10 @@ order by h.at desc, h.id desc
 limit %(limit)s;
 
 -- name: audit_prune
--- Retention (maintenance): the environment's records older than the given age.
+-- Retention (maintenance): the environment's records older than the given age (a day at
+-- least), by the server's clock (migration 21's runlane_prune_audit).
 select {schema}.runlane_prune_audit(
-    %(environment)s, {@now} - %(keep_seconds)s * interval '1 second', %(limit)s);
+    %(environment)s, %(keep_seconds)s * interval '1 second', %(limit)s);
 
 -- name: run_reschedule
 -- reschedule_run: a queued or retrying run's due time moves (migration 21's

@@ -128,6 +128,8 @@ grant update (owner, fencing, expires_at, acquired_at)
 -- expired attempts record their worker; cleanup deletes stopped and lost workers' rows
 grant insert (worker_id) on {schema}.attempts to {role};
 grant select, delete on {schema}.workers to {role};
+-- retention of the audit trail: old rows only, through runlane_prune_audit
+grant execute on function {schema}.runlane_prune_audit(text, interval, integer) to {role};
 -- the stats band folds recent minutes into the rollup (an upsert of whole minutes, and a
 -- delete of those nothing happened in), records how far it got, and prunes past retention
 grant select, insert, update, delete on {schema}.stats_rollup to {role};
@@ -164,6 +166,16 @@ grant select on {schema}.schedules to {role};
 grant update (paused, next_slot_at, updated_at) on {schema}.schedules to {role};
 grant execute on function {schema}.runlane_run_schedule(text, text, uuid, text, jsonb)
     to {role};
+-- reschedule_run (runlane_reschedule_runs moves a queued or retrying run's due time), and
+-- the audit trail: every action above writes its record in its own transaction; the
+-- record's time and database role are defaults the role cannot write; rows are never
+-- updated or deleted but by the owner (and retention's runlane_prune_audit)
+grant execute on function {schema}.runlane_reschedule_runs(
+    text, uuid[], timestamptz, timestamptz, boolean) to {role};
+grant select on {schema}.audit_log to {role};
+grant insert (id, action_id, part, environment, via, actor, os_user, action, target, runs,
+              changed, reason, details)
+    on {schema}.audit_log to {role};
 
 -- name: grant_publisher
 -- The RabbitMQ lane, whatever the job: every runtime enables the outbox of its environment
