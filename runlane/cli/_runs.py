@@ -20,21 +20,13 @@ from runlane._codec import MAX_DEPTH
 from runlane.cli._audit import add_reschedule_command, reason_option
 from runlane.cli._bulk import add_filter_options, run_bulk
 from runlane.cli._operator import dump_json, using, when
-from runlane.cli._target import TARGET_HELP, add_target_options, split_targets
+from runlane.cli._target import TARGET_HELP, LoadApp, add_target_options, split_targets
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
 from runlane.models import AttemptRecord, RunHistory, RunSnapshot, RunStatus
 from runlane.runtime import Runlane
 from runlane.toolkit import shown
 
 __all__ = ["add_run_commands"]
-
-LoadApp = Callable[[str], Runlane]
-
-
-def _open(load_app: LoadApp, args: argparse.Namespace, use: Callable[[Runlane], int]) -> int:
-    """Open APP, or the runtime of --database-url, for ``use``; close it afterwards."""
-    return using(load_app, args, use)
-
 
 # -- runs list ---------------------------------------------------------------------------------
 
@@ -99,7 +91,7 @@ def _list(load_app: LoadApp, args: argparse.Namespace) -> int:
             print(f"more: --cursor {page.next_cursor}")
         return 0
 
-    return _open(load_app, args, use)
+    return using(load_app, args, use)
 
 
 # -- runs show ---------------------------------------------------------------------------------
@@ -213,7 +205,7 @@ def _show(load_app: LoadApp, args: argparse.Namespace) -> int:
             _show_text(history)
         return 0
 
-    return _open(load_app, args, use)
+    return using(load_app, args, use)
 
 
 # -- runs retry, runs cancel --------------------------------------------------------------------
@@ -272,7 +264,7 @@ def _action(load_app: LoadApp, action: str, args: argparse.Namespace) -> int:
             _ONE[action](runlane, run_id, args.reason)
         return 0
 
-    return _open(load_app, args, use)
+    return using(load_app, args, use)
 
 
 # -- trigger -------------------------------------------------------------------------------------
@@ -311,7 +303,7 @@ def _trigger(load_app: LoadApp, args: argparse.Namespace) -> int:
             print(f"run {handle.id} already exists ({handle.task_id} on queue {handle.queue})")
         return 0
 
-    return _open(load_app, args, use)
+    return using(load_app, args, use)
 
 
 def _seconds(text: str) -> float:
