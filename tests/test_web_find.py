@@ -105,6 +105,10 @@ def test_list_runs_finds_by_prefix_key_and_payload(shop: dict[str, Any]) -> None
     [
         ({"payload_contains": [1]}, "payload_contains must be a JSON object"),
         ({"payload_contains": {"x": float("nan")}}, "payload_contains must be JSON"),
+        ({"payload_contains": {"x": "a\x00b"}}, "cannot contain the NUL character"),
+        ({"payload_contains": {"x": "\ud800"}}, "lone surrogate"),
+        ({"payload_contains": {1: "x"}}, "payload_contains must be JSON"),
+        ({"payload_contains": {"x": "y" * 20_000}}, "at most 10,000"),
         ({"task_prefix": ""}, "task_prefix must be a non-empty string"),
         ({"queue_prefix": 3}, "queue_prefix must be a non-empty string"),
         ({"idempotency_key": "a\x00b"}, "idempotency_key"),

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypedDict
 
+from runlane._codec import dump_json
 from runlane._validation import check_text
 from runlane.errors import ConfigurationError, RunStateConflict
 from runlane.models import RunError, RunPage, RunSnapshot, RunStatus
@@ -131,7 +132,8 @@ def _payload_filter(value: object) -> object:
             f"{shown(value)}"
         )
     try:
-        text = json.dumps(value, allow_nan=False)
+        # as a payload is checked: what Postgres jsonb refuses (NUL, lone surrogates) too
+        text = dump_json(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(
             f"payload_contains must be JSON (str keys; str, number, bool, None, list and "
@@ -142,7 +144,6 @@ def _payload_filter(value: object) -> object:
             f"payload_contains is {len(text):,} characters of JSON; at most "
             f"{_MAX_PAYLOAD_FILTER_CHARS:,}"
         )
-    check_text("payload_contains", text)
     return json.loads(text)
 
 
