@@ -162,6 +162,7 @@ def test_staff_work_in_the_console_behind_django_auth(
     assert all((a.get_attribute("href") or "").startswith(base + "/runlane/") for a in links)
 
     # an action: the console's CSRF token passes, Django's CSRF middleware does not refuse it
+    before = {record.id for record in rl.list_audit(limit=1000).items}
     row = "tr[data-queue='orders']"
     click(browser, f"{row} button.pause-queue")
     assert text(browser, "#notice") == "The queue is paused."
@@ -169,6 +170,16 @@ def test_staff_work_in_the_console_behind_django_auth(
     assert next(q for q in rl.list_queues() if q.name == "orders").paused
     click(browser, f"{row} button.resume-queue")
     assert not next(q for q in rl.list_queues() if q.name == "orders").paused
+    # the audit trail names the Django user who acted
+    acted = [
+        (record.action, record.target, record.via, record.actor)
+        for record in rl.list_audit(limit=1000).items
+        if record.id not in before
+    ]
+    assert acted == [
+        ("resume_queue", "orders", "console", "ops"),
+        ("pause_queue", "orders", "console", "ops"),
+    ]
 
     # a user who is not staff signs in and is refused
     sign_in(browser, base, "clerk", "/runlane/")
