@@ -24,7 +24,7 @@ from runlane import RetryPolicy, RunContext, Runlane, RunStatus, queue, task
 from runlane.web import create_app, environment_login
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, closed_port, poll
-from tests.test_web import browser, click, shot, text
+from tests.test_web import browser, click, served, shot, text
 
 __all__ = ["browser"]  # the module's browser fixture, shared
 
@@ -217,3 +217,27 @@ def test_basic_auth_names_its_user_and_bad_credentials_are_one_line(
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+
+
+def test_the_console_records_authorizes_identity_and_the_forms_reasons(
+    browser: WebDriver, rl: Runlane
+) -> None:
+    failed = [rl.trigger(flaky, {"n": n}, max_attempts=1).id for n in range(3)]
+    rl.drain()
+    assert {rl.get_run(i).status for i in failed} == {RunStatus.FAILED}
+
+    def alice(request: Any, action: str) -> str:
+        return "alice@example.com"
+
+    with served(create_app(rl, authorize=alice)) as url:
+        browser.get(f"{url}/runs/{failed[0]}")
+        browser.find_element(By.ID, "retry-reason").send_keys("one by hand")
+        click(browser, "#retry")
+        browser.get(f"{url}/runs/bulk?action=retry&task=webact.flaky&status=failed")
+        browser.find_element(By.ID, "bulk-reason").send_keys("the rest")
+        click(browser, "#confirm")
+        rows = audit_rows(browser, url)
+    assert [(a, who.split(" (")[0], runs, why) for a, who, runs, why in rows] == [
+        ("bulk_retry", "alice@example.com", "2", "the rest"),
+        ("retry", "alice@example.com", "1", "one by hand"),
+    ]

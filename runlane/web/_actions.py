@@ -54,7 +54,7 @@ class Actions:
     def retry(self, run_id: str) -> Response:
         self.console.allowed("retry")
         key = run_id_arg(run_id)
-        self.runlane.retry_run(key)
+        self.runlane.retry_run(key, reason=self.reason())
         return self.console.done("runlane.run", "retried", run_id=str(key))
 
     def cancel(self, run_id: str) -> Response:
@@ -124,7 +124,7 @@ class Actions:
         action = self.bulk_action(request.form)
         self.console.allowed(f"bulk_{action}")
         filters = run_filters(request.form)
-        result = self.bulk_call(action, filters, limit=BULK_LIMIT)
+        result = self.bulk_call(action, filters, limit=BULK_LIMIT, reason=self.reason())
         values: dict[str, Any] = {
             **filters.args(),
             "done": "bulk",
@@ -134,6 +134,10 @@ class Actions:
         return cast(Response, redirect(url_for("runlane.runs", **values), code=303))
 
     # -- queues and schedules --------------------------------------------------------------------
+
+    def reason(self) -> str | None:
+        """The form's optional reason, for the audit trail."""
+        return text_arg(request.form, "reason")
 
     def named(self, field: str) -> str:
         value = request.form.get(field, "")
@@ -149,17 +153,17 @@ class Actions:
 
     def resume_queue(self) -> Response:
         self.console.allowed("resume_queue")
-        self.runlane.resume_queue(self.named("name"))
+        self.runlane.resume_queue(self.named("name"), reason=self.reason())
         return self.console.done("runlane.queues", "queue_resumed")
 
     def pause_schedule(self) -> Response:
         self.console.allowed("pause_schedule")
-        self.runlane.pause_schedule(self.named("id"))
+        self.runlane.pause_schedule(self.named("id"), reason=self.reason())
         return self.console.done("runlane.schedules", "schedule_paused")
 
     def resume_schedule(self) -> Response:
         self.console.allowed("resume_schedule")
-        self.runlane.resume_schedule(self.named("id"))
+        self.runlane.resume_schedule(self.named("id"), reason=self.reason())
         return self.console.done("runlane.schedules", "schedule_resumed")
 
     def trigger_schedule(self) -> Response:
@@ -171,6 +175,8 @@ class Actions:
         # makes that schedule's run instead of finding the first one (keys are per task).
         # The nonce holds no ':', so (nonce, schedule) pairs never share a key.
         key = f"console-{nonce}:{schedule_id}" if _NONCE.match(nonce) else None
-        handle = self.runlane.trigger_schedule_now(schedule_id, idempotency_key=key)
+        handle = self.runlane.trigger_schedule_now(
+            schedule_id, idempotency_key=key, reason=self.reason()
+        )
         notice = "triggered" if handle.created else "triggered_before"
         return self.console.done("runlane.run", notice, run_id=str(handle.id))
