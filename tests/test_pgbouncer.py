@@ -30,6 +30,7 @@ from runlane import (
 from runlane import task as runlane_task
 from runlane.postgres import postgres_polling_lane
 from runlane.postgres._storage import PostgresStorage
+from runlane.rabbitmq import rabbitmq_lane
 from runlane.testing.conformance import LaneConformance, LaneHarness
 from tests._pgbouncer import PgBouncer, require_pgbouncer, start_pgbouncer
 from tests.conftest import RunlaneFactory
@@ -146,6 +147,40 @@ def test_triggers_from_many_threads_a_worker_and_maintenance(
         rl.close()
     assert sorted(done) == list(range(400))
     assert statuses(db, schema) == {"completed": 400}
+    assert _pooler_errors(bouncer) == []
+
+
+def test_the_rabbitmq_lane_through_pgbouncer(
+    bouncer: PgBouncer,
+    database_url: str,
+    schema: str,
+    rabbitmq_url: str,
+    db: psycopg.Connection[Any],
+) -> None:
+    """The RabbitMQ lane's storage through PgBouncer (its outbox claims set their claim in
+    the transaction), its publisher's LISTEN straight to the server: triggered one at a
+    time and in a batch, every run completes once; neither side logged an error."""
+    task: Task[Any, Any] = runlane_task(id="relay")(_echo)
+    lane = rabbitmq_lane(
+        connection_string=bouncer.url,
+        schema=schema,
+        amqp_url=rabbitmq_url,
+        listen_connection_string=database_url,
+        pooler="transaction",
+    )
+    rl = create_runlane(lane=lane, tasks=[task])
+    try:
+        with rl.create_delivery_worker(concurrency=2):
+            for n in range(20):
+                rl.trigger(task, n)
+            rl.trigger_many(task, list(range(20, 60)))
+            wait_until(
+                lambda: statuses(db, schema) == {"completed": 60},
+                timeout=30,
+                what="60 runs completed",
+            )
+    finally:
+        rl.close()
     assert _pooler_errors(bouncer) == []
 
 
