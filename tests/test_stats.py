@@ -127,9 +127,12 @@ def _data_set(rl: Runlane, clock: MovableClock) -> None:
     clock.advance(10)
     rl.drain()
     clock.advance(20)
-    rl.run_maintenance_once()  # the retry comes due, and is delivered
+    # the retry comes due, and is delivered; no fold yet: runs.created_at is the server's
+    # time, not the moved clock's, and a fold now would take those minutes as final
+    rl.run_maintenance_once(MaintenanceLimits(stats_minutes=0))
     rl.drain()
     rl.cancel(rl.trigger(work, {"seconds": 0}).id)
+    clock.advance(60)  # the minutes of the data set close: the next fold takes them
 
 
 @pytest.fixture
@@ -285,3 +288,28 @@ def test_runlane_stats_on_the_command_line(
     assert "bucket must be one of" in capsys.readouterr().err
     assert main(["stats", *target[:4], "--since", "yesterday"]) == 2
     assert "--since must be a time like" in capsys.readouterr().err
+
+
+def test_a_late_write_counts_when_it_lands_in_the_minute_before_the_last_fold(
+    make_runlane: RunlaneFactory, moved: MovableClock, db: Conn, schema: str
+) -> None:
+    """Each minute is computed when it has closed and once more when the next one has: a
+    write that commits late into a minute already folded is counted by the next fold; one
+    older than that is not (docs/observability.md says so)."""
+    rl = make_runlane(tasks=TASKS)
+    rl.run_maintenance_once()  # the first fold: every minute before the current one
+    now = rl.stats().until
+    current = now.replace(second=0, microsecond=0)
+    late = sql.SQL(
+        "insert into {}.runs (id, environment, task_id, queue, status, payload, max_attempts, "
+        "due_at, created_at) values (gen_random_uuid(), 'default', 'stats.work', 'default', "
+        "'queued', '{{}}', 1, %s, %s)"
+    ).format(sql.Identifier(schema))
+    for minutes_back in (1, 3):  # the minute the last fold closed, and one before it
+        at = current - timedelta(minutes=minutes_back, seconds=-20)
+        db.execute(late, (at, at))
+    moved.advance(60)  # the current minute closes
+    rl.run_maintenance_once()
+    counted = rl.stats(since=current - timedelta(minutes=5), bucket="1m")
+    found = {b.start: b.triggered for b in counted.buckets if b.triggered}
+    assert found == {current - timedelta(minutes=1): 1}

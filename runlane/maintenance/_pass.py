@@ -40,8 +40,8 @@ from runlane.tasks import Task
 __all__ = ["MaintenanceScope", "ScheduleEntry", "run_maintenance_pass", "run_phase"]
 
 _PRUNE_BATCH = 500
-# how far back each stats pass recomputes the rollup: minutes older than this are final
-# (docs/observability.md: what a transaction committing later than this misses)
+# how far back the first stats pass of an environment starts (later passes go on from where
+# the last stopped: docs/observability.md)
 STATS_LOOKBACK = timedelta(minutes=5)
 
 

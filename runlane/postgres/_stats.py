@@ -34,20 +34,28 @@ class StatsRepository:
         *,
         fence: MaintenanceFence | None = None,
     ) -> int:
-        params = {
+        window = {
             "environment": environment,
-            "lookback_seconds": lookback.total_seconds(),
+            "first": lookback // timedelta(minutes=1),
             "max_minutes": max_minutes,
-            "bucket_count": len(HISTOGRAM_BOUNDS),
-            "negated_bounds": _NEGATED_BOUNDS,
         }
         sql = self._sql
 
         def fold(conn: Conn) -> int:
-            with own_transaction(conn):  # the minutes and their spans together
+            with own_transaction(conn):  # the minutes, their spans and the mark together
+                found = conn.execute(sql["stats_fold_window"], window).fetchone()
+                if found is None:  # no minute closed since the last fold
+                    return 0
+                start_at, end_at = found
+                params = {
+                    "environment": environment,
+                    "start_at": start_at,
+                    "end_at": end_at,
+                    "bucket_count": len(HISTOGRAM_BOUNDS),
+                    "negated_bounds": _NEGATED_BOUNDS,
+                }
                 row = conn.execute(sql["stats_fold"], params).fetchone()
                 assert row is not None
-                start_at, end_at, written = row[0], row[1], int(row[2])
                 for span in SPANS:
                     spans = {
                         "environment": environment,
@@ -56,7 +64,7 @@ class StatsRepository:
                         "end_at": end_at,
                     }
                     conn.execute(sql["stats_fold_span"], spans)
-            return written
+            return int(row[0])
 
         return self._db.fenced(fence, fold)
 

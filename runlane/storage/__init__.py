@@ -375,9 +375,9 @@ class MaintenanceStore(Protocol):
         *,
         fence: MaintenanceFence | None = None,
     ) -> int:
-        """Recompute the rollup's minutes from where the last fold stopped (at the latest
-        ``lookback`` before the current minute, database time) through the current minute,
-        at most ``max_minutes`` of them, from runs and attempts; returns the rows written."""
+        """Recompute the rollup's whole minutes closed since the last fold, and the one
+        before them (``lookback`` back on the first fold; database time), at most
+        ``max_minutes``, from runs and attempts; returns the rows written (0: none closed)."""
 
     def stats_prune(
         self,

@@ -8,32 +8,35 @@
 -- bounds given negated and ascending (%(negated_bounds)s), n - width_bucket(-v, ...) where n
 -- is the number of bounds, n itself above the last bound.
 
+-- name: stats_fold_window
+-- The minutes the next fold recomputes, [start_at, end_at): none when no minute closed
+-- since the last fold (stats_folds.folded_until), else from a minute before where it
+-- stopped (a write committed late in the minute it counts in is counted then; %(first)s
+-- minutes back when nothing was folded yet) to the current minute, at most
+-- %(max_minutes)s of them (a fold far behind catches up that fast).
+select w.start_at, least(w.closed, w.start_at + %(max_minutes)s * interval '1 minute')
+from (
+    select c.closed, f.folded_until,
+           coalesce(f.folded_until, c.closed - %(first)s * interval '1 minute')
+               - interval '1 minute' as start_at
+    from (select date_bin('1 minute', {@now}, timestamptz 'epoch') as closed) as c
+    left join {schema}.stats_folds as f on f.environment = %(environment)s
+) as w
+where w.folded_until is null or w.folded_until < w.closed;
+
 -- name: stats_fold
--- Recomputes whole minutes of one environment from runs and attempts and replaces them:
--- the window starts at the earlier of where the last fold stopped (stats_folds) and
--- %(lookback_seconds)s before the current minute, spans at most %(max_minutes)s minutes, and
--- ends after the current minute (which the next pass recomputes). Minutes older than the
--- look-back are final: a write committed that long after its transaction's start, or an
--- attempt that started before them and ends in a retry after, is not counted. Figures:
--- triggered (runs.created_at), started (attempts by started_at: ended ones in attempts,
--- live ones on their run), retried (those ended as retrying, or expired with their run
--- retried), completed, failed and cancelled (runs.finished_at), and for the runs that
--- completed or failed the wait (due_at to attempt_started_at) and run time (to finished_at)
--- of their final attempt. Rows of the window's minutes nothing happened in are deleted.
--- Returns the window (stats_fold_span then sums its minutes into the longer spans) and the
--- rows written.
+-- Recomputes the whole minutes [%(start_at)s, %(end_at)s) of one environment from runs and
+-- attempts and replaces them (stats_fold_window chose them: each minute is computed when it
+-- has closed and once more a minute later; older minutes are final). Figures: triggered
+-- (runs.created_at), started (attempts by started_at: ended ones in attempts, live ones on
+-- their run), retried (those ended as retrying, or expired with their run retried),
+-- completed, failed and cancelled (runs.finished_at), and for the runs that completed or
+-- failed the wait (due_at to attempt_started_at) and run time (to finished_at) of their
+-- final attempt. Rows of the window's minutes nothing happened in are deleted; stats_folds
+-- records the end. Returns the rows written (stats_fold_span then sums the minutes into the
+-- longer spans).
 with win as materialized (
-    select w.start_at,
-           least(w.start_at + %(max_minutes)s * interval '1 minute',
-                 w.now_minute + interval '1 minute') as end_at
-    from (
-        select c.now_minute,
-               least(coalesce(f.folded_until, c.back), c.back) as start_at
-        from (select date_bin('1 minute', {@now}, timestamptz 'epoch') as now_minute,
-                     date_bin('1 minute', {@now}, timestamptz 'epoch')
-                         - %(lookback_seconds)s * interval '1 second' as back) as c
-        left join {schema}.stats_folds as f on f.environment = %(environment)s
-    ) as w
+    select %(start_at)s::timestamptz as start_at, %(end_at)s::timestamptz as end_at
 ), created as (
     select r.queue, r.task_id, date_bin('1 minute', r.created_at, timestamptz 'epoch') as minute,
            count(*)::int as n
@@ -151,14 +154,13 @@ with win as materialized (
 ), moved as (
     insert into {schema}.stats_folds as f (environment, folded_until)
     select %(environment)s, end_at from win
-    on conflict (environment) do update set folded_until = excluded.folded_until
+    on conflict (environment) do update
+    set folded_until = greatest(f.folded_until, excluded.folded_until)
     returning 1
 )
-select win.start_at, win.end_at,
-       (select count(*) from written)::int as written,
+select (select count(*) from written)::int as written,
        (select count(*) from cleared)::int as cleared,
-       (select count(*) from moved)::int as moved
-from win;
+       (select count(*) from moved)::int as moved;
 
 -- name: stats_fold_span
 -- The rows of span %(span)s (15 or 60 minutes) that the minutes from %(start_at)s to
