@@ -1,14 +1,17 @@
 """The web console's server time per page with 1,000,000 runs stored (issue 21: every page
-within 200 ms).
+within 200 ms; issue 39: the charts over time and /metrics too, with a week of rollup).
 
     python -m benchmarks.web_pages [--runs 1000000] [--last-hour 60000] [--queued 20000]
-                                   [--repeat 20] [--database-url URL]
+                                   [--rollup-days 7] [--repeat 20] [--database-url URL]
 
 ``--runs`` runs are inserted in SQL (generate_series, every index in place, then analysed)
 in environment ``default``: ``--queued`` queued runs over four queues, 5,000 retrying, 5,000
 waiting (sleeps), 3% failed (with an error and a traceback, one attempt each), the rest
 completed; ``--last-hour`` of the terminal runs finished in the last hour (the chart's
-hour), the others over the week before. One parent has 500 children. Each page is asked
+hour), the others over the week before. One parent has 500 children. The rollup
+(``stats_rollup``) holds ``--rollup-days`` of every minute for each of the 20 tasks in its
+queue (as the runs are spread: 201,600 one-minute rows for a week, and the 15- and 60-minute
+spans' rows), each row's histograms with five non-zero buckets. Each page is asked
 ``--repeat`` times through the WSGI app in this process (Flask's test client: the server's
 time, without a network or a browser) after three warm-up requests; the table gives the
 median, p95 and the slowest.
@@ -30,6 +33,7 @@ from benchmarks._bulk import chunks
 from benchmarks._common import Row, add_database_argument, fresh_schema, log, pct, server_url
 from runlane import create_runlane
 from runlane.postgres import postgres_polling_lane
+from runlane.stats import HISTOGRAM_BOUNDS
 from runlane.web import create_app
 
 QUEUES = ("default", "mail", "reports", "billing")
@@ -137,9 +141,41 @@ def fill(url: str, schema: str, args: argparse.Namespace) -> tuple[uuid.UUID, uu
     return failed[0], parent
 
 
+def fill_rollup(url: str, schema: str, days: int) -> None:
+    """``days`` of the rollup, every minute, each task in its queue: each span's rows, as the
+    fold keeps them (a 15-minute row holds 15 minutes' figures)."""
+    began = time.perf_counter()
+    size = len(HISTOGRAM_BOUNDS) + 1
+    with psycopg.connect(url, autocommit=True) as conn:
+        for span in (1, 15, 60):
+            counts = "{" + ",".join(str(2 * span) if 18 <= i < 23 else "0" for i in range(size))
+            conn.execute(
+                f"""
+                insert into {schema}.stats_rollup (
+                    environment, span, minute, queue, task_id, triggered, started, retried,
+                    completed, failed, cancelled, wait_counts, wait_sum, run_counts, run_sum)
+                select 'default', %(span)s, m,
+                       (array['default', 'mail', 'reports', 'billing'])[1 + t %% 4],
+                       'bench.task' || t, 10 * %(span)s, 10 * %(span)s, %(span)s,
+                       9 * %(span)s, %(span)s, 0, %(counts)s::integer[], 4.2 * %(span)s,
+                       %(counts)s::integer[], 4.2 * %(span)s
+                from generate_series(
+                         date_bin(%(span)s * interval '1 minute', now(), timestamptz 'epoch')
+                             - %(days)s * interval '1 day',
+                         now() - %(span)s * interval '1 minute',
+                         %(span)s * interval '1 minute') as m,
+                     generate_series(0, 19) as t
+                """,
+                {"counts": counts + "}", "span": span, "days": days},
+            )
+        conn.execute(f"analyze {schema}.stats_rollup")
+    log(f"{days} days of rollup in {time.perf_counter() - began:.0f} s")
+
+
 def measure(url: str, args: argparse.Namespace) -> list[Row]:
     schema = fresh_schema(url)
     failed, parent = fill(url, schema, args)
+    fill_rollup(url, schema, args.rollup_days)
     lane = postgres_polling_lane(connection_string=url, schema=schema)
     rows: list[Row] = []
     with create_runlane(lane=lane) as runlane:
@@ -169,6 +205,12 @@ def measure(url: str, args: argparse.Namespace) -> list[Row]:
             "search ?idempotency_key (no match: budget)": "/runs?idempotency_key=none-such",
             "search ?payload={n: 5} (oldest: budget)": SEARCH_PAYLOAD,
             "search ?payload, status=failed": "/runs?status=failed&payload=" + quote('{"n": 33}'),
+            "/metrics": "/metrics",
+            "charts 1h": "/charts",
+            "charts 24h": "/charts?range=24h",
+            "charts 7d": "/charts?range=7d",
+            "charts 7d ?queue=mail": "/charts?queue=mail&range=7d",
+            "charts 7d ?task=bench.task7": "/charts?task=bench.task7&range=7d",
         }
         rows += [timed(client, label, path, args.repeat) for label, path in pages.items()]
         # the optional indexes docs/console.md names, and the searches they serve
@@ -229,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--last-hour", type=int, default=60_000)
     parser.add_argument("--queued", type=int, default=20_000)
+    parser.add_argument("--rollup-days", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=20)
     add_database_argument(parser)
     args = parser.parse_args(argv)

@@ -9,19 +9,22 @@ band; the figures scraped are those.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runlane import RunContext, Runlane, queue, task
+from runlane import RetryPolicy, RunContext, Runlane, queue, task
 from runlane.metrics import MISSING, wsgi_app
 from runlane.postgres import postgres_polling_lane
 from runlane.runtime import create_runlane
+from runlane.testing import MovableClock
 from runlane.web import create_app
 from tests._optional import require
 from tests.conftest import RunlaneFactory
@@ -35,6 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 @task(id="metrics.ok")
 def ok(payload: Any, context: RunContext) -> Any:
     return payload
+
+
+@task(id="metrics.boom", retry=RetryPolicy(max_attempts=1, initial_delay=timedelta(0)))
+def boom(payload: Any, context: RunContext) -> None:
+    raise RuntimeError("boom")
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -117,6 +125,42 @@ def test_the_console_serves_metrics_a_parser_reads(known: Runlane) -> None:
     assert answer.status_code == 200
     assert answer.content_type.startswith("text/plain; version=0.0.4")
     check_known(answer.get_data(as_text=True))
+
+
+def test_throughput_and_histograms_come_from_the_rollup(
+    make_runlane: RunlaneFactory, clock: MovableClock
+) -> None:
+    rl = make_runlane(queues=[queue("default", default=True), queue("mail")], tasks=[ok, boom])
+    rl.trigger_many(ok, [{"n": n} for n in range(4)], queue="mail")
+    rl.trigger(boom, None, queue="mail")
+    rl.trigger(ok, {"other": True})  # another queue's run, still queued
+    clock.advance(30)  # each mail run waits 30 s from due to start
+    rl.drain(queues=["mail"])
+    clock.advance(60)  # the minute they finished is a whole one before the current
+    rl.run_maintenance_once()  # the stats band folds the rollup
+    answer = create_app(rl).test_client().get("/metrics")
+    types, samples = parsed(answer.get_data(as_text=True))
+    for event, count in {
+        "triggered": 5,
+        "started": 5,
+        "completed": 4,
+        "failed": 1,
+        "retried": 0,
+        "cancelled": 0,
+    }.items():
+        assert value(samples, "runlane_queue_window_runs", queue="mail", event=event) == count
+    assert value(samples, "runlane_queue_window_runs", queue="default", event="triggered") == 1
+    assert types["runlane_queue_wait_seconds"] == "histogram"  # a gauge histogram, as text
+    wait = {
+        le: value(samples, "runlane_queue_wait_seconds_bucket", queue="mail", le=le)
+        for le in ("16.384", "32.768", "+Inf")
+    }
+    assert wait == {"16.384": 0, "32.768": 5, "+Inf": 5}
+    assert value(samples, "runlane_queue_wait_seconds_gcount", queue="mail") == 5
+    assert 150 <= value(samples, "runlane_queue_wait_seconds_gsum", queue="mail") < 165
+    quick = value(samples, "runlane_queue_run_seconds_bucket", queue="mail", le="16.384")
+    assert quick == 5
+    assert value(samples, "runlane_queue_run_seconds_bucket", queue="default", le="+Inf") == 0
 
 
 def test_openmetrics_when_the_scraper_asks(known: Runlane) -> None:
@@ -237,3 +281,28 @@ def test_runlane_metrics_serves_it_alone(known: Runlane, database_url: str, sche
             assert process.stdout is not None
             process.stdout.close()
     assert code == 0
+
+
+def test_bad_input_to_runlane_metrics_is_one_error_line(
+    database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runlane.cli import EXIT_CONFIGURATION, main  # noqa: PLC0415
+
+    target = ["--database-url", database_url, "--schema", schema]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        cases = {
+            ("--bind", "9464"): "--bind must be HOST:PORT",
+            ("--threads", "0"): "--threads",
+            ("--bind", f"127.0.0.1:{taken}"): "the address is in use",
+        }
+        for options, needle in cases.items():
+            capsys.readouterr()
+            assert main(["metrics", *target, *options]) == EXIT_CONFIGURATION
+            err = capsys.readouterr().err
+            lines = err.strip().splitlines()
+            assert len(lines) == 1, err
+            assert lines[0].startswith("runlane: error: "), err
+            assert needle in lines[0], err

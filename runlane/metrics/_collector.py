@@ -7,21 +7,34 @@ keeps state between scrapes.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from runlane.models import QueueInfo, WorkerState
 from runlane.runtime import Runlane
+from runlane.stats import Histogram, StatsBucket
 
-__all__ = ["RunlaneCollector"]
+__all__ = ["EVENTS", "WINDOW", "RunlaneCollector"]
+
+# throughput and the histograms cover this many whole minutes of the rollup, ending where
+# the database's current minute begins
+WINDOW = timedelta(minutes=5)
+# what the rollup counts per queue, as runlane_queue_window_runs's event label
+EVENTS = ("triggered", "started", "retried", "completed", "failed", "cancelled")
+# every second of the rollup's bounds (1 ms * 2**k): cumulative counts are exact at any
+# subset of them, and 28 buckets a histogram are plenty for alerts and heatmaps
+_EVERY = 2
 
 
 class RunlaneCollector(Collector):
-    """Queue depth by status, oldest queued age, pauses, workers by state and maintenance
-    bands of one runtime's environment, each labelled with it."""
+    """Queue depth by status, oldest queued age, pauses, throughput and wait and run time
+    histograms over :data:`WINDOW` (from ``Runlane.stats``), workers by state and
+    maintenance bands of one runtime's environment, each labelled with it."""
 
     def __init__(self, runlane: Runlane) -> None:
         self._runlane = runlane
@@ -34,6 +47,7 @@ class RunlaneCollector(Collector):
         env = self._runlane.environment
         queues = self._runlane.list_queues()
         yield from self._queues(env, queues)
+        yield from self._window(env, queues)
         yield self._workers(env)
         yield from self._bands(env)
 
@@ -65,6 +79,39 @@ class RunlaneCollector(Collector):
             oldest.add_metric([env, info.name], info.oldest_queued_age or 0.0)
             paused.add_metric([env, info.name], 1 if info.paused else 0)
         yield from (depth, claimed, oldest, paused)
+
+    def _window(self, env: str, queues: list[QueueInfo]) -> Iterator[Metric]:
+        minutes = int(WINDOW.total_seconds() // 60)
+        runs = GaugeMetricFamily(
+            "runlane_queue_window_runs",
+            f"Runs per event over the last {minutes} whole minutes of the rollup (triggered; "
+            "attempts started; attempts ended in a retry; runs completed, failed, cancelled).",
+            labels=["environment", "queue", "event"],
+        )
+        wait = GaugeHistogramMetricFamily(
+            "runlane_queue_wait_seconds",
+            "Due to start of the final attempt, of runs finished over the last "
+            f"{minutes} whole minutes.",
+            labels=["environment", "queue"],
+        )
+        run_time = GaugeHistogramMetricFamily(
+            "runlane_queue_run_seconds",
+            "Run time of the final attempt, of runs finished over the last "
+            f"{minutes} whole minutes.",
+            labels=["environment", "queue"],
+        )
+        # the whole minutes before the current one: the same span at every scrape
+        now = self._runlane.opened_storage().database_now()
+        until = now.replace(second=0, microsecond=0)
+        for info in queues:
+            totals = self._runlane.stats(
+                queue=info.name, since=until - WINDOW, until=until, bucket="1m"
+            ).totals
+            for event in EVENTS:
+                runs.add_metric([env, info.name, event], _event(totals, event))
+            wait.add_metric([env, info.name], _buckets(totals.wait), totals.wait.sum)
+            run_time.add_metric([env, info.name], _buckets(totals.run_time), totals.run_time.sum)
+        yield from (runs, wait, run_time)
 
     def _workers(self, env: str) -> Metric:
         workers = GaugeMetricFamily(
@@ -99,3 +146,16 @@ class RunlaneCollector(Collector):
             expires.add_metric([env, row.band], row.expires_at.timestamp())
             fencing.add_metric([env, row.band], row.fencing)
         yield from (live, expires, fencing)
+
+
+def _event(totals: StatsBucket, event: str) -> int:
+    count: int = getattr(totals, event)
+    return count
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    """The cumulative buckets Prometheus reads (``le`` as its text), every second bound
+    and +Inf."""
+    pairs = histogram.cumulative()
+    kept = [*pairs[:-1:_EVERY], pairs[-1]]
+    return [("+Inf" if math.isinf(le) else repr(le), float(n)) for le, n in kept]

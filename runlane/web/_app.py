@@ -26,6 +26,7 @@ from runlane.web._errors import error_page
 from runlane.web._find import Find
 from runlane.web._login import EnvironmentLogin, Login
 from runlane.web._metrics import Metrics
+from runlane.web._over_time import OverTime
 from runlane.web._pages import PAGE_SIZE, Pages
 from runlane.web._present import ago, cut, duration, pretty, when
 from runlane.web._security import CSRF_FIELD, Authorize, Guard
@@ -35,7 +36,15 @@ __all__ = ["BULK_COUNT_CAP", "BULK_LIMIT", "PAGE_SIZE", "ROOMS", "make_app", "ma
 REFRESH_SECONDS = 10  # pages update in place this often (app.config RUNLANE_REFRESH_SECONDS)
 
 # every room of the console, in the order its routes are registered
-ROOMS: tuple[Callable[[Console], Room], ...] = (Pages, Find, Actions, Metrics, AuditRoom, Login)
+ROOMS: tuple[Callable[[Console], Room], ...] = (
+    Pages,
+    Find,
+    Actions,
+    Metrics,
+    AuditRoom,
+    Login,
+    OverTime,
+)
 
 
 def make_blueprint(runlane: Runlane, authorize: Authorize | None) -> Blueprint:
