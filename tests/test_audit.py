@@ -360,3 +360,12 @@ def test_retention_prunes_old_records_only(rl: Runlane, db: Conn, schema: str) -
     assert len(rl.list_audit().items) == 2
     assert rl.run_maintenance_once().audit_pruned == 1  # RetentionPolicy.audit: a year
     assert [r.action for r in rl.list_audit().items] == ["pause_queue"]
+
+
+def test_running_a_schedule_no_pass_stored_yet_is_recorded(rl: Runlane) -> None:
+    # made from this runtime's definition (run_insert_many) inside the record's transaction
+    handle = rl.trigger_schedule_now("audit.nightly", reason="first")
+    assert rl.drain().completed == 1
+    assert rl.get_run(handle.id).status is RunStatus.COMPLETED
+    record = newest(rl)
+    assert (record.action, record.runs, record.reason) == ("run_schedule_now", 1, "first")
