@@ -295,6 +295,49 @@ def test_a_process_out_of_pooled_connections_says_so_in_one_line(
         rl.close()
 
 
+def test_a_pooler_out_of_connections_is_said_in_one_line(
+    database_url: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """PgBouncer's own budget spent: its one server connection held by another client's
+    transaction, a trigger waits the pooler's query_wait_timeout once (not once more per
+    reconnect try), then fails in one line naming it; nothing was written. A client past
+    its max_client_conn is refused in one line too."""
+    task: Task[Any, Any] = runlane_task(id="t")(_echo)
+    with (
+        start_pgbouncer(database_url, pool_size=1, max_client_conn=2, query_wait_timeout=1) as tiny,
+        psycopg.connect(tiny.url, autocommit=True) as holder,
+    ):
+        holder.execute("begin")
+        holder.execute("select 1")  # the pooler's one server connection, held
+        lane = postgres_polling_lane(
+            connection_string=tiny.url, schema=schema, pooler="transaction", listen=False
+        )
+        rl = create_runlane(lane=lane, tasks=[task])
+        late = create_runlane(lane=lane, tasks=[task])
+        try:
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailable) as caught:
+                rl.trigger(task, 1)
+            waited = time.monotonic() - started
+            message = str(caught.value)
+            assert "\n" not in message
+            assert "query_wait_timeout, so nothing was written" in message, message
+            assert waited < 4, waited  # one wait of about a second, not one per retry
+            rl.close()  # its pool would make a new client connection meanwhile
+            with (
+                psycopg.connect(tiny.url, autocommit=True),  # the second client of two
+                pytest.raises(StorageUnavailable) as refused,
+            ):
+                late.trigger(task, 2)  # a third
+            assert "takes no more client connections (max_client_conn)" in str(refused.value)
+            assert "\n" not in str(refused.value)
+        finally:
+            holder.execute("rollback")
+            rl.close()
+            late.close()
+    assert count_runs(db, schema) == 0
+
+
 @pytest.mark.parametrize(
     ("options", "needle"),
     [

@@ -22,7 +22,7 @@ from psycopg_pool import ConnectionPool
 from runlane.errors import ConfigurationError, RunlaneClosed, RunlaneError, StorageUnavailable
 from runlane.postgres import _pool_log  # noqa: F401 - files psycopg.pool's records of runlane's pools
 from runlane.postgres._connect_errors import connect_cause, establishing, waiting_helps
-from runlane.postgres._pooler import Pooling
+from runlane.postgres._pooler import Pooling, pooler_refusal
 from runlane.postgres._sockets import dup_socket, shut_down_socket
 from runlane.toolkit import shown
 
@@ -147,6 +147,8 @@ def connection_lost(exc: psycopg.OperationalError) -> bool:
         | psycopg_pool.TooManyRequests,
     ):
         return False
+    if pooler_refusal(exc) is not None:  # the pooler waited already, or takes no more
+        return False
     return exc.sqlstate is None or exc.sqlstate.startswith(("08", "57P"))
 
 
@@ -187,6 +189,11 @@ def storage_error(
         return _cancelled(exc, detail, what)
     if isinstance(exc, PoolExhausted):
         return StorageUnavailable(f"runlane could not {what}: {exc}", transient=True)
+    refusal = pooler_refusal(exc)
+    if refusal is not None:
+        target = describe_target(connection_string)
+        said = f"the connection pooler at {target} {refusal}"
+        return StorageUnavailable(f"runlane could not {what}: {said}", transient=True)
     if isinstance(exc, psycopg.OperationalError) and establishing(exc):
         timeout = _conninfo_timeout(connection_string, connect_timeout)
         cause = connect_cause(exc, describe_target(connection_string), timeout)

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["POOLERS", "Pooling", "behind_pooler"]
+__all__ = ["POOLERS", "Pooling", "behind_pooler", "pooler_refusal"]
 
 log = logging.getLogger("runlane.postgres")
 
@@ -32,6 +32,27 @@ log = logging.getLogger("runlane.postgres")
 #: (through a transaction-mode pooler), ``session`` (through a session-mode pooler, which
 #: keeps sessions: as direct), ``none`` (straight to the primary).
 POOLERS = ("auto", "transaction", "session", "none")
+
+
+def pooler_refusal(exc: BaseException) -> str | None:
+    """What a pooler's refusal means, for a message saying so (None for anything else):
+    PgBouncer's ``query_wait_timeout`` (no server connection came free for the client's
+    transaction, which therefore never began: worth no retry, the pooler waited already)
+    and ``max_client_conn`` (it takes no more clients)."""
+    text = str(exc)
+    if "query_wait_timeout" in text:
+        return (
+            "had no server connection free for its query_wait_timeout, so nothing was "
+            "written: raise its pool (PgBouncer's default_pool_size) within the server's "
+            "max_connections, or make fewer calls at once"
+        )
+    if "max_client_conn" in text:
+        return (
+            "takes no more client connections (max_client_conn): raise it above the sum of "
+            "every process's connections (pool_max_size, and per worker its claims, its "
+            "writer and its slots), or lower pool_max_size"
+        )
+    return None
 
 
 def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
