@@ -21,7 +21,7 @@ from runlane.postgres._executor import Executor
 from runlane.postgres._maintenance import prune_ids
 from runlane.storage import BulkBatch, BulkFilter
 
-__all__ = ["BulkRepository"]
+__all__ = ["BulkRepository", "RequeueCount"]
 
 # a walk starts above every run: no created_at reaches infinity
 _TOP = ("infinity", uuid.UUID(int=2**128 - 1))
@@ -42,14 +42,22 @@ def _filter_params(runs: BulkFilter) -> dict[str, Any]:
     }
 
 
+class RequeueCount:
+    """Runs moved into queued by the current retry walk, and the count that analyses next:
+    kept across its batches, also when each runs on a view of the storage (an audited
+    batch, postgres/_audit.py)."""
+
+    def __init__(self) -> None:
+        self.counts: tuple[int, int] = (0, ANALYZE_AFTER)
+
+
 class BulkRepository:
     """Counts and batches of the bulk actions."""
 
-    def __init__(self, db: Executor) -> None:
+    def __init__(self, db: Executor, requeued: RequeueCount | None = None) -> None:
         self._db = db
         self._sql = db.sql
-        # (runs moved into queued by the current retry walk, the count that analyses next)
-        self._requeued: tuple[int, int] = (0, ANALYZE_AFTER)
+        self._requeued = requeued or RequeueCount()
 
     def run_bulk_count(self, runs: BulkFilter, limit: int) -> int:
         params = {
@@ -132,12 +140,12 @@ class BulkRepository:
     def _count_requeued(self, *, first: bool, changed: int) -> None:
         """Analyse runs when this retry walk's count of runs moved into queued reaches the
         next threshold (ANALYZE_AFTER, then tenfold)."""
-        moved, threshold = (0, ANALYZE_AFTER) if first else self._requeued
+        moved, threshold = (0, ANALYZE_AFTER) if first else self._requeued.counts
         moved += changed
         if moved >= threshold:
             self._db.run(lambda conn: conn.execute(self._sql["runs_analyze"]))
             threshold = max(threshold, moved) * 10
-        self._requeued = (moved, threshold)
+        self._requeued.counts = (moved, threshold)
 
     def _retry_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
         """retry_run's run_retry on the picked runs no one holds; how many were retried."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from runlane.postgres._attempts import AttemptRepository
 from runlane.postgres._audit import AuditRepository
-from runlane.postgres._bulk import BulkRepository
+from runlane.postgres._bulk import BulkRepository, RequeueCount
 from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, PoolSource, check_conninfo
 from runlane.postgres._eager import EagerPublisher
 from runlane.postgres._executor import Executor
@@ -56,6 +56,7 @@ class PostgresStorage:
         pooler: str = "auto",
         _db: Executor | None = None,
         _eager: EagerPublisher | None = None,
+        _requeued: RequeueCount | None = None,
     ) -> None:
         self.schema = validate_schema_name(schema)
         check_conninfo(connection_string)
@@ -138,7 +139,9 @@ class PostgresStorage:
         self.run_history = inspect.run_history
         self.run_retry = inspect.run_retry
         self.run_cancel = inspect.run_cancel
-        bulk = BulkRepository(self._db)
+        # shared with the views audited actions run on: a retry walk's count spans them
+        self._requeued = _requeued or RequeueCount()
+        bulk = BulkRepository(self._db, self._requeued)
         self.run_bulk_count = bulk.run_bulk_count
         self.run_bulk_count_within = bulk.run_bulk_count_within
         self.run_bulk_batch = bulk.run_bulk_batch
@@ -182,7 +185,12 @@ class PostgresStorage:
 
     def _in_transaction(self, db: Executor) -> PostgresStorage:
         # an operator action's view, on the connection of its record's transaction
-        return PostgresStorage(connection_string=self._db.conninfo, schema=self.schema, _db=db)
+        return PostgresStorage(
+            connection_string=self._db.conninfo,
+            schema=self.schema,
+            _db=db,
+            _requeued=self._requeued,
+        )
 
     @property
     def connection_string(self) -> str:
