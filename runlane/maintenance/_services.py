@@ -93,6 +93,25 @@ BANDS = (
 )
 
 
+# A band whose passes change nothing for IDLE_GRACE seconds waits twice as long after each
+# further empty pass, up to IDLE_CAP between passes (never less than its interval); a pass
+# that changes something, or fails, brings it back to its interval. An idle replica then
+# makes a few statements every IDLE_CAP seconds instead of several a second, and a run that
+# comes due (a retry, a delayed run, a wait token's timeout) in a quiet process is found up
+# to IDLE_CAP late (benchmarks/connections.py, docs/scaling.md).
+IDLE_GRACE = 10.0
+IDLE_CAP = 10.0
+
+
+def idle_interval(interval: float, idle_for: float, empty_passes: int) -> float:
+    """Seconds until a band's next pass: ``interval`` until its passes have changed nothing
+    for ``IDLE_GRACE`` seconds, then doubling with each ``empty_passes`` past that, capped at
+    ``IDLE_CAP`` (a band slower than the cap keeps its interval)."""
+    if idle_for < IDLE_GRACE or interval >= IDLE_CAP:
+        return interval
+    return min(IDLE_CAP, interval * 2.0 ** min(empty_passes, 16))
+
+
 class _BandLoop:
     """One band's thread: acquires, refreshes and releases its lease, runs its phases, and
     reports to the services' board."""
@@ -105,6 +124,9 @@ class _BandLoop:
         self.deadline = 0.0  # monotonic time after which an unrefreshed owner stops acting
         self.last_refresh = 0.0
         self.next_pass = 0.0
+        # since when (monotonic) its passes changed nothing, and how many did after the grace
+        self.idle_since: float | None = None
+        self.empty_passes = 0
         self.thread = threading.Thread(
             target=self.main, name=f"{services.name}-{band.name}", daemon=True
         )
@@ -207,23 +229,39 @@ class _BandLoop:
             )
             return
         if time.monotonic() >= self.next_pass:
-            self.run_phases()
-            self.next_pass = time.monotonic() + self.band.interval.total_seconds()
+            changed = self.run_phases()
+            now = time.monotonic()
+            if changed:
+                self.idle_since, self.empty_passes = None, 0
+            elif self.idle_since is None:
+                self.idle_since = now
+            elif now - self.idle_since >= IDLE_GRACE:
+                self.empty_passes += 1
+            interval = self.band.interval.total_seconds()
+            idle_for = 0.0 if self.idle_since is None else now - self.idle_since
+            self.next_pass = now + idle_interval(interval, idle_for, self.empty_passes)
 
-    def run_phases(self) -> None:
+    def run_phases(self) -> bool:
+        """Run the band's phases; True when one changed something or failed (the band
+        keeps its interval), False when all ran and found nothing to do."""
         s = self.services
+        busy = False
         for phase in self.band.phases:
             if self.fence is None or self.board.stop.is_set():
-                return
+                return True
             try:
                 result = run_phase(s.scope, phase, s.limits, self.fence)
             except StaleLease as exc:
                 self.lose(exc, "pass")
-                return
+                return True
             except Exception as exc:  # every failed pass reaches the callback
                 self.report(exc, phase, "pass")
+                busy = True
             else:
                 self.board.count(phase, result.total)
+                # queues woken are no records changed, but say work is there
+                busy = busy or result.total > 0 or result.lane.queues_woken > 0
+        return busy
 
     def release(self) -> None:
         if self.fence is None:

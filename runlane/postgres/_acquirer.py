@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
+from runlane.errors import RunlaneClosed
 from runlane.lanes import AcquirerOptions
 from runlane.postgres._flow import EVERY_KEY
 from runlane.postgres._listener import PostgresListener
@@ -32,6 +33,14 @@ log = logging.getLogger("runlane.postgres.acquirer")
 
 # a private generator: the global one belongs to the application (and to test tools)
 _random = random.Random()
+
+# While LISTEN is up, claims that find nothing for IDLE_GRACE seconds space the polls out:
+# twice as long after each further empty claim, up to ten poll intervals or IDLE_CAP,
+# whichever is shorter (never under the poll interval). A notification, a reconnect or a
+# claim that finds work brings the poll interval back; a trigger still wakes the worker at
+# once. Poll-only workers (listen=False, a listener given up behind a pooler) keep it.
+IDLE_GRACE = 10.0
+IDLE_CAP = 10.0
 
 
 class PollingAcquirer:
@@ -58,13 +67,17 @@ class PollingAcquirer:
         self._rate_wait: float | None = None
         self._drain = options.drain
         self._owns_storage = not options.drain
-        self._storage = (
-            storage
-            if options.drain
-            else storage.dedicated(f"{options.name}-claims", durable_commits=False)
-        )
+        # claims go on a connection of their own while they find work, made when needed and
+        # closed once the idle backoff began (its polls go through the runtime's pool then)
+        self._shared = storage
+        self._own: Storage | None = None
+        self._own_lock = threading.Lock()
+        self._closed = False
+        self._storage = storage  # where the acquire in progress claims (_claims)
         self._storage_name = options.name
         self._wake = threading.Event()
+        self._idle_since: float | None = None  # monotonic time of the first empty claim
+        self._empty = 0  # empty claims since the grace passed
         self._listener = (
             None if options.drain else make_listener(self._on_notify, f"{options.name}-listener")
         )
@@ -89,6 +102,7 @@ class PollingAcquirer:
         None (the listener reconnected and may have missed notifications: work, and
         cancellations, which ``on_cancel(None)`` has the worker look for at once)."""
         if message is None:
+            self._idle_since, self._empty = None, 0  # it may have missed some: poll again
             self._wake.set()
             self._on_cancel(None)
             return
@@ -107,9 +121,29 @@ class PollingAcquirer:
                 return
             self._on_cancel(run_id)
 
+    def _claims(self) -> Storage:
+        """Where the next claim goes: the own connection (asynchronous commits), or the
+        runtime's pool while polls are spaced out (the own connection is closed then)."""
+        if not self._owns_storage:
+            return self._shared
+        with self._own_lock:
+            if self._closed:
+                raise RunlaneClosed(f"{self._storage_name}-claims: the worker has shut down")
+            if not self._empty:
+                if self._own is None:
+                    self._own = self._shared.dedicated(
+                        f"{self._storage_name}-claims", durable_commits=False
+                    )
+                return self._own
+            own, self._own = self._own, None
+        if own is not None:
+            own.close()
+        return self._shared
+
     def acquire(self, want: int, for_bounded: int) -> list[ClaimedRun]:
         self._wake.clear()
         self._rate_wait = None
+        self._storage = self._claims()
         claimed: list[ClaimedRun] = []
         bounded = list(self._bounded)
         _random.shuffle(bounded)
@@ -138,7 +172,27 @@ class PollingAcquirer:
                 self._lease,
                 worker_id=self._worker_id,
             )
+        self._note(bool(claimed))
         return claimed
+
+    def _note(self, found: bool) -> None:
+        """Count an empty claim toward the idle backoff; one that found work ends it."""
+        now = time.monotonic()
+        if found or self._rate_wait is not None:
+            self._idle_since, self._empty = None, 0
+        elif self._idle_since is None:
+            self._idle_since = now
+        elif now - self._idle_since >= IDLE_GRACE:
+            self._empty += 1
+
+    def idle_poll(self) -> float:
+        """Seconds between polls now: the poll interval, or more while LISTEN is up and
+        claims have found nothing for a while (``IDLE_GRACE``)."""
+        listening = self._listener is not None and self._listener.connected.is_set()
+        if not listening or not self._empty:
+            return self._poll
+        cap = max(self._poll, min(IDLE_CAP, 10 * self._poll))
+        return min(cap, self._poll * 2.0 ** min(self._empty, 16))
 
     def _claim_limited(self, queue: str, limits: QueueLimits, room: int) -> list[ClaimedRun]:
         result = self._storage.run_claim_limited(
@@ -170,7 +224,7 @@ class PollingAcquirer:
         return self._rate_wait
 
     def wait_for_work(self) -> None:
-        poll = self._poll * _random.uniform(0.9, 1.1)
+        poll = self.idle_poll() * _random.uniform(0.9, 1.1)
         if self._rate_wait is not None:
             poll = min(poll, self._rate_wait)
         self._wake.wait(poll)
@@ -192,11 +246,17 @@ class PollingAcquirer:
         self._wake.set()
 
     def abort(self) -> None:
-        self._storage.interrupt()
+        with self._own_lock:
+            own = self._own
+        if own is not None:
+            own.interrupt()
 
     def close(self, timeout: float | None) -> None:
         self._wake.set()
         if self._listener is not None:
             self._listener.close(timeout)
-        if self._owns_storage:
-            self._storage.close()
+        with self._own_lock:
+            self._closed = True
+            own, self._own = self._own, None
+        if own is not None:
+            own.close()

@@ -66,6 +66,9 @@ _POOL_CLOSE_SECONDS = 5.0
 # the pool's connection-making threads (psycopg_pool's default); with its scheduler, the
 # threads its close joins one after the other, each with the timeout it is given
 _POOL_WORKERS = 3
+# a pooled connection unused this long is closed, one every this many seconds, down to the
+# pool's min_size: a burst's connections do not stay open while the process idles
+_POOL_MAX_IDLE = 15.0
 # how long interrupt() waits for a cancel request (a connection of its own, which a stalled
 # server never answers) before it shuts the connection's socket down under the blocked call
 _CANCEL_SECONDS = 0.25
@@ -356,6 +359,7 @@ class PoolSource:
             kwargs=kwargs,
             timeout=self._timeout,
             num_workers=_POOL_WORKERS,
+            max_idle=_POOL_MAX_IDLE,
         )
         try:
             pool.open(wait=True, timeout=self._timeout)

@@ -45,6 +45,7 @@ from runlane.storage import (
 from runlane.toolkit import Backoff, Deadline
 from runlane.worker._execution import refused_output_failure, timeout_failure
 from runlane.worker._failure_log import log_failure
+from runlane.worker._idle import IdleConnection
 from runlane.worker._leases import LeaseTracker, Tracked
 
 __all__ = ["LifecycleStats", "LifecycleWriter"]
@@ -95,7 +96,7 @@ class _Pending:
 class LifecycleWriter:
     def __init__(
         self,
-        storage: Storage,
+        storage: Storage | IdleConnection,
         tracker: LeaseTracker,
         *,
         environment: str,
@@ -110,7 +111,9 @@ class LifecycleWriter:
         batch_size: int = 500,
         max_backlog: int = 10_000,
     ) -> None:
-        self._storage = storage
+        # an IdleConnection: its own connection while leases are held or writes pending,
+        # the runtime's pool while idle (heartbeats alone)
+        self._connection = storage
         self._tracker = tracker
         self._environment = environment
         self._name = name
@@ -118,7 +121,7 @@ class LifecycleWriter:
         self._on_fatal = on_fatal
         self._on_written = on_written
         self._on_tick = on_tick
-        self._late_storage = late_storage or storage
+        self._late_storage = late_storage or self._storage
         self._beat = beat
         # time.monotonic() of the last heartbeat sent: the first (the worker's registration)
         # is the thread's first work
@@ -139,6 +142,15 @@ class LifecycleWriter:
         self._deadline: float | None = None
         self._thread: threading.Thread | None = None
         self.stats = LifecycleStats()
+
+    @property
+    def _storage(self) -> Storage:
+        """Where the writer's next statement goes: its own connection while it has leases or
+        writes in hand (or had within the grace), else the runtime's pool."""
+        conn = self._connection
+        if not isinstance(conn, IdleConnection):
+            return conn
+        return conn.get(bool(len(self._tracker) or self._pending or self._in_flight))
 
     # -- producers -------------------------------------------------------------------------
 
@@ -252,7 +264,7 @@ class LifecycleWriter:
             return
         self._thread.join(flush)
         if self._thread.is_alive():
-            self._storage.interrupt()
+            self._connection.interrupt()
             self._thread.join(end.left())
         if self._thread.is_alive():
             log.warning(
@@ -320,6 +332,8 @@ class LifecycleWriter:
     def _keep_leases(self) -> None:
         if self._on_tick is not None:
             self._on_tick()
+        if isinstance(self._connection, IdleConnection) and not len(self._tracker):
+            self._connection.release_if_idle()
         now = time.monotonic()
         for item in self._tracker.expire_timeouts(now):
             timed_out = timeout_failure(item.claimed, item.task)

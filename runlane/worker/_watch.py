@@ -20,7 +20,7 @@ WARN_SECONDS = 60.0
 
 class MaintenanceWatch:
     """Called on every tick of the worker's lifecycle writer; queries at most once every
-    ``CHECK_SECONDS`` (one indexed statement on the writer's connection)."""
+    ``CHECK_SECONDS`` (one indexed statement on the runtime's pool)."""
 
     def __init__(self, storage: Storage, environment: str) -> None:
         self._storage = storage

@@ -55,6 +55,7 @@ from runlane.toolkit import Closing, Deadline, as_int, as_wait_timeout, shown, w
 from runlane.worker._attempts import Attempts
 from runlane.worker._drain import StopWatcher
 from runlane.worker._handoff import HandOff
+from runlane.worker._idle import IdleConnection
 from runlane.worker._leases import LeaseTracker, Tracked
 from runlane.worker._lifecycle import LifecycleStats, LifecycleWriter
 from runlane.worker._middleware import Middleware
@@ -152,8 +153,9 @@ class Worker:
             )
         )
         self.worker_id: uuid.UUID | None = None if beat is None else beat.worker_id
+        # the writer's own connection, let go while the worker is idle (_idle.py)
         self._writer_storage = (
-            storage if options.drain else storage.dedicated(f"{self.name}-writer")
+            storage if options.drain else IdleConnection(storage, f"{self.name}-writer")
         )
         self._acquirer = lane.create_acquirer(
             storage,
@@ -183,7 +185,7 @@ class Worker:
             beat=beat,
         )
 
-        self._watch = None if options.drain else MaintenanceWatch(self._writer_storage, environment)
+        self._watch = None if options.drain else MaintenanceWatch(storage, environment)
         self._handoff = HandOff(
             cond=self._cond,
             stopping=self._stopping,
