@@ -20,6 +20,10 @@ from runlane.web._charts import CHART_HEIGHT, line_chart
 from tests.conftest import RunlaneFactory
 from tests.test_web import browser, click, served, shot, text  # noqa: F401 - browser: a fixture
 
+STROKE = (
+    "return getComputedStyle(document.querySelector("
+    "'#throughput g[data-line=completed] polyline')).stroke"
+)
 ONCE = RetryPolicy(max_attempts=1, initial_delay=timedelta(0))
 
 
@@ -96,12 +100,15 @@ def test_charts_draw_known_runs_per_queue_task_and_range(
         assert len(circles(browser, "wait", "p50")) == 1
         assert seconds(legend(browser, "run-time")["p99"]) < 16
         # the stylesheet of the charts loaded under the CSP (no inline style, no script)
-        stroke = browser.execute_script(
-            "return getComputedStyle(document.querySelector("
-            "'#throughput g[data-line=completed] polyline')).stroke"
-        )
-        assert stroke == "rgb(46, 139, 87)"
+        assert browser.execute_script(STROKE) == "rgb(46, 139, 87)"
         shot(browser, "charts")
+        # dark mode: the lines take console.css's dark colours
+        dark = {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", dark)
+        try:
+            assert browser.execute_script(STROKE) == "rgb(79, 191, 132)"
+        finally:
+            browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
         # 24 h in 15-minute buckets, 7 d in hours: the same runs, the same totals
         click(browser, "#range-24h")
