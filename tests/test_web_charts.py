@@ -128,6 +128,20 @@ def test_charts_draw_known_runs_per_queue_task_and_range(
         assert legend(browser, "throughput")["completed"] == "1 run"
         assert legend(browser, "wait")["p50"] != "-"
 
+        # at 420 px the page does not scroll sideways: the charts scale to the width
+        narrow = {"width": 420, "height": 900, "deviceScaleFactor": 1, "mobile": True}
+        browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", narrow)
+        try:
+            browser.get(base + "/charts?queue=mail")
+            widths = browser.execute_script(
+                "return [document.documentElement.scrollWidth, window.innerWidth,"
+                " document.getElementById('throughput').getBoundingClientRect().width]"
+            )
+            assert widths[0] <= widths[1] == 420, widths
+            assert 300 < widths[2] <= 420, widths
+        finally:
+            browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
         # a range that is not one is a clear 400 page
         browser.get(base + "/charts?range=2y")
         assert "range '2y' is not one of 1h, 24h, 7d" in text(browser)
