@@ -28,7 +28,7 @@ from runlane.cli import main
 from runlane.stats import HISTOGRAM_BOUNDS, Histogram, Stats, histogram_index
 from runlane.testing import MovableClock
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn
+from tests.helpers import Conn, storage_of
 
 _clock: MovableClock | None = None  # the running test's, which the handlers move
 
@@ -118,7 +118,7 @@ def _data_set(rl: Runlane, clock: MovableClock) -> None:
     """Runs with known waits and run times, one at a time: three that complete after
     waiting 10 s, running 0.25 s, 4 s and 45 s; one that fails after 10 s and 1.5 s,
     retries 20 s later at once and fails for good after 1.5 s more; one cancelled while
-    queued."""
+    queued; one claimed and still running."""
     for seconds in (0.25, 4.0, 45.0):
         rl.trigger(work, {"seconds": seconds})
         clock.advance(10)
@@ -132,6 +132,10 @@ def _data_set(rl: Runlane, clock: MovableClock) -> None:
     rl.run_maintenance_once(MaintenanceLimits(stats_minutes=0))
     rl.drain()
     rl.cancel(rl.trigger(work, {"seconds": 0}).id)
+    # and one still running when the fold comes: its attempt counts as started
+    rl.trigger(work, {"seconds": 0})
+    (live,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(hours=1))
+    assert live.attempt == 1
     clock.advance(60)  # the minutes of the data set close: the next fold takes them
 
 
@@ -176,8 +180,8 @@ def test_the_rollup_equals_a_scan_of_runs(
         wait = attrs.evolve(longer.wait, sum=totals.wait.sum)
         run_time = attrs.evolve(longer.run_time, sum=totals.run_time.sum)
         assert attrs.evolve(longer, start=totals.start, wait=wait, run_time=run_time) == totals
-    assert (totals.triggered, totals.completed, totals.failed, totals.cancelled) == (5, 3, 1, 1)
-    assert (totals.started, totals.retried) == (5, 1)
+    assert (totals.triggered, totals.completed, totals.failed, totals.cancelled) == (6, 3, 1, 1)
+    assert (totals.started, totals.retried) == (6, 1)
     assert totals.wait.count == totals.run_time.count == 4
     waits = sorted(v for row in scan.values() for v in row["wait"])
     runs = sorted(v for row in scan.values() for v in row["run"])
@@ -203,7 +207,7 @@ def test_a_fold_again_changes_nothing_and_retention_prunes(
     rl.run_maintenance_once()
     again = rl.stats(since=since, until=first.until, bucket="5m")
     assert again.buckets == first.buckets
-    assert first.totals.triggered == 5
+    assert first.totals.triggered == 6
     moved.advance(2 * 3600)  # past retention: the next pass prunes what the rollup held
     pruned = rl.run_maintenance_once(MaintenanceLimits(stats_minutes=0))
     assert pruned.stats_pruned > 0
@@ -227,7 +231,7 @@ def test_buckets_cover_the_window_and_a_queue_filters(
     since = rl.stats().until - timedelta(minutes=1)
     _data_set(rl, moved)
     rl.run_maintenance_once()
-    assert rl.stats(since=since, queue="default").totals.triggered == 5
+    assert rl.stats(since=since, queue="default").totals.triggered == 6
     assert rl.stats(since=since, queue="elsewhere").totals.triggered == 0
     as_dict = rl.stats(since=since, task="stats.flaky").to_dict()
     assert (as_dict["totals"]["failed"], as_dict["totals"]["retried"]) == (1, 1)
