@@ -630,6 +630,42 @@ CASES: list[Case] = [
         "no run 00000000-0000-0000-0000-000000000001",
     ),
     api(
+        "reschedule-unknown-run",
+        lambda e: e.rl.reschedule_run(uuid.UUID(int=1), run_at=None),
+        RunNotFound,
+        "no run 00000000-0000-0000-0000-000000000001",
+    ),
+    api(
+        "reschedule-naive-run-at",
+        lambda e: e.rl.reschedule_run(e.queued_run, run_at=datetime(2030, 1, 1)),
+        ConfigurationError,
+        "run_at must be a timezone-aware datetime",
+    ),
+    api(
+        "reschedule-absurd-run-at",
+        lambda e: e.rl.reschedule_run(e.queued_run, run_at=datetime(3000, 1, 1, tzinfo=UTC)),
+        ConfigurationError,
+        "run_at must be from 1970 to 100 years from now",
+    ),
+    api(
+        "delete-live-run",
+        lambda e: e.rl.delete_run(e.queued_run),
+        RunStateConflict,
+        "only a completed, failed or cancelled run can be deleted; cancel it first",
+    ),
+    api(
+        "action-reason-too-long",
+        lambda e: e.rl.cancel(e.queued_run, reason="x" * 501),
+        ConfigurationError,
+        "reason",
+    ),
+    api(
+        "audit-foreign-cursor",
+        lambda e: e.rl.list_audit(cursor="not-a-cursor"),
+        ConfigurationError,
+        "is not one list_audit gave",
+    ),
+    api(
         "retry-unknown-run",
         lambda e: e.rl.retry_run(uuid.UUID(int=1)),
         RunNotFound,
@@ -1133,6 +1169,18 @@ CASES: list[Case] = [
         ("runs", "cancel", APP_SPEC, str(uuid.UUID(int=3))),
         EXIT_FAILURE,
         "no run 00000000-0000-0000-0000-000000000003",
+    ),
+    cli(
+        "cli-reschedule-time-without-offset",
+        ("runs", "reschedule", APP_SPEC, str(uuid.UUID(int=3)), "--at", "2030-01-01T00:00"),
+        EXIT_CONFIGURATION,
+        "has no UTC offset",
+    ),
+    cli(
+        "cli-audit-bad-limit",
+        ("audit", APP_SPEC, "--limit", "0"),
+        EXIT_CONFIGURATION,
+        "--limit",
     ),
     cli(
         "cli-list-bad-status",
