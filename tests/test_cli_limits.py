@@ -31,7 +31,8 @@ APP = job_app("limits.job")
 
 NAMES = (
     "schedule_limit, due_delivery_limit, wait_token_timeout_limit, wait_token_resume_limit, "
-    "attempt_expiry_limit, delivery_recovery_limit, cleanup_limit, outbox_publish_limit"
+    "attempt_expiry_limit, delivery_recovery_limit, cleanup_limit, stats_minutes, "
+    "outbox_publish_limit"
 )
 
 
