@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from runlane import RetryPolicy, RunContext, Runlane, queue, task
 from runlane.testing import MovableClock
@@ -145,6 +146,29 @@ def test_charts_draw_known_runs_per_queue_task_and_range(
         # a range that is not one is a clear 400 page
         browser.get(base + "/charts?range=2y")
         assert "range '2y' is not one of 1h, 24h, 7d" in text(browser)
+
+
+def test_the_charts_update_in_place(
+    browser: WebDriver,  # noqa: F811 - the fixture imported above
+    folded: Runlane,
+    clock: MovableClock,
+) -> None:
+    app = create_app(folded)
+    with served(app) as base:
+        app.config["RUNLANE_REFRESH_SECONDS"] = 1  # served() set 600: read per request
+        browser.get(base + "/charts?queue=mail")
+        browser.execute_script("window.localStorage.clear()")  # live updates not paused
+        browser.get(base + "/charts?queue=mail")
+        browser.execute_script("window.__same_document = true")  # a reload would drop it
+        assert legend(browser, "throughput")["completed"] == "4 runs"
+        folded.trigger_many(ok, [{"more": n} for n in range(3)], queue="mail")
+        folded.drain(queues=["mail"])
+        clock.advance(60)
+        folded.run_maintenance_once()
+        WebDriverWait(browser, 15).until(
+            lambda driver: legend(driver, "throughput").get("completed") == "7 runs"
+        )
+        assert browser.execute_script("return window.__same_document") is True
 
 
 def test_a_line_breaks_where_a_bucket_has_no_value() -> None:
