@@ -9,6 +9,8 @@ schema version 19), so one moment is now for a statement and what it fires."""
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, cast
@@ -23,6 +25,10 @@ Clock = Callable[[], datetime]
 
 #: How a statement names the moved time (the placeholder of the fragment ``now``).
 NOW_PARAMETER = "%(now)s"
+
+#: A SET statement (after its comment lines): SET TRANSACTION must come first in its
+#: transaction, so the clock is not set before one.
+_SET_STATEMENT = re.compile(r"(?:\s*--[^\n]*\n)*\s*set\s", re.IGNORECASE)
 
 _SET_NOW = "select pg_catalog.set_config('runlane.now', %s, false)"
 
@@ -45,11 +51,13 @@ def now_cursor(clock: Clock | None) -> type[psycopg.Cursor[Any]]:
         return {**(params or {}), "now": moment}
 
     class NowCursor(psycopg.Cursor[Any]):
-        def _moment(self) -> datetime | None:
+        def _moment(self, query: Query) -> datetime | None:
             if clock is None:
                 return None
             moment = clock()
-            set_now(self.connection, moment)
+            # SET TRANSACTION must be its transaction's first statement
+            if not (isinstance(query, str) and _SET_STATEMENT.match(query)):
+                set_now(self.connection, moment)
             return moment
 
         def execute(
@@ -62,14 +70,14 @@ def now_cursor(clock: Clock | None) -> type[psycopg.Cursor[Any]]:
         ) -> NowCursor:
             # a template query (t-string) takes no parameters and is passed on as it is
             text = cast(QueryNoTemplate, query)
-            moment = self._moment()
+            moment = self._moment(query)
             super().execute(text, with_now(query, params, moment), prepare=prepare, binary=binary)
             return self
 
         def executemany(
             self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
         ) -> None:
-            moment = self._moment()
+            moment = self._moment(query)
             rows = [with_now(query, params, moment) or {} for params in params_seq]
             super().executemany(query, rows, returning=returning)
 
