@@ -10,7 +10,6 @@ schema version 19), so one moment is now for a statement and what it fires."""
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, cast
