@@ -763,6 +763,33 @@ CASES: list[Case] = [
         ConfigurationError,
         "task must not contain the NUL character",
     ),
+    # -- stats (the rollup over time) ---------------------------------------------------
+    api(
+        "stats-since-after-until",
+        lambda e: e.rl.stats(
+            since=datetime(2026, 1, 2, tzinfo=UTC), until=datetime(2026, 1, 1, tzinfo=UTC)
+        ),
+        ConfigurationError,
+        "must be before until",
+    ),
+    api(
+        "stats-unknown-bucket",
+        lambda e: e.rl.stats(bucket="2m"),
+        ConfigurationError,
+        "bucket must be one of 1m, 5m, 15m, 1h, 6h, 1d",
+    ),
+    api(
+        "stats-naive-since",
+        lambda e: e.rl.stats(since=datetime(2026, 1, 1)),
+        ConfigurationError,
+        "since must be a timezone-aware datetime",
+    ),
+    api(
+        "stats-too-many-buckets",
+        lambda e: e.rl.stats(since=datetime(2000, 1, 1, tzinfo=UTC), bucket="1m"),
+        ConfigurationError,
+        "at most 10080: pick a larger bucket or a shorter window",
+    ),
     # -- definitions -----------------------------------------------------------------------
     api(
         "cron-never-fires",
@@ -1110,6 +1137,12 @@ CASES: list[Case] = [
         "timeout must be None (wait as long as it takes) or a number of seconds >= 0",
     ),
     # -- the CLI ---------------------------------------------------------------------------
+    cli(
+        "cli-stats-unknown-bucket",
+        ("stats", APP_SPEC, "--bucket", "2m"),
+        EXIT_CONFIGURATION,
+        "bucket must be one of 1m, 5m, 15m, 1h, 6h, 1d",
+    ),
     cli(
         "cli-web-threads-zero",
         ("web", APP_SPEC, "--threads", "0"),

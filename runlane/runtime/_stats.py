@@ -55,6 +55,10 @@ def _bucket(value: object, window: timedelta) -> timedelta:
     )
 
 
+def _name(bucket: timedelta) -> str:
+    return next(name for name, size in BUCKETS.items() if size == bucket)
+
+
 def _floor(moment: datetime, bucket: timedelta) -> datetime:
     return moment - (moment - _EPOCH) % bucket
 
@@ -94,7 +98,7 @@ class StatsReads:
         if count > MAX_BUCKETS:
             raise ConfigurationError(
                 f"the window from {since.isoformat()} to {until.isoformat()} holds {count} "
-                f"buckets of {shown(bucket)}; at most {MAX_BUCKETS}: pick a larger bucket "
+                f"buckets of {_name(bucket)}; at most {MAX_BUCKETS}: pick a larger bucket "
                 "or a shorter window"
             )
         rows = storage.stats_read(
