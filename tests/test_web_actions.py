@@ -133,6 +133,7 @@ def test_runlane_web_acts_after_its_token_login_and_records_who(
     click(browser, "#run-now")
     assert text(browser, "#notice") == "The run is due now."
     assert rl.get_run(delayed).due_at <= datetime.now(UTC) + timedelta(seconds=5)
+    assert not browser.find_elements(By.ID, "run-now")  # due now: nothing to move forward
 
     # reschedule a retrying run to a time given in the form (UTC)
     browser.get(f"{url}/runs/{retrying}")
