@@ -6,6 +6,7 @@ moved, never slept); retention prunes it; bad windows are refused in one line.""
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,11 +22,13 @@ from runlane import (
     RetryPolicy,
     RunContext,
     Runlane,
+    StaleLease,
     Task,
     task,
 )
 from runlane.cli import main
 from runlane.stats import HISTOGRAM_BOUNDS, Histogram, Stats, histogram_index
+from runlane.storage import MaintenanceFence
 from runlane.testing import MovableClock
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, storage_of
@@ -317,3 +320,22 @@ def test_a_late_write_counts_when_it_lands_in_the_minute_before_the_last_fold(
     counted = rl.stats(since=current - timedelta(minutes=5), bucket="1m")
     found = {b.start: b.triggered for b in counted.buckets if b.triggered}
     assert found == {current - timedelta(minutes=1): 1}
+
+
+def test_a_stale_band_owner_folds_nothing(
+    make_runlane: RunlaneFactory, moved: MovableClock, db: Conn, schema: str
+) -> None:
+    """The fold and the prune are fenced like every maintenance write: a replica whose lease
+    of the stats band is gone writes nothing."""
+    rl = make_runlane(tasks=TASKS)
+    _data_set(rl, moved)
+    storage = storage_of(rl)
+    stale = MaintenanceFence(rl.environment, "stats", uuid.uuid4(), 7)
+    with pytest.raises(StaleLease):
+        storage.stats_fold(rl.environment, timedelta(minutes=5), 60, fence=stale)
+    with pytest.raises(StaleLease):
+        storage.stats_prune(rl.environment, timedelta(0), 100, fence=stale)
+    rows = sql.SQL("select count(*) from {}.stats_rollup").format(sql.Identifier(schema))
+    assert db.execute(rows).fetchone() == (0,)
+    rl.run_maintenance_once()  # no fence: the rows are written
+    assert db.execute(rows).fetchone() != (0,)
