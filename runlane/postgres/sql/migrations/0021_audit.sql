@@ -70,7 +70,10 @@ as $$
         set due_at = p_due_at,
             status = case when t.status = 'retrying' and p_due_at <= p_now then 'queued'
                           else t.status end,
-            updated_at = p_now
+            -- the server's time, as every SECURITY DEFINER function writes it: p_now (the
+            -- caller's, a test's moved clock) only says whether a retrying run's new time has
+            -- come, and a queued run due later waits for its due time whatever it says
+            updated_at = now()
         from target as t
         where r.id = t.id and t.status in ('queued', 'retrying')
         returning r.id, r.status
