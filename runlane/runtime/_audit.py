@@ -94,16 +94,19 @@ def _cursor(record: AuditRecord) -> str:
 
 
 def _parse_cursor(cursor: object) -> tuple[datetime, uuid.UUID]:
+    refused = ConfigurationError(
+        f"cursor {shown(cursor)} is not one list_audit gave (pass its next_cursor)"
+    )
+    if not isinstance(cursor, str):
+        raise refused
     try:
-        assert isinstance(cursor, str)
         at, _, key = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        moment = datetime.fromisoformat(at)
-        assert moment.tzinfo is not None
-        return moment, uuid.UUID(key)
-    except (AssertionError, ValueError, binascii.Error, UnicodeError) as exc:
-        raise ConfigurationError(
-            f"cursor {shown(cursor)} is not one list_audit gave (pass its next_cursor)"
-        ) from exc
+        moment, run = datetime.fromisoformat(at), uuid.UUID(key)
+    except (ValueError, binascii.Error, UnicodeError) as exc:
+        raise refused from exc
+    if moment.tzinfo is None:
+        raise refused
+    return moment, run
 
 
 def _changed_runs(changed: int) -> tuple[int | None, bool]:
