@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import cast
 
 import attrs
-from flask import Request, Response, redirect, render_template, request, url_for
+from flask import Request, Response, abort, redirect, render_template, request, url_for
 
 from runlane.errors import ConfigurationError
 from runlane.web._console import Console, Route
@@ -156,7 +156,7 @@ class Login:
 
     def logout(self) -> Response:
         if not self.console.guard.token_valid():
-            return cast(Response, ("the form's CSRF token is missing or does not match", 403))
+            abort(403, "the form's CSRF token is missing or does not match: reload the page")
         response = self._home()
         response.delete_cookie(SESSION_COOKIE, path=url_for("runlane.overview"))
         return response
