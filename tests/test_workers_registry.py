@@ -40,6 +40,7 @@ from runlane import (
 from runlane.cli import main
 from runlane.maintenance import MaintenanceLimits, RetentionPolicy
 from runlane.postgres import postgres_polling_lane
+from runlane.testing import MovableClock
 from runlane.worker import Worker
 from tests._proxy import tcp_proxy
 from tests.conftest import RabbitRuntimes, RunlaneFactory
@@ -154,6 +155,20 @@ def test_a_delivery_worker_registers_itself_and_is_listed(make_runlane: RunlaneF
     rl.trigger(quick, None)
     assert rl.drain().runs_executed == 1
     assert [w.worker_id for w in rl.list_workers(include_stopped=True)] == [worker.worker_id]
+
+
+def test_a_worker_registered_on_a_moved_clock_is_seen_at_that_time(
+    make_runlane: RunlaneFactory, clock: MovableClock
+) -> None:
+    # registration stamps the moved clock, as heartbeats and list_workers read it: a worker
+    # registered after the clock moved a day on is running, not lost, before its heartbeat
+    clock.advance(86_400)
+    rl = _runtime(make_runlane)
+    with rl.create_delivery_worker(concurrency=1) as worker:
+        row = _registered(rl, worker)
+        assert row.state is WorkerState.RUNNING
+        assert row.started_at <= row.last_seen_at
+        assert row.started_at >= clock() - timedelta(seconds=60)
 
 
 def test_list_workers_refuses_a_non_boolean_include_stopped(make_runlane: RunlaneFactory) -> None:
