@@ -3,13 +3,14 @@ maintenance services hold open and do while nothing is triggered.
 
     python -m benchmarks.connections [--window 10] [--settle 45] [--database-url URL]
 
-Three processes, one after the other, each its own child process on a fresh schema: a
+Four processes, one after the other, each its own child process on a fresh schema: a
 runtime only (started, one ``status()`` call), a runtime with a polling-lane worker at
-concurrency 8, and a runtime with that worker and ``start_services()``. Once it says it is
-ready and ``--settle`` seconds have passed, the measurer counts the child's backends in
-``pg_stat_activity`` (those whose client port is one of the child's sockets; every client
-backend but the measurer's when the server is reached over a Unix socket) at the start and
-the end of a ``--window`` second window, and the transactions the database counted over it
+concurrency 8, one with two such workers, and one with a worker and ``start_services()``.
+Once it says it is ready and ``--settle`` seconds have passed, the measurer counts the
+child's backends in ``pg_stat_activity`` (those whose client port is one of the child's
+sockets; every client backend but the measurer's when the server is reached over a Unix
+socket) at the start and the end of a ``--window`` second window, and the transactions the
+database counted over it
 (``xact_commit + xact_rollback`` of ``pg_stat_database``), less those of a window with no
 child at all (the measurer's own and the server's background). On the throw-away server
 autovacuum is turned off first (it analyzes each fresh schema's tables and the catalog, a
@@ -49,10 +50,11 @@ __all__ = ["GOAL_BACKENDS", "GOAL_TRANSACTIONS", "main", "process_backends"]
 
 GOAL_BACKENDS = 3
 GOAL_TRANSACTIONS = 2.0
-SCENARIOS = ("runtime", "worker", "worker+services")
+SCENARIOS = ("runtime", "worker", "two-workers", "worker+services")
 _LABELS = {
     "runtime": "a runtime only",
     "worker": "runtime + polling worker, concurrency 8",
+    "two-workers": "runtime + two such workers",
     "worker+services": "runtime + worker + maintenance services",
 }
 
@@ -131,16 +133,19 @@ def _child(scenario: str, url: str, schema: str) -> None:
     rt = bench_runtime(url, schema, poll=timedelta(seconds=1))
     rt.start()
     rt.status()
-    worker = services = None
+    workers = []
+    services = None
     if scenario != "runtime":
-        worker = rt.create_delivery_worker(concurrency=8)
+        workers.append(rt.create_delivery_worker(concurrency=8))
+    if scenario == "two-workers":
+        workers.append(rt.create_delivery_worker(concurrency=8))
     if scenario == "worker+services":
         services = rt.start_services()
     print("ready", flush=True)
     sys.stdin.read()
     if services is not None:
         services.close(timeout=10)
-    if worker is not None:
+    for worker in workers:
         worker.close(timeout=10)
     rt.close(timeout=10)
 

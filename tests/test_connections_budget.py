@@ -9,6 +9,7 @@ figures at the real settings are printed by ``python -m benchmarks.connections``
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,8 @@ import runlane.postgres._acquirer as acquirer_module
 import runlane.postgres._connections as connections_module
 import runlane.worker._idle as idle_module
 from runlane import RunContext, Worker, task
+from runlane.postgres._listen_hub import shared_listeners
+from runlane.postgres._sql import notify_channel
 from tests.conftest import RunlaneFactory
 from tests.helpers import poll
 
@@ -83,4 +86,73 @@ def test_an_idle_process_holds_at_most_three_backends(
         assert not services.closed
     finally:
         services.close(timeout=10)
+        worker.close(timeout=10)
+
+
+def _listening(db: psycopg.Connection[Any], schema: str) -> int:
+    """Backends that ran LISTEN on the schema's announcement channel."""
+    row = db.execute(
+        "select count(*) from pg_stat_activity where query = %s",
+        (f'listen "{notify_channel(schema)}"',),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_runtimes_and_workers_of_a_process_share_one_listen_connection(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Two runtimes and three workers on one schema: one LISTEN backend, named after its
+    first subscriber; a trigger wakes a worker that joined later; it stays while any
+    subscriber does and goes with the last."""
+    ran = threading.Semaphore(0)
+
+    @task(id="budget.shared")
+    def shared(payload: Any, context: RunContext) -> None:
+        ran.release()
+
+    # a long poll: only a notification can start the run within the test's wait
+    slow = {"poll_interval": timedelta(seconds=30)}
+    first, second = (make_runlane(tasks=[shared], lane_options=slow) for _ in range(2))
+    first.start()
+    second.start()
+    one = first.create_delivery_worker(concurrency=1)
+    two = first.create_delivery_worker(concurrency=1)
+    three = second.create_delivery_worker(concurrency=1)
+    try:
+        assert poll(lambda: _listening(db, schema) == 1, timeout=10)
+        assert shared_listeners() == 1
+        one.close(timeout=10)  # the first subscriber goes; the connection stays
+        assert _listening(db, schema) == 1
+        two.close(timeout=10)
+        second.trigger(shared, "wake")
+        assert ran.acquire(timeout=10)  # three was woken (a 30 s poll would not be in time)
+        assert _listening(db, schema) == 1
+    finally:
+        for worker in (one, two, three):
+            worker.close(timeout=10)
+    assert poll(lambda: _listening(db, schema) == 0, timeout=10)
+    assert shared_listeners() == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_forgets_the_parents_listen_connection(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """The child has none of the parent's listener threads: its first listener makes a
+    connection of its own, and the parent's stays the parent's."""
+    rl = make_runlane(lane_options={"poll_interval": timedelta(seconds=30)})
+    rl.start()
+    worker = rl.create_delivery_worker(concurrency=1)
+    try:
+        assert poll(lambda: _listening(db, schema) == 1, timeout=10)
+        assert shared_listeners() == 1
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit status only
+            os._exit(0 if shared_listeners() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert shared_listeners() == 1
+        assert _listening(db, schema) == 1
+    finally:
         worker.close(timeout=10)

@@ -22,6 +22,7 @@ from runlane.maintenance import MaintenanceLimits
 from runlane.postgres._acquirer import PollingAcquirer
 from runlane.postgres._connections import DEFAULT_CONNECT_TIMEOUT, check_conninfo
 from runlane.postgres._ends import RunEnds
+from runlane.postgres._listen_hub import SharedListener
 from runlane.postgres._listener import PostgresListener
 from runlane.postgres._now import Clock
 from runlane.postgres._pooler import POOLERS
@@ -93,9 +94,10 @@ def postgres_listener(
     on_wake: Callable[[str | None], None],
     name: str,
 ) -> PostgresListener:
-    """An announcement listener on the schema's ``notify_channel``, not started."""
+    """An announcement listener on the schema's ``notify_channel``, not started; every one
+    of a process on the same server and channel shares one connection (_listen_hub.py)."""
     target, via, check_pooler = listen_target(options)
-    return PostgresListener(
+    return SharedListener(
         connection_string=target,
         channel=notify_channel(options.schema),
         environment=environment,

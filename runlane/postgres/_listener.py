@@ -51,7 +51,7 @@ class PostgresListener:
         *,
         connection_string: str,
         channel: str,
-        environment: str,
+        environment: str | None,
         on_wake: Callable[[str | None], None],
         name: str,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
@@ -157,7 +157,8 @@ class PostgresListener:
                 conn.close()
 
     def _listen(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        prefix = f"{self._environment}|"
+        # environment None: every payload as it is (a shared listener's, _listen_hub.py)
+        prefix = "" if self._environment is None else f"{self._environment}|"
         quiet_since = time.monotonic()
         while not self._stop.is_set():
             for notify in conn.notifies(timeout=_WAIT_SLICE):
