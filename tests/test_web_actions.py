@@ -237,8 +237,17 @@ def test_the_console_records_authorizes_identity_and_the_forms_reasons(
         browser.get(f"{url}/runs/bulk?action=retry&task=webact.flaky&status=failed")
         browser.find_element(By.ID, "bulk-reason").send_keys("the rest")
         click(browser, "#confirm")
+        # delete by filter: the completed runs the filters match, confirmed first
+        rl.drain()  # the three retried runs fail again (one attempt each)
+        browser.get(f"{url}/runs?task=webact.flaky&status=failed")
+        click(browser, "#bulk-delete")
+        assert "3 runs match" in text(browser, "#matched")
+        browser.find_element(By.ID, "bulk-reason").send_keys("noise")
+        click(browser, "#confirm")
+        assert "3 of 3 matching runs changed" in text(browser, "#bulk-result")
         rows = audit_rows(browser, url)
     assert [(a, who.split(" (")[0], runs, why) for a, who, runs, why in rows] == [
+        ("bulk_delete", "alice@example.com", "3", "noise"),
         ("bulk_retry", "alice@example.com", "2", "the rest"),
         ("retry", "alice@example.com", "1", "one by hand"),
     ]

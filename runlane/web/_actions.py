@@ -73,8 +73,8 @@ class Actions:
 
     def bulk_action(self, source: Any) -> str:
         action = source.get("action", "")
-        if action not in {"retry", "cancel"}:
-            abort(400, "action must be retry or cancel")
+        if action not in {"retry", "cancel", "delete"}:
+            abort(400, "action must be retry, cancel or delete")
         if not self.console.guard.allows(f"bulk_{action}"):
             abort(403, f"this console does not allow bulk {action} here")
         return str(action)
@@ -88,7 +88,11 @@ class Actions:
 
     def bulk_call(self, action: str, filters: RunFilters, **options: Any) -> Any:
         self.check_filters(filters)
-        method = self.runlane.retry_runs if action == "retry" else self.runlane.cancel_runs
+        method = {
+            "retry": self.runlane.retry_runs,
+            "cancel": self.runlane.cancel_runs,
+            "delete": self.runlane.delete_runs,
+        }[action]
         return method(**attrs.asdict(filters, recurse=False), **options)
 
     def bulk_confirm(self) -> str:

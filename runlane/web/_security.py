@@ -43,6 +43,7 @@ ACTIONS = (
     "cancel",
     "bulk_retry",
     "bulk_cancel",
+    "bulk_delete",
     "pause_queue",
     "resume_queue",
     "pause_schedule",
