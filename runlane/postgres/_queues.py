@@ -16,12 +16,15 @@ from psycopg.rows import dict_row
 from runlane.postgres._connections import Conn
 from runlane.postgres._executor import Executor
 
-__all__ = ["QueueRepository", "status_queues"]
+__all__ = ["RECENT_FINISHED", "QueueRepository", "status_queues"]
 
 log = logging.getLogger("runlane.postgres")
 
 # queue_list's count columns, one per unfinished status
 _UNFINISHED = ("queued", "running", "cancellation_requested", "retrying", "released", "waiting")
+
+# finished runs (the newest) whose queues queue_list lists too, when nothing else lists them
+RECENT_FINISHED = 10_000
 
 # runs given outbox items again per statement when a queue resumes on a transport lane
 RESUME_BATCH = 1_000
@@ -87,18 +90,40 @@ class QueueRepository:
         return self._db.run(known)
 
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
-        """One mapping per queue with unfinished runs or a queue_states row: ``queue``,
-        ``paused``, ``paused_reason``, ``paused_at``, the count of each unfinished status by
-        its value, ``claimed`` (running runs whose handler has not been seen to start),
+        """One mapping per queue with unfinished runs or a queue_states row (the statement
+        queue_list), and per queue of the newest RECENT_FINISHED finished runs that has
+        neither (queue_recent; its counts 0, not paused), by name: ``queue``, ``paused``,
+        ``paused_reason``, ``paused_at``, the count of each unfinished status by its value,
+        ``claimed`` (running runs whose handler has not been seen to start),
         ``live_leases``, and ``oldest_queued_age`` (seconds, None when none is due).
-        status_counts reads the same statement (see status_queues)."""
+        status_counts reads the statement queue_list alone (see status_queues)."""
+        params = {"environment": environment, "limit": RECENT_FINISHED}
 
         def listed(conn: Conn) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(self._sql["queue_list"], {"environment": environment})
-                return [dict(row) for row in cur.fetchall()]
+                cur.execute(self._sql["queue_list"], params)
+                rows = {str(row["queue"]): dict(row) for row in cur.fetchall()}
+                cur.execute(self._sql["queue_recent"], params)
+                recent = [str(row["queue"]) for row in cur.fetchall()]
+            for name in recent:
+                rows.setdefault(name, _finished_only(name))
+            return [rows[name] for name in sorted(rows)]
 
         return self._db.run(listed)
+
+
+def _finished_only(name: str) -> dict[str, Any]:
+    """queue_list's row for a queue whose runs have all finished and that is not paused."""
+    return {
+        "queue": name,
+        "paused": False,
+        "paused_reason": None,
+        "paused_at": None,
+        **dict.fromkeys(_UNFINISHED, 0),
+        "claimed": 0,
+        "live_leases": 0,
+        "oldest_queued_age": None,
+    }
 
 
 def status_queues(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -160,7 +160,6 @@ class PostgresStorage:
         self.web_runs_estimate = web.web_runs_estimate
         self.web_run_search = web.web_run_search
         self.web_worker_runs = web.web_worker_runs
-        self.web_recent_queues = web.web_recent_queues
         outbox = OutboxRepository(self._db)
         self.outbox_enable = outbox.outbox_enable
         self.outbox_claim_page = outbox.outbox_claim_page

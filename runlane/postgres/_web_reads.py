@@ -178,14 +178,6 @@ class WebReadRepository:
             # a later window ran out of the budget: what the earlier ones found stands
             return RunSearchResult(found, position, True)
 
-    def web_recent_queues(self, environment: str, limit: int) -> list[str]:
-        params = {"environment": environment, "limit": limit}
-
-        def read(conn: Conn) -> list[str]:
-            return [str(row[0]) for row in conn.execute(self._sql["web_recent_queues"], params)]
-
-        return self._db.run(read)
-
     def web_worker_runs(
         self, environment: str, worker_ids: Sequence[str], limit: int
     ) -> dict[str, list[dict[str, Any]]]:

@@ -450,7 +450,8 @@ class OperatorStore(Protocol):
         """Whether the database knows ``queue``: a queue_states row, or runs of it."""
 
     def queue_list(self, environment: str) -> list[dict[str, Any]]:
-        """One mapping per queue with unfinished runs or a queue_states row: ``queue``, its
+        """One mapping per queue with unfinished runs or a queue_states row, or among the
+        queues of the newest finished runs (a bounded read; counts 0), by name: ``queue``, its
         pause (``paused``, ``paused_reason``, ``paused_at``), a count per unfinished status,
         ``claimed`` (running but not seen to start), ``live_leases`` and
         ``oldest_queued_age`` (seconds, database time; None: none due)."""
@@ -513,9 +514,6 @@ class OperatorStore(Protocol):
         """The runs each worker holds a lease on now (running or cancellation_requested),
         newest claim first, at most ``limit`` a worker: mappings of id, task_id, queue,
         status, started_at."""
-
-    def web_recent_queues(self, environment: str, limit: int) -> list[str]:
-        """The queues of the newest ``limit`` finished runs (not pruned), each once."""
 
     def stats_read(
         self,

@@ -14,7 +14,7 @@ from flask import render_template, request
 from runlane._operator.runs import encode_cursor
 from runlane._operator.status import unhealthy
 from runlane.errors import RunNotFound
-from runlane.models import QueueInfo, RunSnapshot, RunStatus, WorkerInfo
+from runlane.models import QueueInfo, RunSnapshot, WorkerInfo
 from runlane.tasks import Queue
 from runlane.web._console import Console, Route
 from runlane.web._filters import FIRST_ID, Position, run_filters, run_id_arg, text_arg
@@ -26,7 +26,6 @@ __all__ = ["CHILDREN_SHOWN", "PAGE_SIZE", "THROUGHPUT_CAP", "WORKER_RUNS_SHOWN",
 PAGE_SIZE = 50  # runs per page of the runs list
 CHILDREN_SHOWN = 50  # children listed on a run's page
 WORKER_RUNS_SHOWN = 20  # runs listed for each worker on the workers page
-RECENT_FINISHED_READ = 10_000  # finished runs whose queues the queues page lists too
 _DEFAULT = "default"  # the queue create_runlane adds when none is the default
 THROUGHPUT_CAP = 50_000  # finishes the chart counts at most (the newest)
 
@@ -146,33 +145,15 @@ class Pages:
         return render_template("runlane/queues.html", page="queues", queues=self.queue_rows())
 
     def queue_rows(self) -> list[QueueInfo]:
-        """``list_queues``, and the queues of recently finished runs it does not list (it
-        reads unfinished runs only); the default queue runlane adds to a runtime whose code
-        sends no task to it (``runlane web --database-url``) is marked as known only from
-        the database, as every queue this runtime's code does not define."""
-        queues = self.runlane.list_queues()
+        """``list_queues`` (with the queues of recently finished runs), the default queue
+        runlane adds to a runtime whose code sends no task to it (``runlane web
+        --database-url``) marked as known only from the database, as every queue this
+        runtime's code does not define."""
         implicit = self.implicit_default()
-        rows = [attrs.evolve(q, defined=False) if q.name == implicit else q for q in queues]
-        listed = {q.name for q in rows}
-        recent = self.console.storage().web_recent_queues(
-            self.runlane.environment, RECENT_FINISHED_READ
-        )
-        for name in sorted(set(recent) - listed):
-            rows.append(
-                QueueInfo(
-                    name=name,
-                    paused=False,
-                    paused_reason=None,
-                    paused_at=None,
-                    concurrency_limit=None,
-                    rate_limit=None,
-                    key_concurrency_limit=None,
-                    counts={s.value: 0 for s in RunStatus if not s.is_terminal},
-                    oldest_queued_age=None,
-                    defined=False,
-                )
-            )
-        return sorted(rows, key=lambda q: q.name)
+        return [
+            attrs.evolve(q, defined=False) if q.name == implicit else q
+            for q in self.runlane.list_queues()
+        ]
 
     def implicit_default(self) -> str | None:
         """The name of the default queue runlane added itself when no task of this runtime

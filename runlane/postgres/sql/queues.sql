@@ -124,3 +124,20 @@ select coalesce(c.queue, s.queue) as queue,
 from counts as c
 full join states as s on s.queue = c.queue
 order by 1;
+
+-- name: queue_recent
+-- The queues of the newest %(limit)s finished runs, each once: list_queues lists them too,
+-- so a queue whose runs have all finished is not missing from it (queue_list reads
+-- unfinished runs only). A bounded walk of runs_finished newest first (its
+-- (environment, finished_at) entries, then each row's queue), however many runs the table
+-- holds. Pruned runs are not read.
+select distinct queue
+from (
+    select queue
+    from {schema}.runs
+    where environment = %(environment)s
+      and status in ('completed', 'failed', 'cancelled')
+      and pruned_at is null
+    order by finished_at desc
+    limit %(limit)s
+) as recent;

@@ -168,18 +168,3 @@ from (
 ) as live
 where n <= %(limit)s
 order by worker_id, n;
-
--- name: web_recent_queues
--- The queues of the newest %(limit)s finished runs (runs_finished, newest first): the
--- queues page lists them too, so a queue whose runs have all finished is not missing from
--- it (queue_list reads unfinished runs only). Pruned runs are not read.
-select distinct queue
-from (
-    select queue
-    from {schema}.runs
-    where environment = %(environment)s
-      and status in ('completed', 'failed', 'cancelled')
-      and pruned_at is null
-    order by finished_at desc
-    limit %(limit)s
-) as recent;
