@@ -418,6 +418,7 @@ def test_a_closed_runtime_refuses_every_method(
         "reschedule_run": lambda: rl.reschedule_run(run.id, run_at=None),
         "delete_run": lambda: rl.delete_run(done.id),
         "list_audit": rl.list_audit,
+        "stats": rl.stats,
         "retry_runs": lambda: rl.retry_runs(status="failed"),
         "cancel_runs": lambda: rl.cancel_runs(status="queued"),
         "delete_runs": lambda: rl.delete_runs(status="completed"),
