@@ -27,6 +27,7 @@ from runlane.toolkit import as_int_or_none, shown
 __all__ = [
     "BATCH_SIZE",
     "MAX_LIMIT",
+    "MAX_RUN_IDS",
     "BulkFilters",
     "BulkProgress",
     "bulk_action",
@@ -41,6 +42,8 @@ __all__ = [
 BATCH_SIZE = 500
 # the largest limit= (and the bound of an unlimited count)
 MAX_LIMIT = 1_000_000_000
+# the most run ids one call selects (run_ids=): a selection, not a filter for millions
+MAX_RUN_IDS = 1_000
 
 BulkProgress = Callable[[int, int], None]
 
@@ -49,7 +52,8 @@ class BulkFilters(TypedDict, total=False):
     """The keywords ``retry_runs``, ``cancel_runs`` and ``delete_runs`` take, every one
     optional: ``status`` (one or a list; the statuses the action applies to by default),
     ``task`` (a task or its id), ``queue``, ``created_after`` and ``created_before``
-    (timezone-aware: runs created in ``[created_after, created_before)``), ``limit`` (at
+    (timezone-aware: runs created in ``[created_after, created_before)``), ``run_ids``
+    (the selected runs: a non-empty list of at most ``MAX_RUN_IDS`` ids), ``limit`` (at
     most this many runs), ``dry_run`` (only count), ``all`` (act with no filter) and
     ``on_batch(done, matched)``."""
 
@@ -58,6 +62,7 @@ class BulkFilters(TypedDict, total=False):
     queue: str | None
     created_after: datetime | None
     created_before: datetime | None
+    run_ids: Sequence[uuid.UUID | str] | None
     limit: int | None
     dry_run: bool
     all: bool
@@ -125,6 +130,32 @@ def _limit(value: object) -> int | None:
     return as_int_or_none("limit", value, 1, MAX_LIMIT)
 
 
+def _run_ids(value: object) -> tuple[uuid.UUID, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ConfigurationError(
+            f"run_ids must be a list of run ids, got {shown(value)}; nothing was changed"
+        )
+    items = list(value)
+    if not items:
+        raise ConfigurationError("run_ids is empty: select at least one run; nothing was changed")
+    if len(items) > MAX_RUN_IDS:
+        raise ConfigurationError(
+            f"run_ids holds {len(items):,} ids, more than {MAX_RUN_IDS:,}: act on a selection "
+            "at most that large, or by filter; nothing was changed"
+        )
+    keys: dict[uuid.UUID, None] = {}
+    for item in items:
+        try:
+            keys[item if isinstance(item, uuid.UUID) else uuid.UUID(str(item))] = None
+        except ValueError:
+            raise ConfigurationError(
+                f"run_ids: {shown(item)} is not a run id (a UUID); nothing was changed"
+            ) from None
+    return tuple(keys)
+
+
 def bulk_filter(
     action: str, environment: str, filters: BulkFilters
 ) -> tuple[BulkFilter, int | None]:
@@ -141,6 +172,7 @@ def bulk_filter(
     queue = filters.get("queue")
     created_after = filters.get("created_after")
     created_before = filters.get("created_before")
+    run_ids = filters.get("run_ids")
     all = filters.get("all", False)
     if not isinstance(all, bool):
         raise ConfigurationError(f"all must be True or False, got {shown(all)}")
@@ -152,15 +184,19 @@ def bulk_filter(
         queue=optional_name("queue", queue),
         created_after=as_moment("created_after", created_after),
         created_before=as_moment("created_before", created_before),
+        run_ids=_run_ids(run_ids),
     )
     bound = _limit(filters.get("limit"))
     # limit= bounds how many, not which: alone it is no filter
-    filtered = any(v is not None for v in (status, task, queue, created_after, created_before))
+    filtered = any(
+        v is not None for v in (status, task, queue, created_after, created_before, run_ids)
+    )
     if not filtered and not all:
         raise ConfigurationError(
             f"{_METHOD[action]}() without a filter would act on every "
             f"{'/'.join(s.value for s in runs.statuses)} run of environment {environment!r}: "
-            "pass a filter (status=, task=, queue=, created_after=, created_before=) "
+            "pass a filter (status=, task=, queue=, created_after=, created_before=, "
+            "run_ids=), "
             "or all=True to mean it; nothing was changed"
         )
     return runs, bound

@@ -39,6 +39,7 @@ def _filter_params(runs: BulkFilter) -> dict[str, Any]:
         "queue": runs.queue,
         "created_after": runs.created_after,
         "created_before": runs.created_before,
+        "run_ids": None if runs.run_ids is None else list(runs.run_ids),
     }
 
 

@@ -89,12 +89,19 @@ class RunActions:
             "created_after": None if runs.created_after is None else str(runs.created_after),
             "created_before": None if runs.created_before is None else str(runs.created_before),
             "limit": limit,
+            "run_ids": None if runs.run_ids is None else [str(key) for key in runs.run_ids],
         }
-        target = ", ".join(f"{k}={v}" for k, v in details.items() if v is not None and k != "limit")
+        named = {k: v for k, v in details.items() if v is not None and k not in _UNNAMED}
+        target = ", ".join(f"{k}={v}" for k, v in named.items())
+        if runs.run_ids is not None:  # the ids are in the details, the target counts them
+            target = ", ".join(filter(None, (target, f"{len(runs.run_ids)} selected runs")))
         entry = self._trail.entry(f"bulk_{action}", target or "all", reason, details)
         return self._trail.bulk(
             entry, lambda storage: bulk_action(storage, action, runs, limit, filters)
         )
+
+
+_UNNAMED = frozenset({"limit", "run_ids"})
 
 
 def _cancel_counted(

@@ -360,7 +360,8 @@ class PruneResult:
 class BulkFilter:
     """Which runs a bulk action (retry, cancel, delete by filter) touches: runs of
     ``environment`` in one of ``statuses``, created in ``[created_after, created_before)``
-    when given, of ``task_id`` and ``queue`` when given; tombstones never."""
+    when given, of ``task_id`` and ``queue`` when given, among ``run_ids`` when given (the
+    runs an operator selected); tombstones never."""
 
     environment: str
     statuses: tuple[RunStatus, ...]
@@ -368,6 +369,7 @@ class BulkFilter:
     queue: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    run_ids: tuple[uuid.UUID, ...] | None = None
 
 
 @attrs.frozen

@@ -12,6 +12,8 @@
 -- filters are checked on the rows the walk meets. A batch that returns fewer rows than
 -- asked ended its status's walk. Every change re-checks the status it was selected for, so
 -- a re-run (or the rest of an interrupted run) finds only what is left to do.
+-- A selection (run_ids: the ids an operator ticked, at most MAX_RUN_IDS) is one more filter:
+-- the planner reads those ids through the primary key.
 
 -- name: run_bulk_count
 -- How many runs meet the filters (at most limit): one index range per status.
@@ -25,6 +27,7 @@ from (
       and (%(created_after)s::timestamptz is null or created_at >= %(created_after)s)
       and (%(created_before)s::timestamptz is null or created_at < %(created_before)s)
       and {@run_task_queue_filter}
+      and (%(run_ids)s::uuid[] is null or id = any(%(run_ids)s::uuid[]))
     limit %(limit)s
 ) as matched;
 
@@ -45,6 +48,7 @@ where environment = %(environment)s
   and (%(created_after)s::timestamptz is null or created_at >= %(created_after)s)
   and (%(created_before)s::timestamptz is null or created_at < %(created_before)s)
   and {@run_task_queue_filter}
+  and (%(run_ids)s::uuid[] is null or id = any(%(run_ids)s::uuid[]))
 order by created_at desc, id desc
 limit %(batch)s;
 
