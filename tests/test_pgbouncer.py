@@ -31,6 +31,7 @@ from runlane import task as runlane_task
 from runlane.postgres import postgres_polling_lane
 from runlane.postgres._storage import PostgresStorage
 from runlane.rabbitmq import rabbitmq_lane
+from runlane.runtime import _waiting
 from runlane.testing.conformance import LaneConformance, LaneHarness
 from tests._pgbouncer import PgBouncer, require_pgbouncer, start_pgbouncer
 from tests.conftest import RunlaneFactory
@@ -240,6 +241,87 @@ def test_the_start_says_where_listen_goes(
             assert said.wait(10)
     finally:
         polling.close()
+
+
+def _waiting_for(rl: Any, run_id: Any) -> tuple[threading.Thread, list[Any]]:
+    """A thread in ``wait_for_run(run_id)`` (45 s at most), and where its answer goes."""
+    answers: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(rl.wait_for_run(run_id, timeout=45)),
+        name="test-pgbouncer-waiter",
+    )
+    waiter.start()
+    return waiter, answers
+
+
+def test_wait_for_run_hears_the_end_through_listen_connection_string(
+    bouncer: PgBouncer,
+    database_url: str,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pooler="auto"`` on PgBouncer's URL with ``listen_connection_string=``: the LISTEN
+    of wait_for_run goes straight to the server, as a worker's does, and a run's end wakes
+    it. Its fallback read is put off to a minute, so only the announcement can end a wait
+    that started once the LISTEN was up, within the 20 s given."""
+    monkeypatch.setattr(_waiting, "_ENDS_FALLBACK_POLL_SECONDS", 60.0)
+    caplog.set_level(logging.INFO, "runlane")
+    task: Task[Any, Any] = runlane_task(id="echo")(_echo)
+    lane = postgres_polling_lane(
+        connection_string=bouncer.url, schema=schema, listen_connection_string=database_url
+    )
+    rl = create_runlane(lane=lane, tasks=[task])
+    try:
+        run = rl.trigger(task, 1)
+        with logged("(listen_connection_string)", "runlane.listener") as listening:
+            with pytest.raises(TimeoutError):  # starts the runtime's run-end listener
+                rl.wait_for_run(run.id, timeout=0.1)
+            assert listening.wait(10)
+        waiter, answers = _waiting_for(rl, run.id)
+        assert rl.drain().completed == 1
+        waiter.join(20)
+        assert not waiter.is_alive(), "the run's end was not heard"
+        assert [answer.status for answer in answers] == ["completed"]
+    finally:
+        rl.close()
+    assert _pooler_errors(bouncer) == []
+
+
+def test_wait_for_run_through_the_pooler_alone_says_so_once_and_polls(
+    bouncer: PgBouncer,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pooler="auto"`` on PgBouncer's URL and nowhere else to LISTEN: wait_for_run's
+    listener finds the pooler, says so in one WARNING line for the runtime, and stops;
+    waits read the run at their polling interval (not the 60 s fallback of a listener
+    thought to hear), so each returns once drain() completes its run."""
+    monkeypatch.setattr(_waiting, "_ENDS_FALLBACK_POLL_SECONDS", 60.0)
+    caplog.set_level(logging.WARNING, "runlane.listener")
+    task: Task[Any, Any] = runlane_task(id="echo")(_echo)
+    rl = create_runlane(
+        lane=postgres_polling_lane(connection_string=bouncer.url, schema=schema), tasks=[task]
+    )
+    try:
+        first, second = rl.trigger(task, 1), rl.trigger(task, 2)
+        with logged("goes through a connection pooler", "runlane.listener") as gave_up:
+            with pytest.raises(TimeoutError):  # starts the runtime's run-end listener
+                rl.wait_for_run(first.id, timeout=0.1)
+            assert gave_up.wait(10)
+        for run in (first, second):
+            waiter, answers = _waiting_for(rl, run.id)
+            assert rl.drain(max_runs=1).completed == 1
+            waiter.join(20)
+            assert not waiter.is_alive(), "wait_for_run did not poll"
+            assert [answer.status for answer in answers] == ["completed"]
+    finally:
+        rl.close()
+    said = [r for r in caplog.records if "goes through a connection pooler" in r.getMessage()]
+    assert len(said) == 1
+    assert "runlane-run-ends" in said[0].getMessage()
+    assert _pooler_errors(bouncer) == []
 
 
 def test_the_operator_cli_through_pgbouncer(

@@ -4,6 +4,12 @@ One listener thread per runtime, started by the first wait and stopped by ``clos
 LISTENs on the schema's ends channel; each waiter registers the run it waits for and gets
 an event that is set when that run's id is announced, and after every (re)connect of the
 listener (what was sent while it was away is lost, so every waiter looks again).
+
+It LISTENs where a worker's listener does (postgres/_lane.py's listen_target): on
+``listen_connection_string=`` when the lane has one, else on the lane's own connection
+string, which with ``pooler="auto"`` is first checked for a transaction pooler. Through one,
+LISTEN would hear nothing, so the listener says so once (a WARNING) and stops: ``connected``
+stays False and ``wait_for_run`` reads the run at its polling interval instead.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ class RunEnds:
         environment: str,
         connect_timeout: float,
         name: str,
+        via: str = "the lane's connection string",
+        check_pooler: bool = False,
     ) -> None:
         self._listener = PostgresListener(
             connection_string=connection_string,
@@ -46,6 +54,8 @@ class RunEnds:
             on_wake=self._on_wake,
             name=name,
             connect_timeout=connect_timeout,
+            via=via,
+            check_pooler=check_pooler,
         )
         self._lock = threading.Lock()
         self._waiters: dict[uuid.UUID, list[threading.Event]] = {}
@@ -54,7 +64,8 @@ class RunEnds:
 
     @property
     def connected(self) -> bool:
-        """True while the LISTEN is active (then a polling fallback can be slow)."""
+        """True while the LISTEN is active (then a polling fallback can be slow); never
+        after the listener found a transaction pooler on its way and gave up."""
         return self._listener.connected.is_set()
 
     @contextmanager

@@ -110,13 +110,17 @@ def postgres_listener(
 
 
 def postgres_run_ends(options: PostgresOptions, environment: str, name: str) -> RunEnds:
-    """Wake-ups on runs ending, for ``wait_for_run`` (``watch_run_ends``)."""
+    """Wake-ups on runs ending, for ``wait_for_run`` (``watch_run_ends``), LISTENing where
+    the lane's workers do (``listen_target``)."""
+    target, via, check_pooler = listen_target(options)
     return RunEnds(
-        connection_string=listen_target(options)[0],
+        connection_string=target,
         schema=options.schema,
         environment=environment,
         connect_timeout=options.connect_timeout,
         name=name,
+        via=via,
+        check_pooler=check_pooler,
     )
 
 

@@ -26,6 +26,10 @@ log = logging.getLogger("runlane")
 _EAGER_RESUME_LIMIT = 100
 # wait_for_run: while run ends are announced, how often it still looks (a lost announcement)
 _ENDS_FALLBACK_POLL_SECONDS = 1.0
+# wait_for_run without announcements (the lane has none, its listener is reconnecting, or
+# it found a transaction pooler and gave up): it reads the run after 10 ms, doubling the
+# pause up to this (docs/deployment.md)
+_POLL_SECONDS = 0.25
 
 
 @attrs.define(eq=False)
@@ -63,7 +67,7 @@ class Waits:
                         f"run {snapshot.id} is still {snapshot.status} after {timeout}"
                     )
                 wait = _ENDS_FALLBACK_POLL_SECONDS if watcher.connected else pause
-                pause = min(pause * 2, 0.25)
+                pause = min(pause * 2, _POLL_SECONDS)
                 ended.wait(wait if remaining is None else min(wait, remaining))
 
     def _poll_for_run(
@@ -79,7 +83,7 @@ class Waits:
                 raise TimeoutError(f"run {snapshot.id} is still {snapshot.status} after {timeout}")
             wait = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
             time.sleep(wait)
-            pause = min(pause * 2, 0.25)
+            pause = min(pause * 2, _POLL_SECONDS)
             snapshot = self._get_run(key)
         return snapshot
 
