@@ -6,7 +6,8 @@ Chromium signs in as a staff user through Django's login and works in the consol
 an anonymous visitor is sent to the login, a signed-in user who is not staff is refused. The
 management commands run as subprocesses on the same database: runlane_status answers as
 `runlane status` does, runlane_worker runs an order's run and stops on SIGTERM with exit 0,
-runlane_maintenance --once, and a bad option is exit 2 as in the CLI.
+runlane_maintenance --once, runlane_audit prints `runlane audit`'s trail, and a bad option
+is exit 2 as in the CLI.
 """
 
 from __future__ import annotations
@@ -291,6 +292,35 @@ def test_management_commands_are_the_clis(site: dict[str, Any]) -> None:
             if worker.poll() is None:
                 worker.kill()
     assert worker.returncode == 0, err
+
+
+def test_runlane_audit_is_the_clis(site: dict[str, Any]) -> None:
+    """``manage.py runlane_audit`` prints ``runlane audit``'s trail of the same runtime
+    (the test's own pause and resume of a queue, with the reason given), and refuses a bad
+    --limit with exit 2 as the CLI does."""
+    rl: Runlane = site["rl"]
+    rl.pause_queue("orders", reason="audit through manage.py")
+    rl.resume_queue("orders", reason="audit through manage.py")
+    audit = manage(site, "runlane_audit", "--json", "--limit", "50")
+    plain = subprocess.run(
+        [sys.executable, "-m", "runlane.cli", "audit", "orders.runlane_app:runlane", "--json",
+         "--limit", "50"],
+        cwd=EXAMPLE, env=site["env"], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (audit.returncode, plain.returncode) == (0, 0), audit.stderr + plain.stderr
+    assert json.loads(audit.stdout) == json.loads(plain.stdout)
+    ours = [
+        (record["action"], record["target"], record["via"])
+        for record in json.loads(audit.stdout)["records"]
+        if record["reason"] == "audit through manage.py"
+    ]
+    assert ours == [("resume_queue", "orders", "api"), ("pause_queue", "orders", "api")]
+    text = manage(site, "runlane_audit")
+    assert text.returncode == 0, text.stderr
+    assert "audit through manage.py" in text.stdout
+    bad = manage(site, "runlane_audit", "--limit", "0")
+    assert bad.returncode == 2, bad.stderr
+    assert "--limit" in bad.stderr
 
 
 @attrs.frozen
