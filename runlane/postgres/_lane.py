@@ -277,7 +277,10 @@ def postgres_polling_lane(
     ``lease_duration`` is how long an attempt's lease lasts between extensions; a worker that
     stops extending (crash, freeze) loses the run to maintenance after at most this long.
     Idle workers wake on NOTIFY and also poll every ``poll_interval`` (jittered), which is
-    what finds delayed runs and covers lost notifications; ``listen=False`` polls only.
+    what finds delayed runs and covers lost notifications; while LISTEN is up, polls that
+    found nothing for 10 s are spaced out to ten intervals (at most 10 s, never under the
+    interval) until work or a notification comes; ``listen=False`` polls only, every
+    ``poll_interval``.
     ``listen_connection_string`` sends the one LISTEN connection somewhere else than the
     rest (straight to the primary while everything else goes through PgBouncer).
     ``pooler``: ``"auto"`` finds out from the first connection whether it goes through a
