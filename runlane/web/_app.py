@@ -30,6 +30,7 @@ from runlane.web._over_time import OverTime
 from runlane.web._pages import PAGE_SIZE, Pages
 from runlane.web._present import ago, cut, duration, pretty, when
 from runlane.web._security import CSRF_FIELD, Authorize, Guard
+from runlane.web._selection import Selection
 
 __all__ = ["BULK_COUNT_CAP", "BULK_LIMIT", "PAGE_SIZE", "ROOMS", "make_app", "make_blueprint"]
 
@@ -44,6 +45,7 @@ ROOMS: tuple[Callable[[Console], Room], ...] = (
     AuditRoom,
     Login,
     OverTime,
+    Selection,
 )
 
 

@@ -33,10 +33,17 @@
     }
   }
 
+  /* a ticked row of the runs list (a selection for a bulk action) holds live updates: a
+     swap would replace the rows under the reader's ticks */
+  function selecting() {
+    return document.querySelector("[data-live] input.pick:checked") !== null;
+  }
+
   function typing() {
     var active = document.activeElement;
     if (!active || active === body) { return false; }
     var tag = active.tagName;
+    if (tag === "INPUT" && active.type === "checkbox") { return false; } /* see selecting() */
     return (tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA") &&
       active.closest("[data-live]") !== null;
   }
@@ -60,7 +67,7 @@
   function tick() {
     /* data-ticks counts the timer's turns, paused or not (what a test waits on) */
     body.setAttribute("data-ticks", String(parseInt(body.getAttribute("data-ticks") || "0", 10) + 1));
-    if (busy || paused() || document.hidden || typing()) { return; }
+    if (busy || paused() || document.hidden || typing() || selecting()) { return; }
     busy = true;
     fetch(window.location.href, { credentials: "same-origin", headers: { "X-Runlane-Live": "1" } })
       .then(function (response) { return response.ok ? response.text() : null; })
@@ -81,6 +88,14 @@
   if (seconds > 0 && document.querySelector("[data-live]")) {
     timer = window.setInterval(tick, seconds * 1000);
   }
+
+  /* the runs list's select-all box ticks (or clears) every row of the page */
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box || box.id !== "pick-all") { return; }
+    var rows = document.querySelectorAll("input.pick[name=run_id]");
+    for (var i = 0; i < rows.length; i++) { rows[i].checked = box.checked; }
+  });
 
   /* copy buttons: data-copy holds the text (a run id) */
   document.addEventListener("click", function (event) {

@@ -1,0 +1,98 @@
+"""The console's bulk actions on selected runs: the runs list's ticked rows retried,
+cancelled or deleted together. A GET confirms (how many of the selection the action applies
+to, a reason field); the POST, with the CSRF token and ``authorize``'s ``bulk_<action>``,
+acts through ``retry_runs``/``cancel_runs``/``delete_runs(run_ids=...)``: one audit record
+counting the runs it changed. At most ``SELECTION_LIMIT`` ids a request."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any, cast
+
+from flask import Response, abort, redirect, render_template, request, url_for
+
+from runlane._operator.bulk import bulk_filter
+from runlane.errors import ConfigurationError
+from runlane.web._console import Console, Route
+from runlane.web._filters import text_arg
+
+__all__ = ["SELECTION_LIMIT", "Selection"]
+
+SELECTION_LIMIT = 100  # run ids one selection request takes (a runs page shows 50)
+
+_APPLIES = {
+    "retry": "failed or cancelled",
+    "cancel": "queued, retrying, released, waiting or running",
+    "delete": "completed, failed or cancelled",
+}
+
+
+class Selection:
+    """Retry, cancel or delete the selected runs."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.runlane = console.runlane
+
+    def routes(self) -> Iterable[Route]:
+        return (
+            ("/runs/selected", "selection_confirm", ["GET"], self.confirm),
+            ("/runs/selected", "selection_apply", ["POST"], self.apply),
+        )
+
+    def action(self, source: Any) -> str:
+        action = source.get("action", "")
+        if action not in _APPLIES:
+            abort(400, "action must be retry, cancel or delete")
+        if not self.console.guard.allows(f"bulk_{action}"):
+            abort(403, f"this console does not allow bulk {action} here")
+        return str(action)
+
+    def selected(self, source: Any) -> list[uuid.UUID]:
+        """The ticked runs' ids, in their order, each once; a clear error beyond the cap."""
+        values = source.getlist("run_id")
+        if not values:
+            raise ConfigurationError("no runs are selected: tick the runs to act on first")
+        if len(values) > SELECTION_LIMIT:
+            raise ConfigurationError(
+                f"{len(values):,} runs are selected, more than {SELECTION_LIMIT}: select "
+                "fewer, or act by filter (Retry/Cancel/Delete matching runs)"
+            )
+        keys: dict[uuid.UUID, None] = {}
+        for value in values:
+            try:
+                keys[uuid.UUID(value)] = None
+            except ValueError:
+                raise ConfigurationError(
+                    f"run_id {value[:40]!r} is not a run id (a UUID)"
+                ) from None
+        return list(keys)
+
+    def confirm(self) -> str:
+        action = self.action(request.args)
+        ids = self.selected(request.args)
+        runs, _ = bulk_filter(action, self.runlane.environment, {"run_ids": ids})
+        # a selection is read through the primary key: an exact count, no time budget
+        matched = self.console.storage().run_bulk_count(runs, len(ids))
+        return render_template(
+            "runlane/selected.html",
+            page="runs",
+            action=action,
+            ids=ids,
+            matched=matched,
+            applies=_APPLIES[action],
+        )
+
+    def apply(self) -> Response:
+        action = self.action(request.form)
+        self.console.allowed(f"bulk_{action}")
+        ids = self.selected(request.form)
+        method = {
+            "retry": self.runlane.retry_runs,
+            "cancel": self.runlane.cancel_runs,
+            "delete": self.runlane.delete_runs,
+        }[action]
+        result = method(run_ids=ids, reason=text_arg(request.form, "reason"))
+        values: dict[str, Any] = {"done": "bulk", "changed": result.changed, "matched": len(ids)}
+        return cast(Response, redirect(url_for("runlane.runs", **values), code=303))
