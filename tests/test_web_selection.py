@@ -7,6 +7,8 @@ on the ids one request takes, the CSRF token, a selection of no runs or of bad i
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -115,3 +117,19 @@ def test_the_cap_the_csrf_token_and_bad_selections(rl: Runlane) -> None:
     assert page.status_code == 303
     assert "changed=2" in page.headers["Location"]
     assert {rl.get_run(key).status for key in failed} == {RunStatus.QUEUED}
+
+
+def _help(*argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "runlane.cli", *argv], capture_output=True, text=True, check=True
+    )
+    return " ".join(done.stdout.split())
+
+
+def test_runlane_web_says_what_it_serves_and_when_it_acts() -> None:
+    listing, web = _help("--help"), _help("web", "--help")
+    assert "serve the web console and /metrics" in listing
+    assert "RUNLANE_WEB_TOKEN or RUNLANE_WEB_USER/RUNLANE_WEB_PASSWORD" in listing
+    assert "/metrics in the Prometheus text format" in web
+    assert "unless the environment gives it credentials: RUNLANE_WEB_TOKEN" in web
+    assert "RUNLANE_WEB_USER and RUNLANE_WEB_PASSWORD" in web

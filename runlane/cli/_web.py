@@ -156,11 +156,20 @@ def add_web_command(commands: Any, load_app: LoadApp) -> None:
     """Add ``web`` to ``commands``, the subparsers of the ``runlane`` parser."""
     web = commands.add_parser(
         "web",
-        help="serve the web console (read-only) with waitress",
+        help=(
+            "serve the web console and /metrics with waitress (read-only; it acts with "
+            "RUNLANE_WEB_TOKEN or RUNLANE_WEB_USER/RUNLANE_WEB_PASSWORD set)"
+        ),
         description=(
-            "Serve the web console on HOST:PORT (loopback by default). The console is "
-            "read-only here; to allow actions mount runlane.web.blueprint(runlane, "
-            "authorize=...) in your own Flask app (docs/console.md)."
+            "Serve the web console on HOST:PORT (loopback by default): its pages (overview, "
+            "runs, queues, workers, schedules, charts over time, the audit trail) and "
+            "/metrics in the Prometheus text format (with the metrics extra). It is "
+            "read-only unless the environment gives it credentials: RUNLANE_WEB_TOKEN (typed "
+            "once at /login) or RUNLANE_WEB_USER and RUNLANE_WEB_PASSWORD (HTTP basic auth); "
+            "then it acts (retry, cancel, delete, bulk, pause, run now, reschedule), each "
+            "action recorded in the audit trail with who did it. For your own authorize "
+            "function, mount runlane.web.blueprint(runlane, authorize=...) in your Flask "
+            "app (docs/console.md)."
         ),
     )
     web.add_argument("app", metavar="APP", nargs="?", default=None, help=TARGET_HELP)
