@@ -1,6 +1,6 @@
 """The console's pages: overview, runs, a run, queues, workers, schedules. They read through
-the operator API and the storage's own web reads (``web_throughput``, ``web_run_extras``,
-``web_runs_estimate``)."""
+the operator API and the storage's own web reads (``web_run_extras``, ``web_runs_estimate``).
+The overview's chart reads ``Runlane.stats``: the rollup maintenance keeps, not runs."""
 
 from __future__ import annotations
 
@@ -19,15 +19,14 @@ from runlane.tasks import Queue
 from runlane.web._console import Console, Route
 from runlane.web._filters import FIRST_ID, Position, run_filters, run_id_arg, text_arg
 from runlane.web._find import SEARCH_SECONDS, run_search_args
-from runlane.web._present import chart, trace_id
+from runlane.web._present import throughput_chart, trace_id
 
-__all__ = ["CHILDREN_SHOWN", "PAGE_SIZE", "THROUGHPUT_CAP", "WORKER_RUNS_SHOWN", "Pages"]
+__all__ = ["CHILDREN_SHOWN", "PAGE_SIZE", "WORKER_RUNS_SHOWN", "Pages"]
 
 PAGE_SIZE = 50  # runs per page of the runs list
 CHILDREN_SHOWN = 50  # children listed on a run's page
 WORKER_RUNS_SHOWN = 20  # runs listed for each worker on the workers page
 _DEFAULT = "default"  # the queue create_runlane adds when none is the default
-THROUGHPUT_CAP = 50_000  # finishes the chart counts at most (the newest)
 
 
 class Pages:
@@ -50,7 +49,8 @@ class Pages:
     def overview(self) -> str:
         report = self.runlane.status()
         reads = self.console.storage()
-        throughput = reads.web_throughput(self.runlane.environment, THROUGHPUT_CAP)
+        # finished runs per minute over the last hour, from the rollup (as /charts reads it)
+        throughput = self.runlane.stats(bucket="1m")
         workers = self.runlane.list_workers()
         return render_template(
             "runlane/overview.html",
@@ -60,7 +60,7 @@ class Pages:
             workers=workers,
             held=self.held_runs(workers),
             held_shown=WORKER_RUNS_SHOWN,
-            chart=chart(throughput),
+            chart=throughput_chart(throughput),
             runs_estimate=reads.web_runs_estimate(),
         )
 

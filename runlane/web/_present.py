@@ -13,7 +13,18 @@ from typing import Any
 
 import attrs
 
-__all__ = ["MAX_SHOWN", "Chart", "ago", "chart", "duration", "pretty", "trace_id", "when"]
+from runlane.stats import Stats
+
+__all__ = [
+    "MAX_SHOWN",
+    "Chart",
+    "ago",
+    "chart",
+    "duration",
+    "throughput_chart",
+    "trace_id",
+    "when",
+]
 
 # characters of one stored value (payload, output, traceback) a page shows
 MAX_SHOWN = 20_000
@@ -119,6 +130,19 @@ class Chart:
 
 CHART_WIDTH = 600
 CHART_HEIGHT = 120
+
+
+def throughput_chart(stats: Stats) -> Chart:
+    """The overview's bars from ``Runlane.stats`` in minutes over the last hour (the rollup
+    maintenance keeps, not a scan of runs): the 60 minutes up to the one ``stats`` ends in."""
+    until = stats.until.astimezone(UTC)
+    return chart(
+        {
+            "now_minute": until.replace(second=0, microsecond=0),
+            "minutes": [(b.start, b.completed, b.failed, b.cancelled) for b in stats.buckets],
+            "edge": None,
+        }
+    )
 
 
 def chart(throughput: dict[str, Any]) -> Chart:
