@@ -178,7 +178,7 @@ BARE = re.compile(r"([a-z_][a-z0-9_]*)(\(.*\))?")
 FILE_SUFFIXES = {"md", "py", "toml", "yml", "sql", "html", "txt"}
 # names the docs use that are not runlane's code: example role names, AMQP queue names built
 # from parts (runlane.s.<environment>.<queue>), the child key prefix, a Postgres function,
-# a dunder, the console's form field and action names
+# a dunder, the console's form field and action names, Django's call_command
 NOT_CODE = {
     "app_producer",
     "app_worker",
@@ -190,6 +190,7 @@ NOT_CODE = {
     "runlane.child",
     "pg_terminate_backend",
     "__str__",
+    "call_command",
 }
 
 
