@@ -155,7 +155,6 @@ class PostgresStorage:
         self.stats_prune = stats.stats_prune
         self.stats_read = stats.stats_read
         web = WebReadRepository(self._db)
-        self.web_throughput = web.web_throughput
         self.web_run_extras = web.web_run_extras
         self.web_runs_estimate = web.web_runs_estimate
         self.web_run_search = web.web_run_search

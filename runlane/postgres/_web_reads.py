@@ -36,21 +36,6 @@ class WebReadRepository:
         self._db = db
         self._sql = db.sql
 
-    def web_throughput(self, environment: str, cap: int) -> dict[str, Any]:
-        params = {"environment": environment, "cap": cap}
-
-        def read(conn: Conn) -> dict[str, Any]:
-            with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(self._sql["web_throughput"], params)
-                row = cur.fetchone()
-            assert row is not None
-            minutes = [
-                (datetime.fromisoformat(m), int(c), int(f), int(x)) for m, c, f, x in row["minutes"]
-            ]
-            return {"now_minute": row["now_minute"], "edge": row["edge"], "minutes": minutes}
-
-        return self._db.run(read)
-
     def web_run_extras(
         self, environment: str, run_id: uuid.UUID, children_limit: int
     ) -> dict[str, Any] | None:

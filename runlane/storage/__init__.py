@@ -486,12 +486,6 @@ class OperatorStore(Protocol):
         """Ids of unpaused schedules whose awaited slot is more than ``late`` past (database
         time), most overdue first, at most ``limit``."""
 
-    def web_throughput(self, environment: str, cap: int) -> dict[str, Any]:
-        """Runs finished per minute over the last hour (database time): ``now_minute``,
-        ``minutes`` (a list of (minute, completed, failed, cancelled)) and ``edge``: None, or
-        when the hour had more than ``cap`` finishes, the time of the ``cap``-th newest (only
-        finishes after it are counted)."""
-
     def web_run_extras(
         self, environment: str, run_id: uuid.UUID, children_limit: int
     ) -> dict[str, Any] | None:

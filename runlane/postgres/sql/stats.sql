@@ -312,7 +312,6 @@ select date_bin(%(bucket_seconds)s * interval '1 second', minute, timestamptz 'e
 from {schema}.stats_rollup
 where environment = %(environment)s and span = %(span)s
   and minute >= %(since)s and minute < %(until)s
-  and (%(queue)s::text is null or queue = %(queue)s::text)
-  and (%(task_id)s::text is null or task_id = %(task_id)s::text)
+  and {@run_task_queue_filter}
 group by 1
 order by 1;
