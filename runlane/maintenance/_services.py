@@ -297,7 +297,9 @@ class Services:
         self.limits = limits
         self.lease = lease
         self.lease_seconds = lease.total_seconds()
-        self.refresh_interval = self.lease_seconds / 4
+        # three refreshes a lease period (a refused or failed one stops the band at once; the
+        # deadline, lease - margin after the last good one, bounds one that hangs)
+        self.refresh_interval = self.lease_seconds / 3
         self.acquire_interval = self.lease_seconds / 6
         self.margin = self.lease_seconds / 10
         self.owner = uuid.uuid4()
