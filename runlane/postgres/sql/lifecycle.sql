@@ -91,10 +91,10 @@ returning r.id;
 with beat as (
     insert into {schema}.workers as w (
         id, environment, host, pid, runlane_version, queues, concurrency, heartbeat_seconds,
-        state, started_at, last_seen_at, stopped_at)
+        state, stopped_at)
     select %(worker_id)s::uuid, %(environment)s, %(host)s, %(pid)s, %(runlane_version)s,
            %(queues)s::text[], %(concurrency)s, %(heartbeat_seconds)s, %(worker_state)s,
-           {@now}, {@now}, case when %(worker_state)s = 'stopped' then {@now} end
+           case when %(worker_state)s = 'stopped' then {@now} end
     where %(worker_id)s::uuid is not null
     on conflict (id) do update
     set last_seen_at = {@now},
