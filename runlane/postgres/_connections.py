@@ -310,6 +310,7 @@ class PoolSource:
         self._closed = False
         self._building = threading.Lock()
         self._sweeping = threading.Lock()
+        self._lent: dict[int, int] = {}  # connections out with callers, by pool (id)
 
     def open(self) -> None:
         self._current()
@@ -405,9 +406,12 @@ class PoolSource:
         try:
             conn = pool.getconn()
         except psycopg_pool.PoolTimeout as exc:  # only acquiring raises it
-            stats = pool.get_stats()
-            if stats.get("pool_size", 0) >= self._max_size and not stats.get("pool_available"):
-                # every connection was in use all along: the pool is fine, only busy
+            with self._lock:
+                lent = self._lent.get(id(pool), 0)
+            # every connection was lent to a caller all along: the pool is fine, only busy;
+            # otherwise its connections are being made again (an outage just ended) and a
+            # fresh pool connects at once instead of waiting out the pool's reconnect backoff
+            if lent >= self._max_size:
                 raise PoolExhausted(
                     f"all {self._max_size} connections of its pool {self._name!r} were in use "
                     f"for {self._timeout:g}s (connect_timeout), and none came free; nothing "
@@ -416,6 +420,8 @@ class PoolSource:
                 ) from exc
             self._discard(pool)
             raise
+        with self._lock:
+            self._lent[id(pool)] = self._lent.get(id(pool), 0) + 1
         try:
             yield conn
         except psycopg.OperationalError as exc:
@@ -423,6 +429,10 @@ class PoolSource:
                 self._sweep(pool)
             raise
         finally:
+            with self._lock:
+                left = self._lent.pop(id(pool)) - 1
+                if left:
+                    self._lent[id(pool)] = left
             pool.putconn(conn)
 
     def _sweep(self, pool: ConnectionPool[Conn]) -> None:
