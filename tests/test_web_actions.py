@@ -198,7 +198,12 @@ def test_basic_auth_names_its_user_and_bad_credentials_are_one_line(
     assert (record.action, record.actor, record.via) == ("pause_queue", "ops", "console")
 
     # credentials that cannot be meant: one line, exit 2, before anything is served
-    for env in ({"RUNLANE_WEB_TOKEN": ""}, {"RUNLANE_WEB_USER": "ops"}):
+    for env in (
+        {"RUNLANE_WEB_TOKEN": ""},
+        {"RUNLANE_WEB_USER": "ops"},
+        # basic auth splits at the first colon: this user could never log in
+        {"RUNLANE_WEB_USER": "ops:night", "RUNLANE_WEB_PASSWORD": "pw-123456"},
+    ):
         argv = [sys.executable, "-m", "runlane.cli", "web", "--database-url", database_url]
         argv += ["--schema", schema, "--bind", f"127.0.0.1:{closed_port()}"]
         done = subprocess.run(

@@ -58,10 +58,18 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
     from runlane.web import create_app, environment_login  # noqa: PLC0415 - the web extra
 
     login = environment_login(os.environ)  # a token or basic auth: the console acts
+    proxied = args.proxy_headers or _env_flag("RUNLANE_WEB_PROXY_HEADERS")
 
     runlane = target_runtime(Target(args.app, args), load_app)
     try:
         app = create_app(runlane, authorize=login)
+        if proxied:
+            from werkzeug.middleware.proxy_fix import ProxyFix  # noqa: PLC0415 - web extra
+
+            # one proxy in front: its X-Forwarded-For/-Proto/-Host/-Prefix are believed
+            app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+                app.wsgi_app, x_for=1, x_proto=1, x_host=1, x_prefix=1
+            )
         serve_app(
             app,
             args,
@@ -69,6 +77,7 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
             lambda url: (
                 f"runlane web console on {url}/ ({_mode(login)}; SIGTERM or Ctrl-C stops it)"
             ),
+            proxied=proxied,
         )
     finally:
         runlane.close()
@@ -76,17 +85,30 @@ def _serve(load_app: LoadApp, args: argparse.Namespace) -> int:
 
 
 def serve_app(
-    app: Any, args: argparse.Namespace, address: tuple[str, int], banner: Callable[[str], str]
+    app: Any,
+    args: argparse.Namespace,
+    address: tuple[str, int],
+    banner: Callable[[str], str],
+    *,
+    proxied: bool = False,
 ) -> None:
     """Serve ``app`` with waitress (``args.threads``) on ``args.bind`` until SIGTERM or Ctrl-C,
-    printing ``banner(url)`` once it listens; the caller checked that waitress is there."""
+    printing ``banner(url)`` once it listens; the caller checked that waitress is there.
+    ``proxied``: waitress passes the X-Forwarded-* headers on (it drops them otherwise), for
+    the app's ProxyFix to read."""
     from waitress.server import create_server  # noqa: PLC0415 - of an optional extra
 
     host, port = address
     sockets: dict[int, Any] = {}
     server = listening(
         lambda: create_server(
-            app, map=sockets, host=host, port=port, threads=args.threads, ident="runlane"
+            app,
+            map=sockets,
+            host=host,
+            port=port,
+            threads=args.threads,
+            ident="runlane",
+            clear_untrusted_proxy_headers=not proxied,
         ),
         args.bind,
         host,
@@ -95,6 +117,15 @@ def serve_app(
     print(banner(f"http://{f'[{host}]' if ':' in host else host}:{port}"))
     with stop_requested() as stop:
         serve_until(server, sockets, stop)
+
+
+def _env_flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in {"", "0", "false", "no", "off"}:
+        return False
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    raise ConfigurationError(f"{name} must be 1 or 0 (true or false), got {shown(value, 40)}")
 
 
 def _mode(login: Any) -> str:
@@ -181,4 +212,13 @@ def add_web_command(commands: Any, load_app: LoadApp) -> None:
         help=f"address to listen on (default {DEFAULT_BIND}: this machine only)",
     )
     web.add_argument("--threads", type=int, default=8, help="request threads (default 8)")
+    web.add_argument(
+        "--proxy-headers",
+        action="store_true",
+        help=(
+            "believe one proxy's X-Forwarded-For/-Proto/-Host/-Prefix (Werkzeug's ProxyFix): "
+            "serve behind a proxy that terminates TLS and sets them, never exposed directly "
+            "(also RUNLANE_WEB_PROXY_HEADERS=1)"
+        ),
+    )
     web.set_defaults(handler=lambda args: _serve(load_app, args))

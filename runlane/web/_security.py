@@ -2,11 +2,14 @@
 the security headers of every response.
 
 CSRF: a random value is kept in a cookie of the console's own (HttpOnly, SameSite=Strict, on
-the console's path); every form carries an HMAC of it. A POST whose token is missing or does
-not match its cookie is refused with 403. Another site can neither read the cookie nor
-compute the token, and a token copied from one browser is worthless with another's cookie.
-The HMAC key is the Flask application's ``secret_key`` when one is set (set it when several
-processes serve one console), else a random key made when the console is built.
+the console's path; Secure over HTTPS, then named ``__Host-runlane_csrf`` when that path is
+``/``); every form carries an HMAC of it and, once logged in to ``runlane web``, of the login
+(its session's nonce, or the basic-auth user). A POST whose token is missing or does not
+match is refused with 403. Another site can neither read the cookie nor compute the token, a
+token copied from one browser is worthless with another's cookie, and one read before the
+login (from a cookie planted by someone else) is worthless after it. The HMAC key is the
+Flask application's ``secret_key`` when one is set (set it when several processes serve one
+console), else a random key made when the console is built.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
-from flask import Request, Response, current_app, g, request
+from flask import Request, Response, current_app, g, request, url_for
 
 from runlane.errors import ConfigurationError
 
@@ -29,6 +33,7 @@ __all__ = [
     "CSRF_FIELD",
     "Authorize",
     "Guard",
+    "cookie_name",
 ]
 
 log = logging.getLogger("runlane.web")
@@ -69,6 +74,22 @@ _HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+
+
+@runtime_checkable
+class BoundLogin(Protocol):
+    """An authorize that binds the CSRF token to its login (``runlane web``'s)."""
+
+    def csrf_binding(self, request: Request) -> str:
+        """What names this request's login ("" when it has none)."""
+        ...
+
+
+def cookie_name(name: str, path: str) -> str:
+    """``name`` as this request sets and reads it: ``__Host-`` first when the request came over
+    HTTPS and the cookie's path is ``/`` (the browser then keeps it to this host, Secure, and
+    a neighbour on the same site cannot plant one)."""
+    return f"__Host-{name}" if request.is_secure and path == "/" else name
 
 
 class Guard:
@@ -131,34 +152,46 @@ class Guard:
             return configured
         return self._own_key
 
+    def _binding(self) -> str:
+        login = self._authorize
+        return login.csrf_binding(request) if isinstance(login, BoundLogin) else ""
+
+    def _sign(self, seed: str) -> str:
+        binding = self._binding()
+        message = f"{seed}\n{binding}" if binding else seed
+        return hmac.new(self._key(), message.encode(), hashlib.sha256).hexdigest()
+
+    def _cookie(self) -> str:
+        return cookie_name(CSRF_COOKIE, url_for("runlane.overview"))  # the console's path
+
     def _seed(self) -> str:
         seed = g.get("runlane_csrf_seed")
         if seed is None:
-            given = request.cookies.get(CSRF_COOKIE, "")
+            given = request.cookies.get(self._cookie(), "")
             seed = given if 20 <= len(given) <= 100 else secrets.token_urlsafe(32)
             g.runlane_csrf_seed = seed
         return str(seed)
 
     def token(self) -> str:
-        """The token this browser's forms carry."""
-        return hmac.new(self._key(), self._seed().encode(), hashlib.sha256).hexdigest()
+        """The token this browser's forms carry (for its login, once logged in)."""
+        return self._sign(self._seed())
 
     def token_valid(self) -> bool:
         given = request.form.get(CSRF_FIELD, "")
-        cookie = request.cookies.get(CSRF_COOKIE, "")
+        cookie = request.cookies.get(self._cookie(), "")
         if not given or not cookie:
             return False
-        expected = hmac.new(self._key(), cookie.encode(), hashlib.sha256).hexdigest()
-        return hmac.compare_digest(given, expected)
+        return hmac.compare_digest(given, self._sign(cookie))
 
     def finish(self, response: Response, cookie_path: str) -> Response:
         """Security headers on every response; the CSRF cookie when this request made one."""
         for name, value in _HEADERS.items():
             response.headers.setdefault(name, value)
         seed = g.get("runlane_csrf_seed")
-        if seed is not None and request.cookies.get(CSRF_COOKIE) != seed:
+        name = cookie_name(CSRF_COOKIE, cookie_path)
+        if seed is not None and request.cookies.get(name) != seed:
             response.set_cookie(
-                CSRF_COOKIE,
+                name,
                 seed,
                 path=cookie_path,
                 httponly=True,
