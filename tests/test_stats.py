@@ -53,6 +53,11 @@ def flaky(payload: dict[str, Any], context: RunContext) -> None:
     raise RuntimeError("always")
 
 
+@task(id="stats.doomed", retry=RetryPolicy(max_attempts=1))
+def doomed(payload: dict[str, Any], context: RunContext) -> None:
+    raise RuntimeError("always")
+
+
 TASKS: list[Task[Any, Any]] = [work, flaky]
 
 
@@ -339,3 +344,69 @@ def test_a_stale_band_owner_folds_nothing(
     assert db.execute(rows).fetchone() == (0,)
     rl.run_maintenance_once()  # no fence: the rows are written
     assert db.execute(rows).fetchone() != (0,)
+
+
+@pytest.mark.parametrize("change", ["retry", "delete"])
+def test_runs_retried_or_deleted_after_the_first_fold_keep_their_counts(
+    make_runlane: RunlaneFactory, moved: MovableClock, change: str
+) -> None:
+    """The rollup counts history: three runs fail, their minute is folded, then they are
+    retried (failed runs queued again) or deleted (with their attempts); the second fold of
+    that minute, a minute later, adds what it finds missing and takes nothing away."""
+    rl = make_runlane(tasks=[doomed])
+    since = rl.stats().until - timedelta(minutes=1)
+    for _ in range(3):
+        rl.trigger(doomed, {})
+    rl.drain()
+    moved.advance(60)  # their minute closes
+    rl.run_maintenance_once()  # its first fold
+    first = rl.stats(since=since, bucket="1m")
+    figures = (first.totals.triggered, first.totals.started, first.totals.failed)
+    assert figures == (3, 3, 3)
+    assert first.totals.run_time.count == first.totals.wait.count == 3
+    changed = rl.retry_runs(status="failed") if change == "retry" else rl.delete_runs(all=True)
+    assert changed.changed == 3
+    moved.advance(60)  # the next minute closes: the second fold recomputes the first one
+    rl.run_maintenance_once()
+    assert rl.stats(since=since, until=first.until, bucket="1m").buckets == first.buckets
+    if change == "retry":  # the retried runs fail again, counted in their own minute
+        rl.drain()
+        moved.advance(60)
+        rl.run_maintenance_once()
+        totals = rl.stats(since=since, bucket="1m").totals
+        assert (totals.triggered, totals.started, totals.failed) == (3, 6, 6)
+        assert totals.run_time.count == 6
+
+
+def test_a_finish_committed_late_adds_to_the_finishes_already_folded(
+    make_runlane: RunlaneFactory, moved: MovableClock, db: Conn, schema: str
+) -> None:
+    """When the second fold of a minute counts more finishes than the first (a completion
+    committed after the first fold, dated in that minute), its finishes replace the first's:
+    the counts and both histograms of the two runs."""
+    rl = make_runlane(tasks=[doomed])
+    since = rl.stats().until - timedelta(minutes=1)
+    failed = rl.trigger(doomed, {})
+    rl.drain()
+    moved.advance(60)
+    rl.run_maintenance_once()
+    folded = rl.stats(since=since, bucket="1m")
+    first = folded.totals
+    assert (first.triggered, first.completed, first.failed, first.run_time.count) == (1, 0, 1, 1)
+    finished_at = rl.get_run(failed.id).finished_at
+    assert finished_at is not None
+    late = sql.SQL(
+        "insert into {}.runs (id, environment, task_id, queue, status, payload, max_attempts, "
+        "attempt, due_at, attempt_started_at, created_at, finished_at) values "
+        "(gen_random_uuid(), 'default', 'stats.doomed', 'default', 'completed', '{{}}', 1, 1, "
+        "%(at)s, %(at)s + interval '2 seconds', %(at)s, %(at)s + interval '5 seconds')"
+    ).format(sql.Identifier(schema))
+    at = finished_at.replace(second=0, microsecond=0)  # in the same minute, 2 s wait, 3 s run
+    db.execute(late, {"at": at})
+    moved.advance(60)
+    rl.run_maintenance_once()
+    again = rl.stats(since=since, until=folded.until, bucket="1m").totals
+    assert (again.triggered, again.completed, again.failed) == (2, 1, 1)
+    assert again.run_time.count == again.wait.count == 2
+    assert again.run_time.sum == pytest.approx(first.run_time.sum + 3)
+    assert again.wait.sum == pytest.approx(first.wait.sum + 2)

@@ -234,7 +234,7 @@ def _stats(
     scope: MaintenanceScope, limits: MaintenanceLimits, fence: MaintenanceFence | None
 ) -> MaintenanceResult:
     """Fold the recent minutes into the rollup and prune it past retention. The fold
-    recomputes (its rows are not records changed: it counts nothing); pruning counts."""
+    counts nothing (its rows are not records changed); pruning counts."""
     storage = scope.storage
     if limits.stats_minutes:
         storage.stats_fold(scope.environment, STATS_LOOKBACK, limits.stats_minutes, fence=fence)

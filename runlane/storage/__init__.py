@@ -375,9 +375,10 @@ class MaintenanceStore(Protocol):
         *,
         fence: MaintenanceFence | None = None,
     ) -> int:
-        """Recompute the rollup's whole minutes closed since the last fold, and the one
-        before them (``lookback`` back on the first fold; database time), at most
-        ``max_minutes``, from runs and attempts; returns the rows written (0: none closed)."""
+        """Fold the rollup's whole minutes closed since the last fold, and the one before
+        them (``lookback`` back on the first fold; database time), at most ``max_minutes``,
+        from runs and attempts, a second fold of a minute only adding (runs retried or
+        deleted since keep their figures); returns the rows written (0: none closed)."""
 
     def stats_prune(
         self,

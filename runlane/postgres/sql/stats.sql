@@ -1,6 +1,7 @@
 -- The rollup (migration 20): the maintenance band's fold and prune, and the reads of
--- Runlane.stats. Rows of span 1 are minutes recomputed from runs and attempts; rows of spans
--- 15 and 60 are those minutes summed (a histogram element by element: sum(a[1]), ...).
+-- Runlane.stats. Rows of span 1 are minutes computed from runs and attempts, each folded
+-- twice and never lowered (they count history); rows of spans 15 and 60 are those minutes
+-- summed (a histogram element by element: sum(a[1]), ...).
 --
 -- Named statements of the Postgres storage; {schema} is the quoted schema name. Minutes are
 -- UTC minutes from the epoch (date_bin), whatever the session's time zone. A histogram's
@@ -25,16 +26,24 @@ from (
 where w.folded_until is null or w.folded_until < w.closed;
 
 -- name: stats_fold
--- Recomputes the whole minutes [%(start_at)s, %(end_at)s) of one environment from runs and
--- attempts and replaces them (stats_fold_window chose them: each minute is computed when it
--- has closed and once more a minute later; older minutes are final). Figures: triggered
--- (runs.created_at), started (attempts by started_at: ended ones in attempts, live ones on
--- their run), retried (those ended as retrying, or expired with their run retried),
--- completed, failed and cancelled (runs.finished_at), and for the runs that completed or
--- failed the wait (due_at to attempt_started_at) and run time (to finished_at) of their
--- final attempt. Rows of the window's minutes nothing happened in are deleted; stats_folds
--- records the end. Returns the rows written (stats_fold_span then sums the minutes into the
--- longer spans).
+-- Computes the whole minutes [%(start_at)s, %(end_at)s) of one environment from runs and
+-- attempts (stats_fold_window chose them: each minute is computed when it has closed and
+-- once more a minute later; older minutes are final). Figures: triggered (runs.created_at),
+-- started (attempts by started_at: ended ones in attempts, live ones on their run), retried
+-- (those ended as retrying, or expired with their run retried), completed, failed and
+-- cancelled (runs.finished_at), and for the runs that completed or failed the wait (due_at
+-- to attempt_started_at) and run time (to finished_at) of their final attempt.
+-- The figures count history, which a scan of runs loses when a run is retried (a failed run
+-- queued again) or deleted (with its attempts) or pruned: so the second computation of a
+-- minute only adds to the first, never takes away. Each of triggered, started and retried
+-- takes the greater of the two (between the passes a count grows only by writes committed
+-- late and shrinks only by such changes); the finishes (completed, failed, cancelled and
+-- both histograms, which describe the same runs) are replaced as a whole only when the new
+-- pass counts at least as many of each of completed, failed and cancelled, else the first
+-- pass's stay. Exact unless, in one minute, queue and task, a write committed after the
+-- first pass and a change that removed a counted run both came before the second: then the
+-- larger of the two. No row is deleted; stats_folds records the end. Returns the rows
+-- written (stats_fold_span then sums the minutes into the longer spans).
 with win as materialized (
     select %(start_at)s::timestamptz as start_at, %(end_at)s::timestamptz as end_at
 ), created as (
@@ -128,15 +137,6 @@ with win as materialized (
     left join created as c using (queue, task_id, minute)
     left join started as s using (queue, task_id, minute)
     left join finished as f using (queue, task_id, minute)
-), cleared as (
-    delete from {schema}.stats_rollup as m
-    using win
-    where m.environment = %(environment)s and m.span = 1
-      and m.minute >= win.start_at and m.minute < win.end_at
-      and not exists (select from rolled as k
-                      where k.queue = m.queue and k.task_id = m.task_id
-                        and k.minute = m.minute)
-    returning 1
 ), written as (
     insert into {schema}.stats_rollup as m (
         environment, span, minute, queue, task_id, triggered, started, retried, completed,
@@ -145,11 +145,20 @@ with win as materialized (
            failed, cancelled, wait_counts, wait_sum, run_counts, run_sum
     from rolled
     on conflict (environment, span, minute, queue, task_id) do update
-    set triggered = excluded.triggered, started = excluded.started,
-        retried = excluded.retried, completed = excluded.completed,
-        failed = excluded.failed, cancelled = excluded.cancelled,
-        wait_counts = excluded.wait_counts, wait_sum = excluded.wait_sum,
-        run_counts = excluded.run_counts, run_sum = excluded.run_sum
+    set triggered = greatest(m.triggered, excluded.triggered),
+        started = greatest(m.started, excluded.started),
+        retried = greatest(m.retried, excluded.retried),
+        -- the finishes as a whole: the new pass's when it counts at least as many of each
+        (completed, failed, cancelled, wait_counts, wait_sum, run_counts, run_sum) = (
+            select case when c.grown then excluded.completed else m.completed end,
+                   case when c.grown then excluded.failed else m.failed end,
+                   case when c.grown then excluded.cancelled else m.cancelled end,
+                   case when c.grown then excluded.wait_counts else m.wait_counts end,
+                   case when c.grown then excluded.wait_sum else m.wait_sum end,
+                   case when c.grown then excluded.run_counts else m.run_counts end,
+                   case when c.grown then excluded.run_sum else m.run_sum end
+            from (select excluded.completed >= m.completed and excluded.failed >= m.failed
+                         and excluded.cancelled >= m.cancelled as grown) as c)
     returning 1
 ), moved as (
     insert into {schema}.stats_folds as f (environment, folded_until)
@@ -159,7 +168,6 @@ with win as materialized (
     returning 1
 )
 select (select count(*) from written)::int as written,
-       (select count(*) from cleared)::int as cleared,
        (select count(*) from moved)::int as moved;
 
 -- name: stats_fold_span
