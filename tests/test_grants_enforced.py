@@ -700,3 +700,117 @@ def test_the_audit_trail_is_append_only_and_names_its_writer(
         forged,
     )
     assert written == (role,)
+
+
+ABSURD_DUE = ("-infinity", "infinity", "1900-01-01T00:00:00Z", "2300-01-01T00:00:00Z")
+RESCHEDULE = (
+    "select * from {schema}.runlane_reschedule_runs('default', %s, %s::timestamptz, now(), false)"
+)
+DUE_INSERT = (
+    "insert into {schema}.runs (id, environment, task_id, queue, status, payload, max_attempts, "
+    "due_at) values (%s, 'default', 'grants.leaf', 'default', 'queued', '{{}}', 3, %s)"
+)
+
+
+@pytest.mark.parametrize("job", ["producer", "worker", "maintenance", "operator"])
+def test_no_role_wedges_a_queue_with_a_due_time_or_moves_one_unaudited(
+    job: str, schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """A due time out of range (-infinity, infinity, before 1970, centuries ahead) broke every
+    claim and every read of the queue's runs: no role writes one, through SQL or
+    runlane_reschedule_runs (migration 23). A producer moves a due time only by resuming a
+    waiting run (its resume pass after a completed wait token); workers and maintenance
+    still move the due times their jobs move."""
+    conninfo = granted(job)
+    queued = runs.make("queued")
+    retrying = runs.make("retrying")
+    waiting = runs.make("waiting")
+    before = runs.snapshot()
+    for due in ABSURD_DUE:
+        if job == "operator":
+            text = sql.SQL(RESCHEDULE).format(schema=sql.Identifier(schema))
+            with (
+                psycopg.connect(conninfo, autocommit=True) as conn,
+                pytest.raises(psycopg.errors.InvalidParameterValue, match="1970 to 100 years"),
+            ):
+                conn.execute(text, ([queued, retrying], due))
+        else:
+            refused(conninfo, schema, "update {schema}.runs set due_at = %s where id = %s", due,
+                    queued)  # fmt: skip
+            refused(conninfo, schema, DUE_INSERT, uuid.uuid4(), due)
+    if job in ("producer", "operator"):  # an unaudited reschedule
+        later = "update {schema}.runs set due_at = now() + interval '1 day' where id = %s"
+        refused(conninfo, schema, later, queued)
+        refused(conninfo, schema, later, retrying)
+    assert runs.snapshot() == before
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        if job == "producer":  # the resume pass
+            conn.execute(
+                sql.SQL(
+                    "update {}.runs set status = 'queued', due_at = now(), wait_kind = null "
+                    "where id = %s"
+                ).format(sql.Identifier(schema)),
+                (waiting,),
+            )
+            assert runs.one("select status from {schema}.runs where id = %s", waiting) == (
+                "queued",
+            )
+        elif job in ("worker", "maintenance"):  # a retry's back-off, a due delivery
+            conn.execute(
+                sql.SQL("update {}.runs set due_at = now() + interval '1 hour' where id = %s")
+                .format(sql.Identifier(schema)),
+                (retrying,),
+            )  # fmt: skip
+            assert runs.one(
+                "select due_at > now() + interval '59 minutes' from {schema}.runs where id = %s",
+                retrying,
+            ) == (True,)
+        else:
+            text = sql.SQL(RESCHEDULE).format(schema=sql.Identifier(schema))
+            assert conn.execute(text, ([queued], "2030-01-01T00:00:00Z")).fetchall() == [
+                (queued, "queued", True)
+            ]
+
+
+AUDIT_PART = (
+    "insert into {schema}.audit_log (id, action_id, part, environment, via, actor, action, "
+    "runs, changed) values (%s, %s, %s, %s, 'api', %s, 'bulk_retry', 999999, true)"
+)
+
+
+def test_an_audit_part_follows_its_action_written_by_the_same_role(
+    schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """A bulk action's later parts count its runs: an operator role added a part 7 of another
+    environment to an action and the listing summed it. A part follows the part before it,
+    of the same action, environment, actor and database role (migration 23)."""
+    mine, theirs = granted("operator"), granted("operator")
+    action = uuid.uuid4()
+
+    def part(
+        conninfo: str,
+        n: int,
+        environment: str = "default",
+        actor: str = "ann",
+        of: uuid.UUID = action,
+    ) -> None:
+        text = sql.SQL(AUDIT_PART).format(schema=sql.Identifier(schema))
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(text, (uuid.uuid4(), of, n, environment, actor))
+
+    part(mine, 0)
+    snapshot = "select count(*) from {schema}.audit_log"
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        part(mine, 7)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        part(mine, 1, environment="other")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        part(mine, 1, actor="bob")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        part(theirs, 1)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # a part with no action
+        part(theirs, 1, of=uuid.uuid4())
+    assert runs.one(snapshot) == (1,)
+    part(mine, 1)
+    part(mine, 2)
+    assert runs.one(snapshot) == (3,)

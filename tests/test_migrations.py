@@ -233,8 +233,11 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
     ).fetchall()
     assert triggers == [
         ("runlane_attempts_guard_delete",),
+        ("runlane_audit_log_guard_part",),
         ("runlane_runs_ended",),
         ("runlane_runs_guard_delete",),
+        ("runlane_runs_guard_due",),
+        ("runlane_runs_guard_due_insert",),
         ("runlane_runs_guard_insert",),
         ("runlane_runs_guard_tombstone",),
         ("runlane_runs_guard_transition",),

@@ -17,7 +17,9 @@ on conflict do nothing;
 
 -- name: audit_list
 -- An environment's actions newest first, from their heading rows (part 0), since a time
--- and below a cursor; a bulk action's runs and changed are summed over its parts.
+-- and below a cursor; a bulk action's runs and changed are summed over its parts: those of
+-- the same environment, action and database role only (migration 23 refuses any other part
+-- to every role but the owner; rows written before it are left out here).
 select h.id, h.action_id, h.at, h.via, h.actor, h.db_role, h.os_user, h.action, h.target,
        h.reason, h.details, p.runs, p.changed, p.parts
 from {schema}.audit_log as h
@@ -25,7 +27,8 @@ cross join lateral (
     select case when count(a.runs) = 0 then null else sum(a.runs)::bigint end as runs,
            bool_or(a.changed) as changed, count(*) as parts
     from {schema}.audit_log as a
-    where a.action_id = h.action_id
+    where a.action_id = h.action_id and a.environment = h.environment
+      and a.action = h.action and a.db_role = h.db_role
 ) as p
 where h.environment = %(environment)s
   and h.part = 0

@@ -167,9 +167,11 @@ grant update (paused, next_slot_at, updated_at) on {schema}.schedules to {role};
 grant execute on function {schema}.runlane_run_schedule(text, text, uuid, text, jsonb)
     to {role};
 -- reschedule_run (runlane_reschedule_runs moves a queued or retrying run's due time), and
--- the audit trail: every action above writes its record in its own transaction; the
--- record's time and database role are defaults the role cannot write; rows are never
--- updated or deleted but by the owner (and retention's runlane_prune_audit)
+-- the audit trail: every action above taken through runlane writes its record in its own
+-- transaction (raw SQL by the role is not recorded); the record's time and database role
+-- are defaults the role cannot write, a later part follows its action's part before it by
+-- the same role (migration 23); rows are never updated or deleted but by the owner (and
+-- retention's runlane_prune_audit)
 grant execute on function {schema}.runlane_reschedule_runs(
     text, uuid[], timestamptz, timestamptz, boolean) to {role};
 grant select on {schema}.audit_log to {role};
