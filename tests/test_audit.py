@@ -369,3 +369,76 @@ def test_running_a_schedule_no_pass_stored_yet_is_recorded(rl: Runlane) -> None:
     assert rl.get_run(handle.id).status is RunStatus.COMPLETED
     record = newest(rl)
     assert (record.action, record.runs, record.reason) == ("run_schedule_now", 1, "first")
+
+
+def test_a_reason_is_one_line_of_printable_text(rl: Runlane) -> None:
+    """A newline or an escape sequence in a reason forged lines in `runlane audit`: refused
+    at the API, for every operator action, with nothing done or recorded."""
+    live = rl.trigger(ok, {}).id
+    for reason in ("fine\n2026-01-01 00:00 admin cli cancel", "\x1b[2Jcleared", "tab\there"):
+        with pytest.raises(ConfigurationError, match="one line of printable text") as caught:
+            rl.cancel(live, reason=reason)
+        assert "\n" not in str(caught.value)
+        with pytest.raises(ConfigurationError, match="printable"):
+            rl.pause_queue("default", reason=reason)
+    assert rl.get_run(live).status is RunStatus.QUEUED
+    assert rl.list_queues()[0].paused is False
+    assert rl.list_audit().items == ()
+    rl.cancel(live, reason="été, 5 €")
+    assert newest(rl).reason == "été, 5 €"
+
+
+def test_runlane_audit_shows_control_characters_escaped(
+    rl: Runlane, db: Conn, schema: str, cli: Callable[..., tuple[int, str, str]]
+) -> None:
+    """What the client writes (actor, OS user, reason: raw SQL writes anything, getpass reads
+    $USER) is shown on one line with its control characters as \\xNN."""
+    forged = uuid.uuid4()
+    db.execute(
+        sql.SQL(
+            "insert into {}.audit_log (id, action_id, environment, via, actor, os_user, "
+            "action, target, changed, reason) values (%s, %s, 'default', 'api', %s, %s, "
+            "'cancel', 'x', true, %s)"
+        ).format(sql.Identifier(schema)),
+        (forged, forged, "eve\n2026-01-01 00:00 admin", "\x1b[31mroot", "why\r\x1b[2Kok"),
+    )
+    code, out, _ = cli("audit")
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert "\x1b" not in out
+    assert "\r" not in out
+    assert "eve\\x0a2026-01-01 00:00 admin" in lines[1]
+    assert "why\\x0d\\x1b[2Kok" in lines[1]
+    db.execute(
+        sql.SQL("update {}.audit_log set actor = null where id = %s").format(
+            sql.Identifier(schema)
+        ),
+        (forged,),
+    )
+    assert "\\x1b[31mroot (" in cli("audit")[1]
+
+
+def test_the_listing_sums_only_the_parts_of_its_actions_environment_and_role(
+    rl: Runlane, db: Conn, schema: str
+) -> None:
+    """A part written under an action's id in another environment or by another role (rows
+    of schema 22, or the owner's) is not summed into the action's runs."""
+    failed_run(rl)
+    rl.retry_runs(task=fails, reason="once")
+    record = newest(rl)
+    assert (record.action, record.runs) == ("bulk_retry", 1)
+    (action_id,) = db.execute(
+        sql.SQL("select action_id from {}.audit_log where id = %s").format(sql.Identifier(schema)),
+        (record.id,),
+    ).fetchone() or (None,)
+    for part, environment, role in ((7, "other", None), (8, "default", "someone")):
+        db.execute(
+            sql.SQL(
+                "insert into {}.audit_log (id, action_id, part, environment, via, action, "
+                "runs, changed, db_role) values (%s, %s, %s, %s, 'api', 'bulk_retry', 999999, "
+                "true, coalesce(%s, current_user))"
+            ).format(sql.Identifier(schema)),
+            (uuid.uuid4(), action_id, part, environment, role),
+        )
+    assert newest(rl).runs == 1

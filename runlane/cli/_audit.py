@@ -30,9 +30,30 @@ def reason_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _plain(text: str) -> str:
+    """``text`` as one line of a terminal: every character that is not printable (a
+    newline, an escape sequence, a bidirectional override) shown as ``\\xNN`` or
+    ``\\uNNNN``, and a backslash doubled, so a record written through raw SQL (or an OS
+    user named oddly) forges no line and moves no cursor."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(_escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    if c == "\\":
+        return "\\\\"
+    if c.isprintable():
+        return c
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def _who(record: AuditRecord) -> str:
     user = record.actor or record.os_user or "-"
-    return f"{user} ({record.db_role})"
+    return f"{_plain(user)} ({_plain(record.db_role)})"
 
 
 def _runs(record: AuditRecord) -> str:
@@ -56,11 +77,11 @@ def _audit(load_app: LoadApp, args: argparse.Namespace) -> int:
             (
                 when(r.at),
                 _who(r),
-                r.via,
-                r.action,
-                r.target or "-",
+                _plain(r.via),
+                _plain(r.action),
+                _plain(r.target or "-"),
                 _runs(r),
-                r.reason or "",
+                _plain(r.reason or ""),
             )
             for r in page.items
         ]

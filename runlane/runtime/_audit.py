@@ -76,9 +76,18 @@ def _check_actor(actor: str) -> str:
 
 
 def check_reason(reason: object) -> str | None:
+    """A reason is one line of printable text: a newline, an escape sequence or another
+    control character would forge lines or move the cursor where the trail is shown."""
     if reason is None:
         return None
-    return check_text("reason", reason, MAX_REASON_CHARS)
+    text = check_text("reason", reason, MAX_REASON_CHARS)
+    if not text.isprintable():
+        bad = next(c for c in text if not c.isprintable())
+        raise ConfigurationError(
+            f"a reason is one line of printable text, got {shown(text)}, which holds "
+            f"{bad!r} (U+{ord(bad):04X})"
+        )
+    return text
 
 
 def _os_user() -> str | None:
