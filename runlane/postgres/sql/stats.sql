@@ -41,9 +41,11 @@ where w.folded_until is null or w.folded_until < w.closed;
 -- both histograms, which describe the same runs) are replaced as a whole only when the new
 -- pass counts at least as many of each of completed, failed and cancelled, else the first
 -- pass's stay. Exact unless, in one minute, queue and task, a write committed after the
--- first pass and a change that removed a counted run both came before the second: then the
--- larger of the two. No row is deleted; stats_folds records the end. Returns the rows
--- written (stats_fold_span then sums the minutes into the longer spans).
+-- first pass and a change that removed a counted run both came before the second (then the
+-- larger of the two); a run retried before the first pass counts as it then is (queued,
+-- not failed), one deleted before it not at all. No row is deleted; stats_folds records the
+-- end. Returns the rows written (stats_fold_span then sums the minutes into the longer
+-- spans).
 with win as materialized (
     select %(start_at)s::timestamptz as start_at, %(end_at)s::timestamptz as end_at
 ), created as (
