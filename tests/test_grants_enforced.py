@@ -814,3 +814,59 @@ def test_an_audit_part_follows_its_action_written_by_the_same_role(
     part(mine, 1)
     part(mine, 2)
     assert runs.one(snapshot) == (3,)
+
+
+AUDITED = "insert into {schema}.audit_log (id, action_id, environment, via, action, target, "
+AUDITED += "changed) values (gen_random_uuid(), gen_random_uuid(), 'default', 'api', %s, %s, true)"
+
+
+def test_a_pause_or_resume_commits_only_with_its_audit_record(
+    schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """The operator role writes queue_states and a schedule's pause itself (no function):
+    through raw SQL it paused a queue and left no record. Since schema version 23 such a
+    write commits only with the record of that action, for that queue or schedule, written
+    in the same transaction; maintenance's writes of schedules are not asked."""
+    runs.run(
+        "insert into {schema}.schedules (environment, schedule_id, cron, timezone, "
+        "next_slot_at) values ('default', 'nightly', '0 3 * * *', 'UTC', now())"
+    )
+    operator, maintenance = granted("operator"), granted("maintenance")
+    pause_queue = (
+        "insert into {schema}.queue_states (environment, queue, paused, updated_at) "
+        "values ('default', 'q', true, now())"
+    )
+    pause_schedule = "update {schema}.schedules set paused = true where schedule_id = 'nightly'"
+    skip_slots = (
+        "update {schema}.schedules set next_slot_at = now() + interval '1 year' "
+        "where schedule_id = 'nightly'"
+    )
+    state = (
+        "select (select count(*) from {schema}.queue_states), "
+        "(select paused from {schema}.schedules), (select count(*) from {schema}.audit_log)"
+    )
+    refused(operator, schema, pause_queue)
+    refused(operator, schema, pause_schedule)
+    refused(operator, schema, skip_slots)
+    assert runs.one(state) == (0, False, 0)
+
+    def together(*statements: tuple[str, tuple[Any, ...]]) -> None:
+        conn = psycopg.connect(operator)  # one transaction, checked at its commit
+        try:
+            for text, params in statements:
+                conn.execute(sql.SQL(text).format(schema=sql.Identifier(schema)), params)
+            conn.commit()
+        finally:
+            conn.close()
+
+    # a record of another action, or of another queue, is not its record
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        together((AUDITED, ("cancel", "q")), (pause_queue, ()))
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        together((pause_queue, ()), (AUDITED, ("pause_queue", "other")))
+    assert runs.one(state) == (0, False, 0)
+    together((pause_queue, ()), (AUDITED, ("pause_queue", "q")))
+    together((pause_schedule, ()), (AUDITED, ("pause_schedule", "nightly")))
+    assert runs.one(state) == (1, True, 2)
+    with psycopg.connect(maintenance, autocommit=True) as conn:  # its slot advances
+        conn.execute(sql.SQL(skip_slots).format(schema=sql.Identifier(schema)))

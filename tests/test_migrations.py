@@ -234,6 +234,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
     assert triggers == [
         ("runlane_attempts_guard_delete",),
         ("runlane_audit_log_guard_part",),
+        ("runlane_queue_states_audited",),
         ("runlane_runs_ended",),
         ("runlane_runs_guard_delete",),
         ("runlane_runs_guard_due",),
@@ -243,6 +244,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         ("runlane_runs_guard_transition",),
         ("runlane_runs_inserted",),
         ("runlane_runs_updated",),
+        ("runlane_schedules_audited",),
         ("runlane_wait_tokens_guard_insert",),
     ]
     # the run written under version 1 is intact and runs under version 2

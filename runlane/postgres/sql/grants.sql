@@ -168,7 +168,8 @@ grant execute on function {schema}.runlane_run_schedule(text, text, uuid, text, 
     to {role};
 -- reschedule_run (runlane_reschedule_runs moves a queued or retrying run's due time), and
 -- the audit trail: every action above taken through runlane writes its record in its own
--- transaction (raw SQL by the role is not recorded); the record's time and database role
+-- transaction (migration 23 refuses a pause or resume without it; raw SQL calling the
+-- functions is not recorded); the record's time and database role
 -- are defaults the role cannot write, a later part follows its action's part before it by
 -- the same role (migration 23); rows are never updated or deleted but by the owner (and
 -- retention's runlane_prune_audit)

@@ -18,6 +18,9 @@
 --   user: an operator role added a part 7 of another environment to another's action and
 --   the listing summed it. (Whoever writes records as the operator role can still write
 --   any record of its own: at and db_role are the database's, the rest the client's.)
+-- * A pause or resume of a queue or a schedule written by the operator role commits only
+--   with its audit record (checked at commit): a raw SQL pause left no record. The
+--   SECURITY DEFINER functions (retry, cancel, delete, reschedule) are not checked.
 --
 -- Additive for the runtimes of version 22: their due times are within the bounds, their
 -- producers write due_at only in the resume pass, and their bulk actions write parts
@@ -148,3 +151,58 @@ create trigger runlane_audit_log_guard_part
     for each row
     when (new.part > 0)
     execute function {schema}.runlane_guard_audit_part();
+
+-- Pausing and resuming a queue or a schedule is a write of the operator role's own
+-- (queue_states, schedules.paused and next_slot_at), not a function's: at its commit it
+-- needs the audit record the transaction wrote (at is the transaction's start, xmin its
+-- id) for that action of that queue or schedule, so no pause or resume commits without its
+-- record, through runlane or raw SQL. Deferred: runlane inserts the record after the
+-- action, in the same transaction, as runtimes of version 21 and 22 do. Maintenance's
+-- writes of schedules (a role that may write last_fired_at) and the owner's are not asked.
+create function {schema}.runlane_guard_audited()
+returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    v_kind text := tg_argv[0];
+    v_target text;
+begin
+    if pg_has_role(current_user, (select c.relowner from pg_class as c where c.oid = tg_relid),
+                   'MEMBER') then
+        return null;
+    end if;
+    if v_kind = 'queue' then
+        v_target := new.queue;
+    else
+        v_target := new.schedule_id;
+    end if;
+    if exists (
+        select 1 from {schema}.audit_log as a
+        where a.at = now() and a.xmin = pg_current_xact_id()::xid
+          and a.environment = new.environment and a.target = v_target
+          and a.action in ('pause_' || v_kind, 'resume_' || v_kind)
+    ) then
+        return null;
+    end if;
+    raise exception using
+        errcode = 'insufficient_privilege',
+        message = format('runlane: role %s may not pause or resume %s %s without its audit '
+                         'record in the same transaction', current_user, v_kind, v_target),
+        hint = 'pause and resume through runlane (pause_queue, resume_queue, pause_schedule, '
+               'resume_schedule, runlane queues/schedules, the console), which record them';
+end;
+$$;
+
+create constraint trigger runlane_queue_states_audited
+    after insert or update on {schema}.queue_states
+    deferrable initially deferred
+    for each row
+    execute function {schema}.runlane_guard_audited('queue');
+
+create constraint trigger runlane_schedules_audited
+    after update of paused, next_slot_at on {schema}.schedules
+    deferrable initially deferred
+    for each row
+    when (not has_column_privilege('{schema}.schedules'::regclass, 'last_fired_at', 'UPDATE'))
+    execute function {schema}.runlane_guard_audited('schedule');
