@@ -251,15 +251,21 @@ class Soak:
         return not self.stop.wait(max(0.0, begin + offset - time.monotonic()))
 
     def run_minor(self, begin: float) -> None:
-        """SIGKILL a random worker every few seconds (restarted at once)."""
+        """SIGKILL a random worker every few seconds (restarted at once), one running
+        handlers when there is one: short handlers leave a worker idle most of the time, and
+        a kill that meets none proves little."""
         duration = self.settings.duration
         every = min(8.0, max(3.0, duration / 15))
         offset = 2.0
         while offset < duration and self.at(begin, offset):
             with self.lock:
-                candidates = [c for c in self.workers() if c.name not in self.busy]
+                workers = self.workers()
+            busy = {c.name for c in workers if self.handlers_running(c.proc)}
+            with self.lock:
+                candidates = [c for c in workers if c.name not in self.busy]
                 if candidates:
-                    victim = self.random.choice(candidates)
+                    meeting = [c for c in candidates if c.name in busy]
+                    victim = self.random.choice(meeting or candidates)
                     self.busy.add(victim.name)
             if candidates:
                 try:
