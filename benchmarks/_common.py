@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import psycopg
 
-from runlane import RunContext, Runlane, create_runlane, task
+from runlane import RunContext, Runlane, Task, create_runlane, task
 from runlane.postgres import apply_postgres_storage_migrations, postgres_polling_lane
 from runlane.testing import start_embedded_postgres
 
@@ -48,9 +48,18 @@ def noop(payload: Any, context: RunContext) -> None:
     return None
 
 
-def runtime(url: str, schema: str, poll: timedelta = timedelta(milliseconds=200)) -> Runlane:
+def runtime(
+    url: str,
+    schema: str,
+    poll: timedelta = timedelta(milliseconds=200),
+    *,
+    tasks: Sequence[Task[Any, Any]] = (noop,),
+    **options: Any,
+) -> Runlane:
+    """A runtime on the polling lane polling every ``poll``, with ``tasks`` (the no-op task
+    by default) and ``options`` (more ``create_runlane`` keywords)."""
     lane = postgres_polling_lane(connection_string=url, schema=schema, poll_interval=poll)
-    return create_runlane(lane=lane, tasks=[noop])
+    return create_runlane(lane=lane, tasks=tasks, **options)
 
 
 def fresh_schema(url: str) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import timedelta
 
 import psycopg
 
@@ -37,6 +36,7 @@ from benchmarks._common import (
     fresh_schema,
     log,
     print_table,
+    runtime,
     server_url,
 )
 from benchmarks.scale import Window, _waits, compare_row, fed, timed_claims, timed_run
@@ -82,13 +82,10 @@ def measure(url: str, args: argparse.Namespace) -> list[Row]:
     took = insert_failed(url, schema, args.runs, args.bulk_queue, args.bulk_environment)
     log(f"{args.runs:,} failed runs inserted in {took:.0f} s")
     _waits.clear()
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
-    )
     operator_lane = postgres_polling_lane(connection_string=url, schema=schema)
     batches: list[tuple[float, float]] = []
     with (
-        create_runlane(lane=lane, tasks=[timed_run]) as runlane,
+        runtime(url, schema, tasks=[timed_run]) as runlane,
         create_runlane(lane=operator_lane, environment=args.bulk_environment) as operator,
         timed_claims() as claims,
     ):

@@ -49,10 +49,10 @@ from benchmarks._common import (
     log,
     noop,
     print_table,
+    runtime,
     server_url,
 )
-from runlane import RunContext, Runlane, create_runlane, task
-from runlane.postgres import postgres_polling_lane
+from runlane import RunContext, Runlane, task
 
 __all__ = ["GOAL_BACKENDS", "GOAL_TRANSACTIONS", "main", "process_backends"]
 
@@ -168,10 +168,7 @@ def _after_idle(rt: Runlane) -> list[float]:
 def _child(scenario: str, url: str, schema: str) -> None:
     """The measured process: start ``scenario``, say ready, idle until stdin says
     ``latency`` (it then prints trigger-to-start after idle) or closes."""
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(seconds=1)
-    )
-    rt = create_runlane(lane=lane, tasks=[noop, _stamp])
+    rt = runtime(url, schema, timedelta(seconds=1), tasks=[noop, _stamp])
     rt.start()
     rt.status()
     workers = []

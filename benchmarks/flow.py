@@ -42,11 +42,11 @@ from benchmarks._common import (
     noop,
     print_table,
     ratio_row,
+    runtime,
     server_url,
     wait_drained,
 )
-from runlane import RateLimit, RunContext, Runlane, create_runlane, queue, task
-from runlane.postgres import postgres_polling_lane
+from runlane import RateLimit, RunContext, Runlane, queue, task
 
 MEASURES = ("keyed", "hol", "waiting", "rate")
 
@@ -59,12 +59,7 @@ def hold(payload: Any, context: RunContext) -> None:
 
 def flow_runtime(url: str, schema: str, **limits: Any) -> Runlane:
     """A runtime whose queue ``q`` has ``limits`` (queue() keywords)."""
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
-    )
-    return create_runlane(
-        lane=lane, tasks=[noop, hold], queues=[queue("q", default=True, **limits)]
-    )
+    return runtime(url, schema, tasks=[noop, hold], queues=[queue("q", default=True, **limits)])
 
 
 def insert_queued(url: str, schema: str, count: int, keys: int | None, key: str | None) -> None:

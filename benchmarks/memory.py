@@ -22,7 +22,6 @@ import os
 import sys
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 from benchmarks._common import (
@@ -37,8 +36,7 @@ from benchmarks._common import (
     runtime,
     server_url,
 )
-from runlane import RunContext, create_runlane, task
-from runlane.postgres import postgres_polling_lane
+from runlane import RunContext, task
 
 BACKLOG = 20_000
 
@@ -52,10 +50,7 @@ def _worker(url: str, schema: str, checkpoints: list[int], done: Any, reports: A
     def counted(payload: Any, context: RunContext) -> None:
         last[0] = next(handled)
 
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
-    )
-    with create_runlane(lane=lane, tasks=[counted]) as runlane:
+    with runtime(url, schema, tasks=[counted]) as runlane:
         reports.put(("start", 0, rss_kib(), len(gc.get_objects()), threading.active_count()))
         with runlane.create_delivery_worker(concurrency=CONCURRENCY):
             pending = list(checkpoints)

@@ -53,8 +53,7 @@ from benchmarks._common import (
 )
 from benchmarks._statements import PerRun, counting_statements, server_cpu_seconds, wal_position
 from benchmarks.rabbitmq import RabbitBench, RabbitBroker, rabbit_rows
-from runlane import RunContext, Runlane, create_runlane, task
-from runlane.postgres import postgres_polling_lane
+from runlane import RunContext, Runlane, task
 
 MEASURES = ("floors", "process", "two", "trigger", "trigger_many", "latency", "rabbitmq")
 IDLE_PAUSE = 0.03  # seconds between a latency sample's start and the next trigger
@@ -191,11 +190,8 @@ def bench_wakeup(url: str, samples: int) -> list[float]:
         started_at[str(context.run_id)] = time.perf_counter()
         arrived.set()
 
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(seconds=30)
-    )
     latencies: list[float] = []
-    with create_runlane(lane=lane, tasks=[ping]) as runlane:
+    with runtime(url, schema, timedelta(seconds=30), tasks=[ping]) as runlane:
         worker = runlane.create_delivery_worker(concurrency=CONCURRENCY)
         try:
             runlane.wait_for_run(runlane.trigger(ping, None).id, timeout=30)  # warm up

@@ -57,9 +57,10 @@ from benchmarks._common import (
     pct,
     print_table,
     ratio_row,
+    runtime,
     server_url,
 )
-from runlane import MaintenanceLimits, RunContext, Runlane, create_runlane, task
+from runlane import MaintenanceLimits, RunContext, Runlane, task
 from runlane.postgres import postgres_polling_lane
 from runlane.postgres._attempts import AttemptRepository
 from runlane.postgres._sql import statements
@@ -77,13 +78,6 @@ _starts: list[float] = []
 @task(id=TASK_ID)
 def count(payload: Any, context: RunContext) -> None:
     _starts.append(time.perf_counter())
-
-
-def _runtime(url: str, schema: str) -> Runlane:
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
-    )
-    return create_runlane(lane=lane, tasks=[count])
 
 
 def claim_rate(url: str, schema: str, runs: int) -> float:
@@ -182,7 +176,7 @@ def phase_depth(url: str, args: argparse.Namespace) -> list[Row]:
             f"claim only, {queued:,} queued (runs/s)",
             partial(claim_rate, url, schema, args.measure),
         )
-        with _runtime(url, schema) as runlane:
+        with runtime(url, schema, tasks=[count]) as runlane:
             worker = _setting(
                 f"worker, {queued:,} queued (runs/s)",
                 partial(worker_rate, runlane, args.measure),
@@ -215,7 +209,7 @@ def phase_history(url: str, args: argparse.Namespace) -> list[Row]:
         if args.explain:
             explain(url, _literal_claim(schema), f"claim of {CLAIM_BATCH}, {kept:,} finished kept")
         row: dict[str, float] = {}
-        with _runtime(url, schema) as runlane:
+        with runtime(url, schema, tasks=[count]) as runlane:
             runlane.trigger(TASK_ID, None)  # connect first
             row["trigger"] = _setting(
                 f"trigger one by one, {kept:,} kept (runs/s)",
@@ -391,10 +385,7 @@ def phase_cleanup(url: str, args: argparse.Namespace) -> list[Row]:
     _waits.clear()
     passes: list[tuple[float, float]] = []
     pruned = 0
-    lane = postgres_polling_lane(
-        connection_string=url, schema=schema, poll_interval=timedelta(milliseconds=200)
-    )
-    with create_runlane(lane=lane, tasks=[timed_run]) as runlane, timed_claims() as claims:
+    with runtime(url, schema, tasks=[timed_run]) as runlane, timed_claims() as claims:
         with fed(runlane, args.feed_rate, args.window) as (feeder, quiet):
             began = time.perf_counter()
             limits = MaintenanceLimits()
