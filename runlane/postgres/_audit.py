@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from runlane.models import AuditRecord, RunStatus
 from runlane.postgres._connections import Conn
-from runlane.postgres._executor import Executor
+from runlane.postgres._executor import FIRST_PAGE, Executor
 from runlane.storage import AuditEntry, MaintenanceFence, Rescheduled, Storage
 
 __all__ = ["AuditRepository"]
@@ -31,7 +31,6 @@ __all__ = ["AuditRepository"]
 T = TypeVar("T")
 
 # the first page starts above every record: no time reaches infinity
-_TOP_ID = uuid.UUID(int=2**128 - 1)
 
 
 class _InTransaction(Executor):
@@ -109,7 +108,7 @@ class AuditRepository:
         limit: int,
     ) -> list[AuditRecord]:
         before_at: datetime | str
-        before_at, before_id = ("infinity", _TOP_ID) if before is None else before
+        before_at, before_id = FIRST_PAGE if before is None else before
         params = {
             "environment": environment,
             "since": since,

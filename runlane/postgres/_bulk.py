@@ -17,14 +17,13 @@ import psycopg
 
 from runlane.models import RunStatus
 from runlane.postgres._connections import Conn, own_transaction
-from runlane.postgres._executor import Executor
+from runlane.postgres._executor import FIRST_PAGE, Executor
 from runlane.postgres._maintenance import prune_ids
 from runlane.storage import BulkBatch, BulkFilter
 
 __all__ = ["BulkRepository", "RequeueCount"]
 
 # a walk starts above every run: no created_at reaches infinity
-_TOP = ("infinity", uuid.UUID(int=2**128 - 1))
 # A bulk retry analyses runs once it has moved this many runs into queued in one walk, then
 # each time the walk's count grows tenfold (10,000, 100,000, 1,000,000: three ANALYZEs of
 # one to two seconds for a million). The first is what matters: from then on the planner
@@ -112,7 +111,7 @@ class BulkRepository:
         before: tuple[datetime, uuid.UUID] | None,
         size: int,
     ) -> BulkBatch:
-        before_created_at, before_id = _TOP if before is None else before
+        before_created_at, before_id = FIRST_PAGE if before is None else before
         params = {
             **_filter_params(runs),
             "status": status.value,

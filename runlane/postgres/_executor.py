@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,7 +46,10 @@ from runlane.postgres._sql import statements
 from runlane.storage import MaintenanceFence
 from runlane.toolkit import Backoff, Deadline
 
-__all__ = ["Executor"]
+__all__ = ["FIRST_PAGE", "Executor"]
+
+#: The keyset (created time, id) above every row: where a newest-first walk starts.
+FIRST_PAGE = ("infinity", uuid.UUID(int=2**128 - 1))
 
 log = logging.getLogger("runlane.postgres")
 

@@ -21,7 +21,7 @@ from runlane.models import (
     StepRecord,
 )
 from runlane.postgres._connections import Conn
-from runlane.postgres._executor import Executor
+from runlane.postgres._executor import FIRST_PAGE, Executor
 from runlane.postgres._queues import status_queues
 from runlane.postgres._runs import snapshot
 from runlane.storage import RetryOutcome, RunListQuery
@@ -29,7 +29,6 @@ from runlane.storage import RetryOutcome, RunListQuery
 __all__ = ["InspectRepository"]
 
 # the first page starts below every run: no created_at reaches infinity
-_FIRST_PAGE_ID = uuid.UUID(int=2**128 - 1)
 # the unfiltered listing walks each status's part of runs_listing_by_status
 _STATUSES = [status.value for status in RunStatus]
 
@@ -61,7 +60,7 @@ class InspectRepository:
         """The statement ``run_list`` executes for ``query``, and its parameters."""
         before_created_at: datetime | str
         if query.before is None:
-            before_created_at, before_id = "infinity", _FIRST_PAGE_ID
+            before_created_at, before_id = FIRST_PAGE
         else:
             before_created_at, before_id = query.before
         params: dict[str, Any] = {

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from runlane.models import RunSnapshot, RunStatus
 from runlane.postgres._connections import Conn
-from runlane.postgres._executor import Executor
+from runlane.postgres._executor import FIRST_PAGE, Executor
 from runlane.postgres._runs import snapshot
 from runlane.storage import RunListQuery, RunSearchResult
 
@@ -25,7 +25,6 @@ __all__ = ["FIRST_WINDOW", "SEARCH_WINDOW", "WebReadRepository"]
 
 SEARCH_WINDOW = 2000  # runs one window of a search walks at most (newest first)
 FIRST_WINDOW = 250  # ... the first: a common match fills its page at once; each next is 4x
-_TOP = ("infinity", uuid.UUID(int=2**128 - 1))
 _STATUSES = [status.value for status in RunStatus]
 
 
@@ -60,7 +59,7 @@ class WebReadRepository:
         return self._db.run(read)
 
     def web_run_search(self, query: RunListQuery, seconds: float) -> RunSearchResult:
-        before: tuple[Any, uuid.UUID] = _TOP if query.before is None else query.before
+        before: tuple[Any, uuid.UUID] = FIRST_PAGE if query.before is None else query.before
         params: dict[str, Any] = {
             "environment": query.environment,
             "statuses": _STATUSES if query.status is None else [query.status.value],
