@@ -19,7 +19,6 @@ __all__ = [
     "MAX_SHOWN",
     "Chart",
     "ago",
-    "chart",
     "duration",
     "throughput_chart",
     "trace_id",
@@ -125,7 +124,6 @@ class Chart:
     completed: int  # totals over the hour
     failed: int
     cancelled: int
-    partial_since: str | None  # the hour had more finishes than were read: read back to this
 
 
 CHART_WIDTH = 600
@@ -133,23 +131,14 @@ CHART_HEIGHT = 120
 
 
 def throughput_chart(stats: Stats) -> Chart:
-    """The overview's bars from ``Runlane.stats`` in minutes over the last hour (the rollup
-    maintenance keeps, not a scan of runs): the 60 minutes up to the one ``stats`` ends in."""
-    until = stats.until.astimezone(UTC)
-    return chart(
-        {
-            "now_minute": until.replace(second=0, microsecond=0),
-            "minutes": [(b.start, b.completed, b.failed, b.cancelled) for b in stats.buckets],
-            "edge": None,
-        }
-    )
-
-
-def chart(throughput: dict[str, Any]) -> Chart:
-    """Bars of runs finished per minute over the last hour: completed, with failed on top."""
-    now_minute: datetime = throughput["now_minute"]
-    by_minute = {m.astimezone(UTC): (c, f, x) for m, c, f, x in throughput["minutes"]}
-    first = now_minute.astimezone(UTC) - timedelta(minutes=59)
+    """The overview's bars of runs finished per minute over the last hour, completed with
+    failed on top, from ``Runlane.stats`` in minutes (the rollup maintenance keeps, not a scan
+    of runs): the 60 minutes up to the one ``stats`` ends in."""
+    now_minute = stats.until.astimezone(UTC).replace(second=0, microsecond=0)
+    by_minute = {
+        b.start.astimezone(UTC): (b.completed, b.failed, b.cancelled) for b in stats.buckets
+    }
+    first = now_minute - timedelta(minutes=59)
     slots = [first + timedelta(minutes=i) for i in range(60)]
     counts = [by_minute.get(slot, (0, 0, 0)) for slot in slots]
     top = max([c + f for c, f, _ in counts] + [1])
@@ -172,8 +161,6 @@ def chart(throughput: dict[str, Any]) -> Chart:
                 ),
             )
         )
-    edge = throughput["edge"]
-    partial = None if edge is None else when(edge)
     return Chart(
         width=CHART_WIDTH,
         height=CHART_HEIGHT,
@@ -182,5 +169,4 @@ def chart(throughput: dict[str, Any]) -> Chart:
         completed=sum(c for c, _, _ in counts),
         failed=sum(f for _, f, _ in counts),
         cancelled=sum(x for _, _, x in counts),
-        partial_since=partial,
     )
