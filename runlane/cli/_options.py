@@ -9,10 +9,11 @@ from runlane.errors import ConfigurationError
 from runlane.runtime import DEFAULT_WAIT_FOR_DATABASE
 from runlane.toolkit import as_wait_timeout
 
-__all__ = ["add_wait_option", "positive_seconds", "queue_names", "timeout_seconds"]
+__all__ = ["add_wait_option", "positive_seconds", "queue_names", "seconds", "timeout_seconds"]
 
 
-def _seconds(value: str) -> float:
+def seconds(value: str) -> float:
+    """The type of a seconds option: any number (the API judges its range)."""
     try:
         return float(value)
     except ValueError:
@@ -20,10 +21,10 @@ def _seconds(value: str) -> float:
 
 
 def positive_seconds(value: str) -> float:
-    seconds = _seconds(value)
-    if not seconds > 0 or seconds == float("inf"):
+    number = seconds(value)
+    if not number > 0 or number == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
-    return seconds
+    return number
 
 
 def timeout_seconds(option: str) -> Callable[[str], float]:
@@ -34,7 +35,7 @@ def timeout_seconds(option: str) -> Callable[[str], float]:
 
     def parse(value: str) -> float:
         try:
-            limit = as_wait_timeout(option, _seconds(value), unbounded="inf")
+            limit = as_wait_timeout(option, seconds(value), unbounded="inf")
         except ConfigurationError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         assert limit is not None  # a float is never None

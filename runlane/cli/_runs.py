@@ -20,11 +20,11 @@ from runlane._codec import MAX_DEPTH
 from runlane.cli._audit import add_reschedule_command, reason_option
 from runlane.cli._bulk import add_filter_options, run_bulk
 from runlane.cli._operator import dump_json, using, when
+from runlane.cli._options import seconds
 from runlane.cli._target import TARGET_HELP, LoadApp, add_target_options, split_targets
 from runlane.errors import ConfigurationError, PayloadValidationError, TaskNotFound
 from runlane.models import AttemptRecord, RunHistory, RunSnapshot, RunStatus
 from runlane.runtime import Runlane
-from runlane.toolkit import shown
 
 __all__ = ["add_run_commands"]
 
@@ -306,13 +306,6 @@ def _trigger(load_app: LoadApp, args: argparse.Namespace) -> int:
     return using(load_app, args, use)
 
 
-def _seconds(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {shown(text)}") from None
-
-
 def add_run_commands(commands: Any, load_app: LoadApp) -> None:
     """Add ``runs`` (with list, show, retry, cancel) and ``trigger`` to ``commands``, the
     subparsers of the ``runlane`` parser."""
@@ -340,7 +333,7 @@ def add_run_commands(commands: Any, load_app: LoadApp) -> None:
     )
     listing.add_argument(
         "--search-seconds",
-        type=_seconds,
+        type=seconds,
         default=None,
         metavar="S",
         help="a search's budget of database time (default 1); it says when it stopped early",
@@ -387,7 +380,7 @@ def add_run_commands(commands: Any, load_app: LoadApp) -> None:
         "--payload", required=True, metavar="JSON", help="the payload as JSON (e.g. '{\"a\": 1}')"
     )
     trigger.add_argument(
-        "--delay", type=_seconds, default=None, metavar="S", help="seconds until it is due"
+        "--delay", type=seconds, default=None, metavar="S", help="seconds until it is due"
     )
     trigger.add_argument("--queue", default=None, metavar="Q", help="a queue other than the task's")
     trigger.set_defaults(handler=lambda args: _trigger(load_app, args))
