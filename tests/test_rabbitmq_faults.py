@@ -513,7 +513,9 @@ def test_an_eager_producer_killed_after_commit_leaves_its_item_to_be_published_a
                 str(tmp_path / "producer.py"),
                 database_url,
                 schema,
-                f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+                # stack_timeout bounds the AMQP handshake of the lane's start-up check,
+                # which the mute broker would otherwise hold for pika's default 15 s
+                f"amqp://guest:guest@127.0.0.1:{port}/%2F?stack_timeout=1",
             ],
             capture_output=True,
             text=True,
