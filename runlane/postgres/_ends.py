@@ -1,9 +1,11 @@
 """Wake-ups on runs ending, for ``wait_for_run`` (migration 9 announces them).
 
-One listener thread per runtime, started by the first wait and stopped by ``close()``,
-LISTENs on the schema's ends channel; each waiter registers the run it waits for and gets
-an event that is set when that run's id is announced, and after every (re)connect of the
-listener (what was sent while it was away is lost, so every waiter looks again).
+A runtime subscribes to its process's shared LISTEN connection (postgres/_listen_hub.py) on
+the schema's ends channel while some ``wait_for_run`` waits: the channel is LISTENed with the
+first waiter and UNLISTENed when the last one leaves (the connection stays while the runtime,
+or any other subscriber, is open), so an idle process hears no run ends. Each waiter registers
+the run it waits for and gets an event that is set when that run's id is announced, and each
+time the channel is LISTENed anew (what was sent before is lost, so every waiter looks again).
 
 It LISTENs where a worker's listener does (postgres/_lane.py's listen_target): on
 ``listen_connection_string=`` when the lane has one, else on the lane's own connection
@@ -20,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from runlane.postgres._listener import PostgresListener
+from runlane.postgres._listen_hub import SharedListener
 from runlane.postgres._sql import notify_channel
 
 __all__ = ["RunEnds", "ends_channel"]
@@ -47,7 +49,7 @@ class RunEnds:
         via: str = "the lane's connection string",
         check_pooler: bool = False,
     ) -> None:
-        self._listener = PostgresListener(
+        self._listener = SharedListener(
             connection_string=connection_string,
             channel=ends_channel(schema),
             environment=environment,
@@ -57,15 +59,16 @@ class RunEnds:
             via=via,
             check_pooler=check_pooler,
         )
-        self._lock = threading.Lock()
+        # reentrant: resuming a channel already LISTENed tells _on_wake at once, on this thread
+        self._lock = threading.RLock()
         self._waiters: dict[uuid.UUID, list[threading.Event]] = {}
         self._started = False
         self._closed = False
 
     @property
     def connected(self) -> bool:
-        """True while the LISTEN is active (then a polling fallback can be slow); never
-        after the listener found a transaction pooler on its way and gave up."""
+        """True while the ends channel is LISTENed (then a polling fallback can be slow);
+        never after the listener found a transaction pooler on its way and gave up."""
         return self._listener.connected.is_set()
 
     @contextmanager
@@ -74,11 +77,15 @@ class RunEnds:
         the caller clears it before each look at the run."""
         event = threading.Event()
         with self._lock:
+            first = not any(self._waiters.values())
             self._waiters.setdefault(run_id, []).append(event)
-            start = not self._started and not self._closed
-            self._started = self._started or start
-        if start:
-            self._listener.start()
+            if first and not self._closed:
+                # under the lock, so a pause of the last waiter and this are not reordered
+                if self._started:
+                    self._listener.resume()
+                else:
+                    self._started = True
+                    self._listener.start()
         try:
             yield event
         finally:
@@ -88,6 +95,8 @@ class RunEnds:
                     events.remove(event)
                 if not events:
                     self._waiters.pop(run_id, None)
+                if not self._waiters and self._started and not self._closed:
+                    self._listener.pause()  # nobody waits: UNLISTEN unless others need it
 
     def _on_wake(self, payload: str | None) -> None:
         with self._lock:

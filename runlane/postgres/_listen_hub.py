@@ -1,12 +1,16 @@
-"""One LISTEN connection per process for each server and channel, shared by its listeners.
+"""One LISTEN connection per process and server, carrying every channel its listeners need.
 
-Every runtime, worker and publisher of a process that listens on the same channel of the
-same server (the same connection string, pooler check and connect timeout) subscribes to one
-:class:`~runlane.postgres._listener.PostgresListener` started by the first and closed with the
-last (``SharedListener``). Each subscriber keeps its own environment filter and callback, and
-is told ``None`` ("something may have been missed") after every reconnect, and once when it
-joins a listener already connected (as if it had just connected itself). The shared
-connection is named after its first subscriber.
+Every runtime, worker, publisher and ``wait_for_run`` of a process that listens on the same
+server (the same connection string, pooler check and connect timeout) subscribes to one
+connection (a ``_HubListener``) started by the first and closed with the last
+(``SharedListener``). The connection LISTENs on each channel some active subscriber needs,
+and UNLISTENs a channel once its last subscriber left or paused (``pause()``: a run-end
+watcher with nobody waiting). Notifications go to the subscribers of their channel, each
+with its own environment filter and callback. A subscriber is told ``None`` ("something may
+have been missed") once its channel is LISTENed (after every reconnect, and when it joins
+or resumes on a channel already LISTENed, as if it had just connected itself); its
+``connected`` is set while its channel is. The shared connection and its thread are named
+after the first subscriber.
 
 A forked child inherits the parent's listeners but not their threads: it forgets them (their
 connections are the parent's: they are kept, never closed, so the parent's sessions are left
@@ -17,25 +21,114 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
 
 from runlane.postgres._listener import PostgresListener
 
 __all__ = ["SharedListener", "shared_listeners"]
 
-_Key = tuple[str, str, bool, float]
+_Key = tuple[str, bool, float]
 
 
 class _Hub:
-    """One channel's listener and its subscribers."""
+    """One server's LISTEN connection and its subscribers, by channel."""
 
-    def __init__(self, make: Callable[[Callable[[str | None], None]], PostgresListener]) -> None:
-        self.subscribers: list[SharedListener] = []
-        self.listener = make(self.dispatch)
+    def __init__(self, first: SharedListener) -> None:
+        self.lock = threading.Lock()
+        self.members: list[SharedListener] = []
+        self.channels: dict[str, list[SharedListener]] = {}  # the active subscribers
+        self.listened: set[str] = set()  # LISTENed on the current connection
+        self.listener = _HubListener(self, first)
 
-    def dispatch(self, payload: str | None) -> None:
-        for subscriber in list(self.subscribers):
+    def activate(self, subscriber: SharedListener) -> None:
+        with self.lock:
+            subscribers = self.channels.setdefault(subscriber.channel, [])
+            if subscriber in subscribers:
+                return
+            subscribers.append(subscriber)
+            listened = subscriber.channel in self.listened
+            if listened:
+                subscriber.connected.set()
+        if listened:
+            subscriber.deliver(None)
+        else:
+            self.listener.poke()
+
+    def deactivate(self, subscriber: SharedListener) -> None:
+        with self.lock:
+            subscribers = self.channels.get(subscriber.channel, [])
+            if subscriber not in subscribers:
+                return
+            subscribers.remove(subscriber)
+            subscriber.connected.clear()
+            if subscribers:
+                return
+            del self.channels[subscriber.channel]
+        self.listener.poke()  # to UNLISTEN it
+
+    def sync(self, conn: psycopg.Connection[tuple[object, ...]], fresh: bool) -> None:
+        """LISTEN the channels active subscribers need, UNLISTEN the others. A channel is
+        marked unlistened before its UNLISTEN and listened after its LISTEN, so a
+        subscriber is never told it hears a channel the connection does not."""
+        with self.lock:
+            if fresh:
+                self.listened = set()
+            drop = sorted(self.listened - self.channels.keys())
+            self.listened.difference_update(drop)
+            add = sorted(self.channels.keys() - self.listened)
+        for channel in drop:
+            conn.execute(sql.SQL("unlisten {}").format(sql.Identifier(channel)))
+        for channel in add:
+            conn.execute(sql.SQL("listen {}").format(sql.Identifier(channel)))
+            with self.lock:
+                self.listened.add(channel)
+                told = list(self.channels.get(channel, ()))
+                for subscriber in told:
+                    subscriber.connected.set()
+            for subscriber in told:
+                subscriber.deliver(None)  # whatever was sent before is lost to it
+
+    def dispatch(self, channel: str, payload: str) -> None:
+        with self.lock:
+            subscribers = list(self.channels.get(channel, ()))
+        for subscriber in subscribers:
             subscriber.deliver(payload)
+
+    def lost(self) -> None:
+        with self.lock:
+            self.listened = set()
+            for group in self.channels.values():
+                for subscriber in group:
+                    subscriber.connected.clear()
+
+
+class _HubListener(PostgresListener):
+    """The shared connection: LISTENs what its hub's subscribers need."""
+
+    def __init__(self, hub: _Hub, first: SharedListener) -> None:
+        super().__init__(
+            connection_string=first.conninfo,
+            channel="",
+            environment=None,
+            on_wake=lambda payload: None,
+            name=first.name,
+            connect_timeout=first.connect_timeout,
+            via=first.via,
+            check_pooler=first.check_pooler,
+        )
+        self._hub = hub
+
+    def _sync(self, conn: psycopg.Connection[tuple[object, ...]], fresh: bool) -> None:
+        self._hub.sync(conn, fresh)
+        self.connected.set()
+
+    def _deliver(self, channel: str, payload: str) -> None:
+        self._hub.dispatch(channel, payload)
+
+    def _lost(self) -> None:
+        self._hub.lost()
 
 
 class _Hubs:
@@ -44,28 +137,24 @@ class _Hubs:
         self.hubs: dict[_Key, _Hub] = {}
         self.forgotten: list[_Hub] = []  # a forked child's inherited hubs, never closed
 
-    def subscribe(self, key: _Key, subscriber: SharedListener) -> PostgresListener:
+    def join(self, key: _Key, subscriber: SharedListener) -> _Hub:
         with self.lock:
             hub = self.hubs.get(key)
             fresh = hub is None
             if hub is None:
-                hub = self.hubs[key] = _Hub(subscriber.inner)
-            hub.subscribers.append(subscriber)
-            listener = hub.listener
+                hub = self.hubs[key] = _Hub(subscriber)
+            hub.members.append(subscriber)
             if fresh:
-                listener.start()
-            joined_connected = not fresh and listener.connected.is_set()
-        if joined_connected:
-            subscriber.deliver(None)
-        return listener
+                hub.listener.start()
+        return hub
 
-    def unsubscribe(self, key: _Key, subscriber: SharedListener, timeout: float | None) -> None:
+    def leave(self, key: _Key, subscriber: SharedListener, timeout: float | None) -> None:
         with self.lock:
             hub = self.hubs.get(key)
-            if hub is None or subscriber not in hub.subscribers:
+            if hub is None or subscriber not in hub.members:
                 return
-            hub.subscribers.remove(subscriber)
-            if hub.subscribers:
+            hub.members.remove(subscriber)
+            if hub.members:
                 return
             del self.hubs[key]
         hub.listener.close(timeout)  # outside the lock: a join
@@ -93,47 +182,71 @@ def shared_listeners() -> int:
 
 
 class SharedListener(PostgresListener):
-    """A subscriber to the process's listener on its channel: the same ``start``, ``close``,
-    ``connected`` and ``gave_up`` as a listener of its own (those two are the shared one's
-    once started)."""
+    """A subscriber to the process's LISTEN connection to its server, on its channel: the
+    same ``start``, ``close``, ``connected`` and ``gave_up`` as a listener of its own
+    (``connected``: while its channel is LISTENed; ``gave_up``: the shared connection's)."""
+
+    _hub: _Hub | None = None
+
+    @property
+    def channel(self) -> str:
+        return self._channel
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def conninfo(self) -> str:
+        return self._conninfo
+
+    @property
+    def connect_timeout(self) -> float:
+        return self._connect_timeout
+
+    @property
+    def via(self) -> str:
+        return self._via
+
+    @property
+    def check_pooler(self) -> bool:
+        return self._check_pooler
 
     def _key(self) -> _Key:
-        return (self._conninfo, self._channel, self._check_pooler, self._connect_timeout)
-
-    def inner(self, on_wake: Callable[[str | None], None]) -> PostgresListener:
-        """A listener like this one passing every payload to ``on_wake`` (the hub's)."""
-        return PostgresListener(
-            connection_string=self._conninfo,
-            channel=self._channel,
-            environment=None,
-            on_wake=on_wake,
-            name=self._name,
-            connect_timeout=self._connect_timeout,
-            via=self._via,
-            check_pooler=self._check_pooler,
-        )
+        return (self._conninfo, self._check_pooler, self._connect_timeout)
 
     def start(self) -> None:
         with self._lock:
             if self._thread is not None or self._stop.is_set():
                 return
             self._thread = threading.current_thread()  # marks it started; nothing to join
-        listener = _hubs.subscribe(self._key(), self)
-        self.connected = listener.connected
-        self.gave_up = listener.gave_up
+        hub = self._hub = _hubs.join(self._key(), self)
+        self.gave_up = hub.listener.gave_up
+        hub.activate(self)
+
+    def pause(self) -> None:
+        """Stop hearing the channel for now (UNLISTENed once no other subscriber needs it);
+        the shared connection stays."""
+        if self._hub is not None:
+            self._hub.deactivate(self)
+
+    def resume(self) -> None:
+        """Hear the channel again after ``pause()``; told ``None`` once it is LISTENed."""
+        if self._hub is not None and not self._stop.is_set():
+            self._hub.activate(self)
 
     def close(self, timeout: float | None = None) -> None:
         self._stop.set()
-        _hubs.unsubscribe(self._key(), self, timeout)
+        if self._hub is not None:
+            self._hub.deactivate(self)
+        _hubs.leave(self._key(), self, timeout)
 
     def deliver(self, payload: str | None) -> None:
-        """A payload of the channel (None: reconnected): this subscriber's environment's
+        """A payload of the channel (None: LISTENed anew): this subscriber's environment's
         go to its callback, without the environment."""
         if self._stop.is_set():
             return
         if payload is None:
             self._on_wake(None)
             return
-        prefix = f"{self._environment}|"
-        if payload.startswith(prefix):
-            self._on_wake(payload[len(prefix) :])
+        self._deliver(self._channel, payload)

@@ -6,6 +6,10 @@ on the schema's channel; the listener passes the queue to a callback. After ever
 notifications sent while it was away are lost. A quiet connection is probed now and then, so
 a half-open one is noticed and replaced.
 
+The thread waits on the connection's socket and on a socket pair of its own, so ``poke()``
+wakes it at once to bring its LISTENs up to date (``_sync``: a shared listener carries the
+channels its subscribers need, postgres/_listen_hub.py).
+
 It says once, at INFO, where it LISTENs (``via``: the lane's connection string, or its
 ``listen_connection_string=`` straight to the primary). A LISTEN through a pooler in
 transaction mode would hear nothing reliably (the server session changes hands after each
@@ -16,7 +20,10 @@ its owner polls (``gave_up``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -72,18 +79,32 @@ class PostgresListener:
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._poke_r: socket.socket | None = None
+        self._poke_w: socket.socket | None = None
         self.connected = threading.Event()  # set while LISTEN is active; for tests and status
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._poke_r, self._poke_w = socket.socketpair()
+        self._poke_r.setblocking(False)
+        self._poke_w.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
+
+    def poke(self) -> None:
+        """Wake the thread now (it brings its LISTENs up to date, ``_sync``)."""
+        if self._poke_w is None:
+            return
+        # full (a wake-up is pending anyway) or closed with the thread: nothing to do
+        with contextlib.suppress(OSError):
+            self._poke_w.send(b"!")
 
     def close(self, timeout: float | None = None) -> None:
         self._stop.set()
         with self._lock:
             # under the lock: the thread closes its connection only after clearing _conn
             if self._conn is not None:
-                shut_down(self._conn)  # ends a notifies() wait now
+                shut_down(self._conn)  # ends a wait on its socket now
+        self.poke()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -100,8 +121,6 @@ class PostgresListener:
         )
         try:
             through = self._check_pooler and behind_pooler(conn)
-            if not through:
-                conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
         except BaseException:
             conn.close()
             raise
@@ -109,6 +128,14 @@ class PostgresListener:
             conn.close()
             raise _ThroughPooler
         return conn
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            for end in (self._poke_r, self._poke_w):
+                if end is not None:
+                    end.close()
 
     def _loop(self) -> None:
         backoff = Backoff()
@@ -134,7 +161,6 @@ class PostgresListener:
                 continue
             with self._lock:
                 self._conn = conn
-            self.connected.set()
             backoff.reset()
             if not self._announced:
                 self._announced = True
@@ -145,26 +171,59 @@ class PostgresListener:
                     self._via,
                 )
             try:
-                self._on_wake(None)  # whatever was sent while we were away is lost
+                self._sync(conn, fresh=True)
                 self._listen(conn)
-            except psycopg.Error as exc:
+            except (psycopg.Error, OSError) as exc:
                 if not self._stop.is_set():
                     log.warning("runlane listener: connection lost (%s); reconnecting", exc)
             finally:
                 self.connected.clear()
+                self._lost()
                 with self._lock:
                     self._conn = None
                 conn.close()
 
-    def _listen(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        # environment None: every payload as it is (a shared listener's, _listen_hub.py)
+    def _sync(self, conn: psycopg.Connection[tuple[object, ...]], fresh: bool) -> None:
+        """Bring the connection's LISTENs up to date: here, LISTEN on the one channel once
+        connected and say ``None`` (whatever was sent while we were away is lost)."""
+        if fresh:
+            conn.execute(sql.SQL("listen {}").format(sql.Identifier(self._channel)))
+            self.connected.set()
+            self._on_wake(None)
+
+    def _deliver(self, channel: str, payload: str) -> None:
+        """A notification: this listener's environment's go to its callback without it
+        (environment None: every payload as it is)."""
         prefix = "" if self._environment is None else f"{self._environment}|"
+        if payload.startswith(prefix):
+            self._on_wake(payload[len(prefix) :])
+
+    def _lost(self) -> None:
+        """The connection is gone (its LISTENs with it)."""
+
+    def _listen(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        assert self._poke_r is not None
         quiet_since = time.monotonic()
         while not self._stop.is_set():
-            for notify in conn.notifies(timeout=_WAIT_SLICE):
+            # notifications read by the last statement, then what the socket holds now
+            for notify in conn.notifies(timeout=0):
                 quiet_since = time.monotonic()
-                if notify.payload.startswith(prefix):
-                    self._on_wake(notify.payload[len(prefix) :])
-            if time.monotonic() - quiet_since >= _PROBE_EVERY and not self._stop.is_set():
+                self._deliver(notify.channel, notify.payload)
+            if self._stop.is_set():
+                return
+            poke = self._poke_r.fileno()
+            ready, _, _ = select.select([conn.fileno(), poke], [], [], _WAIT_SLICE)
+            if poke in ready:
+                _drain(self._poke_r)
+                self._sync(conn, fresh=False)
+            elif not ready and time.monotonic() - quiet_since >= _PROBE_EVERY:
                 conn.execute("select 1")
                 quiet_since = time.monotonic()
+
+
+def _drain(end: socket.socket) -> None:
+    try:
+        while end.recv(4096):
+            pass
+    except BlockingIOError:
+        pass
