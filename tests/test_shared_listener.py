@@ -182,3 +182,27 @@ def test_after_a_terminated_backend_both_channels_are_listened_again(
     _notify(db, b.channel, f"default|{marker}")
     assert _next(heard_a) == marker
     assert _next(heard_b) == marker
+
+
+def test_a_closed_worker_leaves_no_thread_or_backend_named_after_it(
+    make_runlane: RunlaneFactory, db: psycopg.Connection[Any]
+) -> None:
+    """The connection is named after its first subscriber, the worker; once the worker
+    closes while the runtime's run-end watcher stays, it takes the watcher's name."""
+
+    @task(id="shared.quick")
+    def quick(payload: Any, context: RunContext) -> None:
+        return None
+
+    rl = make_runlane(tasks=[quick])
+    worker = rl.create_delivery_worker(concurrency=1)
+    first = f"{worker.name}-listener"
+    assert poll(lambda: len(_backends(db, first)) == 1, timeout=10)
+    assert rl.wait_for_run(rl.trigger(quick, 1).id, timeout=10).status == "completed"
+    ends = rl._life.end_watcher()
+    assert isinstance(ends, RunEnds)
+    worker.close(timeout=10)
+    assert shared_listeners() == 1  # the watcher still holds it
+    assert [t.name for t in threading.enumerate() if t.name.startswith(first)] == []
+    assert poll(lambda: len(_backends(db, ends._listener.name)) == 1, timeout=10)
+    assert _backends(db, first) == []

@@ -10,7 +10,8 @@ with its own environment filter and callback. A subscriber is told ``None`` ("so
 have been missed") once its channel is LISTENed (after every reconnect, and when it joins
 or resumes on a channel already LISTENed, as if it had just connected itself); its
 ``connected`` is set while its channel is. The shared connection and its thread are named
-after the first subscriber.
+after the first subscriber, and after another once that one leaves (a closed worker leaves
+no thread or backend named after it).
 
 A forked child inherits the parent's listeners but not their threads: it forgets them (their
 connections are the parent's: they are kept, never closed, so the parent's sessions are left
@@ -41,6 +42,7 @@ class _Hub:
         self.channels: dict[str, list[SharedListener]] = {}  # the active subscribers
         self.listened: set[str] = set()  # LISTENed on the current connection
         self.listener = _HubListener(self, first)
+        self.named_by = first
 
     def activate(self, subscriber: SharedListener) -> None:
         with self.lock:
@@ -119,8 +121,26 @@ class _HubListener(PostgresListener):
             check_pooler=first.check_pooler,
         )
         self._hub = hub
+        self._renamed = False
+
+    def rename(self, name: str) -> None:
+        """Take the name of another subscriber (the one it had left): the thread now, the
+        connection's application_name at the next sync."""
+        with self._lock:
+            self._name = name
+            self._renamed = True
+            if self._thread is not None:
+                self._thread.name = name
+        self.poke()
 
     def _sync(self, conn: psycopg.Connection[tuple[object, ...]], fresh: bool) -> None:
+        with self._lock:
+            renamed, self._renamed = self._renamed and not fresh, False
+            name = self._name
+        if renamed:
+            conn.execute(
+                "select pg_catalog.set_config('application_name', %s, false)", (name[:63],)
+            )
         self._hub.sync(conn, fresh)
         self.connected.set()
 
@@ -155,6 +175,9 @@ class _Hubs:
                 return
             hub.members.remove(subscriber)
             if hub.members:
+                if hub.named_by is subscriber:  # its name goes with it (threads, backends)
+                    hub.named_by = hub.members[0]
+                    hub.listener.rename(hub.named_by.name)
                 return
             del self.hubs[key]
         hub.listener.close(timeout)  # outside the lock: a join
