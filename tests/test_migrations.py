@@ -221,6 +221,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         "audit_log",
         "stats_rollup",
         "stats_folds",
+        "stats_departed",
     }
     assert [row[:2] for row in ledger(db, fresh_schema)] == [
         (version, name) for version, name, _ in load_migration_files()

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -161,10 +162,24 @@ def test_the_rollup_equals_a_scan_of_runs(
     rl = make_runlane(tasks=TASKS)
     start = rl.stats().until
     _data_set(rl, moved)
+    scan = _scan(db, schema)  # the history, before an operator changes it
+    assert scan  # the data set made figures
+    # before the first fold: the failed run and the cancelled one are retried (queued
+    # again, their finishes gone from runs), the 45 s one deleted with its attempt
+    finished = sql.SQL(
+        "select id, status from {}.runs where status in ('failed', 'cancelled') "
+        "or (status = 'completed' and finished_at - attempt_started_at > interval '40 s')"
+    ).format(sql.Identifier(schema))
+    changed = dict(db.execute(finished).fetchall())
+    assert sorted(changed.values()) == ["cancelled", "completed", "failed"]
+    for run_id, status in changed.items():
+        if status == "completed":
+            assert rl.delete_run(run_id)
+        else:
+            rl.retry_run(run_id)
+    assert _scan(db, schema) != scan  # a scan now would tell another story
     assert rl.run_maintenance_once().stats_pruned == 0
     stats = rl.stats(since=start - timedelta(minutes=1), bucket="1m")
-    scan = _scan(db, schema)
-    assert scan  # the data set made figures
     per_task = [rl.stats(since=start - timedelta(minutes=1), bucket="1m", task=t.id) for t in TASKS]
     for task_stats in per_task:
         found = _by_minute(task_stats)
@@ -410,3 +425,95 @@ def test_a_finish_committed_late_adds_to_the_finishes_already_folded(
     assert again.run_time.count == again.wait.count == 2
     assert again.run_time.sum == pytest.approx(first.run_time.sum + 3)
     assert again.wait.sum == pytest.approx(first.wait.sum + 2)
+
+
+def _assert_rollup_is(rl: Runlane, since: datetime, history: dict[Any, dict[str, Any]]) -> None:
+    figures = ("triggered", "started", "retried", "completed", "failed", "cancelled")
+    for task_id in {t for _, t in history}:
+        found = _by_minute(rl.stats(since=since, bucket="1m", task=task_id))
+        wanted = {m: row for (m, t), row in history.items() if t == task_id}
+        assert set(found) == set(wanted)
+        for minute, row in wanted.items():
+            got = found[minute]
+            assert {f: getattr(got, f) for f in figures} == {f: row[f] for f in figures}
+            assert got.wait.counts == _histogram(row["wait"]).counts
+            assert got.run_time.counts == _histogram(row["run"]).counts
+
+
+def test_tombstones_deleted_children_and_a_cancelled_retry_keep_their_counts(
+    make_runlane: RunlaneFactory, moved: MovableClock, db: Conn, schema: str
+) -> None:
+    """Before the first fold of their minute: a finished parent is deleted while its child
+    lives (it becomes a tombstone, whose finish the fold leaves out), then the child with its
+    attempt; a run whose lease lapsed (retrying, its attempt expired) is cancelled. The
+    rollup equals the history; the records of what they removed go once final."""
+    rl = make_runlane(tasks=TASKS)
+    since = rl.stats().until - timedelta(minutes=1)
+    finished = sql.SQL(
+        "insert into {}.runs (id, environment, task_id, queue, status, payload, max_attempts, "
+        "attempt, due_at, attempt_started_at, created_at, finished_at, parent_run_id) values "
+        "(%(id)s, 'default', 'stats.work', 'default', %(status)s, '{{}}', 1, 1, %(at)s, "
+        "%(at)s + interval '2 s', %(at)s, %(at)s + interval '5 s', %(parent)s)"
+    ).format(sql.Identifier(schema))
+    attempt = sql.SQL(
+        "insert into {}.attempts (run_id, attempt, lease_token, outcome, started_at, "
+        "finished_at) values (%s, 1, gen_random_uuid(), 'failed', %s, %s)"
+    ).format(sql.Identifier(schema))
+    at = rl.stats().until - timedelta(seconds=30)
+    parent, child = uuid.uuid4(), uuid.uuid4()
+    db.execute(finished, {"id": parent, "status": "completed", "at": at, "parent": None})
+    db.execute(finished, {"id": child, "status": "failed", "at": at, "parent": parent})
+    db.execute(attempt, (child, at + timedelta(seconds=2), at + timedelta(seconds=5)))
+    lapsed = rl.trigger(flaky, {"seconds": 0})
+    (claimed,) = storage_of(rl).run_claim(rl.environment, ["default"], 1, timedelta(seconds=1))
+    assert claimed.id == lapsed.id
+    moved.advance(5)
+    rl.run_maintenance_once(MaintenanceLimits(stats_minutes=0))  # the lease lapses
+    assert rl.get_run(lapsed.id).status.value == "retrying"
+    history = _scan(db, schema)
+    assert rl.delete_run(parent)  # a tombstone: its child lives
+    assert rl.delete_run(child)
+    assert rl.cancel(lapsed.id).changed
+    assert _scan(db, schema) != history
+    cancelled_at = rl.get_run(lapsed.id).finished_at
+    assert cancelled_at is not None
+    history[(_minute(cancelled_at), "stats.flaky")]["cancelled"] += 1  # history goes on
+    moved.advance(60)
+    rl.run_maintenance_once()  # the first fold
+    _assert_rollup_is(rl, since, history)
+    departed = sql.SQL("select count(*) from {}.stats_departed").format(sql.Identifier(schema))
+    assert db.execute(departed).fetchone() == (6,)  # 2 triggers, a start, 2 finishes, a retry
+    for _ in range(2):  # the second fold, then one past it: the minute is final
+        moved.advance(60)
+        rl.run_maintenance_once()
+    _assert_rollup_is(rl, since, history)
+    assert db.execute(departed).fetchone() == (0,)
+
+
+@pytest.mark.parametrize("job", ["producer", "worker", "operator", "maintenance"])
+def test_only_the_operators_functions_write_departed_figures_and_only_the_fold_reads_them(
+    job: str, schema: str, granted: Any, db: Conn, make_runlane: RunlaneFactory
+) -> None:
+    """stats_departed (migration 25) is written by runlane_retry_runs, runlane_cancel_runs
+    and runlane_delete_runs alone; the maintenance job reads it and deletes what is final."""
+    make_runlane(tasks=TASKS)  # the schema, migrated
+    conninfo = granted(job)
+    row = (
+        "insert into {schema}.stats_departed (environment, at, queue, task_id, triggered) "
+        "values ('default', now(), 'default', 'stats.work', 1000)"
+    )
+    table = sql.Identifier(schema)
+    db.execute(sql.SQL(row).format(schema=table))
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for statement in (row, "update {schema}.stats_departed set triggered = 7"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql.SQL(statement).format(schema=table))
+        read = sql.SQL("select triggered from {schema}.stats_departed").format(schema=table)
+        delete = sql.SQL("delete from {schema}.stats_departed").format(schema=table)
+        if job == "maintenance":
+            assert conn.execute(read).fetchall() == [(1000,)]
+            assert conn.execute(delete).rowcount == 1
+        else:
+            for statement in (read, delete):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(statement)

@@ -134,6 +134,9 @@ grant execute on function {schema}.runlane_prune_audit(text, interval, integer) 
 -- delete of those nothing happened in), records how far it got, and prunes past retention
 grant select, insert, update, delete on {schema}.stats_rollup to {role};
 grant select, insert, update on {schema}.stats_folds to {role};
+-- and counts what retry, cancel and delete recorded of runs its minutes had (migration 25:
+-- only those functions write it), deleting the records of minutes it has made final
+grant select, delete on {schema}.stats_departed to {role};
 
 -- name: grant_operator
 -- list_runs, get_run, get_run_history, status (and `runlane status`, `runlane runs ...`),

@@ -1,7 +1,8 @@
 -- The rollup (migration 20): the maintenance band's fold and prune, and the reads of
 -- Runlane.stats. Rows of span 1 are minutes computed from runs and attempts, each folded
--- twice and never lowered (they count history); rows of spans 15 and 60 are those minutes
--- summed (a histogram element by element: sum(a[1]), ...).
+-- twice and never lowered (they count history), with what retry, cancel and delete recorded
+-- in stats_departed of the runs they changed in those minutes (migration 25); rows of spans
+-- 15 and 60 are those minutes summed (a histogram element by element: sum(a[1]), ...).
 --
 -- Named statements of the Postgres storage; {schema} is the quoted schema name. Minutes are
 -- UTC minutes from the epoch (date_bin), whatever the session's time zone. A histogram's
@@ -27,39 +28,54 @@ where w.folded_until is null or w.folded_until < w.closed;
 
 -- name: stats_fold
 -- Computes the whole minutes [%(start_at)s, %(end_at)s) of one environment from runs and
--- attempts (stats_fold_window chose them: each minute is computed when it has closed and
--- once more a minute later; older minutes are final). Figures: triggered (runs.created_at),
+-- attempts, and the figures runlane_retry_runs, runlane_cancel_runs and runlane_delete_runs
+-- took from them and recorded in stats_departed (stats_fold_window chose the minutes: each
+-- is computed when it has closed and once more a minute later; older minutes are final, and
+-- their records are deleted here). Figures: triggered (runs.created_at),
 -- started (attempts by started_at: ended ones in attempts, live ones on their run), retried
 -- (those ended as retrying, or expired with their run retried), completed, failed and
 -- cancelled (runs.finished_at), and for the runs that completed or failed the wait (due_at
 -- to attempt_started_at) and run time (to finished_at) of their final attempt.
 -- The figures count history, which a scan of runs loses when a run is retried (a failed run
--- queued again) or deleted (with its attempts) or pruned: so the second computation of a
--- minute only adds to the first, never takes away. Each of triggered, started and retried
+-- queued again), cancelled after its lease lapsed (the retry of that attempt), deleted (with
+-- its attempts) or tombstoned: those functions record, in the same commit, what they take
+-- away from minutes not yet final, and a fold sees either the run as it was or the record.
+-- The second computation of a minute still only adds to the first, never takes away. Each of triggered, started and retried
 -- takes the greater of the two (between the passes a count grows only by writes committed
 -- late and shrinks only by such changes); the finishes (completed, failed, cancelled and
 -- both histograms, which describe the same runs) are replaced as a whole only when the new
 -- pass counts at least as many of each of completed, failed and cancelled, else the first
--- pass's stay. Exact unless, in one minute, queue and task, a write committed after the
--- first pass and a change that removed a counted run both came before the second (then the
--- larger of the two); a run retried before the first pass counts as it then is (queued,
--- not failed), one deleted before it not at all. No row is deleted; stats_folds records the
--- end. Returns the rows written (stats_fold_span then sums the minutes into the longer
--- spans).
+-- pass's stay. Exact for what runlane's own writes and functions do (a write committed
+-- more than a minute late aside); changes made by other means (the owner's raw SQL) are
+-- not recorded, and count as the first two passes find them. No row of the rollup is
+-- deleted; stats_folds records the end. Returns the rows written (stats_fold_span then
+-- sums the minutes into the longer spans).
 with win as materialized (
     select %(start_at)s::timestamptz as start_at, %(end_at)s::timestamptz as end_at
+), departed as materialized (
+    -- what retry, cancel and delete took away from the runs of these minutes (migration 25)
+    select d.queue, d.task_id, date_bin('1 minute', d.at, timestamptz 'epoch') as minute,
+           d.triggered, d.started, d.retried, d.status, d.wait, d.run
+    from {schema}.stats_departed as d, win
+    where d.environment = %(environment)s and d.at >= win.start_at and d.at < win.end_at
 ), created as (
-    select r.queue, r.task_id, date_bin('1 minute', r.created_at, timestamptz 'epoch') as minute,
-           count(*)::int as n
-    from {schema}.runs as r, win
-    where r.environment = %(environment)s
-      and r.created_at >= win.start_at and r.created_at < win.end_at
+    select queue, task_id, minute, sum(n)::int as n
+    from (
+        select r.queue, r.task_id,
+               date_bin('1 minute', r.created_at, timestamptz 'epoch') as minute, 1 as n
+        from {schema}.runs as r, win
+        where r.environment = %(environment)s
+          and r.created_at >= win.start_at and r.created_at < win.end_at
+        union all
+        select queue, task_id, minute, triggered from departed where triggered > 0
+    ) as c
     group by 1, 2, 3
 ), starts as (
     select r.queue, r.task_id, date_bin('1 minute', a.started_at, timestamptz 'epoch') as minute,
+           1 as n,
            (a.outcome = 'retrying'
             or (a.outcome = 'expired'
-                and (r.attempt > a.attempt or r.status = 'retrying'))) as retried
+                and (r.attempt > a.attempt or r.status = 'retrying')))::int as retried
     from {schema}.attempts as a
     join {schema}.runs as r on r.id = a.run_id
     cross join win
@@ -67,14 +83,17 @@ with win as materialized (
       and r.environment = %(environment)s
     union all
     select r.queue, r.task_id, date_bin('1 minute', r.attempt_started_at, timestamptz 'epoch'),
-           false
+           1, 0
     from {schema}.runs as r, win
     where r.environment = %(environment)s
       and r.status in ('running', 'cancellation_requested')
       and r.lease_token is not null
       and r.attempt_started_at >= win.start_at and r.attempt_started_at < win.end_at
+    union all
+    select queue, task_id, minute, started, retried
+    from departed where started > 0 or retried > 0
 ), started as (
-    select queue, task_id, minute, count(*)::int as n, (count(*) filter (where retried))::int as r
+    select queue, task_id, minute, sum(n)::int as n, sum(retried)::int as r
     from starts
     group by 1, 2, 3
 ), ended as materialized (
@@ -91,13 +110,17 @@ with win as materialized (
       and r.status in ('completed', 'failed', 'cancelled')
       and r.pruned_at is null
       and r.finished_at >= win.start_at and r.finished_at < win.end_at
+    union all
+    select queue, task_id, minute, status, wait, run
+    from departed where status is not null
 ), finished as (
     select queue, task_id, minute,
            (count(*) filter (where status = 'completed'))::int as completed,
            (count(*) filter (where status = 'failed'))::int as failed,
            (count(*) filter (where status = 'cancelled'))::int as cancelled,
-           coalesce(sum(wait), 0) as wait_sum,
-           coalesce(sum(run), 0) as run_sum
+           -- summed exactly (the values are whole microseconds), so in any order the same
+           coalesce(sum(wait::numeric), 0)::float8 as wait_sum,
+           coalesce(sum(run::numeric), 0)::float8 as run_sum
     from ended
     group by 1, 2, 3
 ), buckets as (
@@ -162,6 +185,11 @@ with win as materialized (
             from (select excluded.completed >= m.completed and excluded.failed >= m.failed
                          and excluded.cancelled >= m.cancelled as grown) as c)
     returning 1
+), settled as (
+    -- the recorded figures of minutes before this window: final, no fold reads them again
+    delete from {schema}.stats_departed as d
+    using win
+    where d.environment = %(environment)s and d.at < win.start_at
 ), moved as (
     insert into {schema}.stats_folds as f (environment, folded_until)
     select %(environment)s, end_at from win
