@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from runlane import RunContext, RunStatus, task
+from runlane.postgres import grant_postgres_role
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb
 
@@ -120,9 +121,15 @@ def refused(conninfo: str, schema: str, statement: str, *params: Any) -> None:
         conn.execute(text, params)
 
 
-def function_call(conninfo: str, schema: str, function: str, run_id: uuid.UUID) -> list[Any]:
-    text = sql.SQL("select * from {}.{}('default', %s, false)").format(
-        sql.Identifier(schema), sql.Identifier(function)
+def function_call(
+    conninfo: str, schema: str, function: str, run_id: uuid.UUID, action: str | None = None
+) -> list[Any]:
+    """The function on one run, in a transaction of its own (with ``action``: the overload
+    of schema version 24 naming the audit action; a call that changes a run then needs the
+    record)."""
+    named = sql.SQL("") if action is None else sql.SQL(", {}").format(sql.Literal(action))
+    text = sql.SQL("select * from {}.{}('default', %s, false{})").format(
+        sql.Identifier(schema), sql.Identifier(function), named
     )
     with psycopg.connect(conninfo, autocommit=True) as conn:
         return conn.execute(text, ([run_id],)).fetchall()
@@ -221,21 +228,37 @@ def test_no_role_forges_cancels_retries_or_deletes_through_sql(
             queued,
         )
     # the operator's functions: not for the producer and the worker; maintenance may only
-    # delete (cleanup), and no caller deletes a live run or retries a completed one
+    # delete (cleanup, the unaudited 3-argument function), the operator only through the
+    # overloads naming the audit action (schema version 24); no caller deletes a live run
+    # or retries a completed one
     for function in ("runlane_cancel_runs", "runlane_retry_runs", "runlane_delete_runs"):
-        allowed = job == "operator" or (job == "maintenance" and function == "runlane_delete_runs")
-        if not allowed:
+        if not (job == "maintenance" and function == "runlane_delete_runs"):
             refused(
                 conninfo,
                 schema,
                 "select * from {schema}." + function + "('default', %s, false)",
                 [queued],
             )
-    if job in ("operator", "maintenance"):
+        if job != "operator":
+            single = function.split("_")[1]  # cancel, retry, delete
+            refused(
+                conninfo,
+                schema,
+                "select * from {schema}." + function + "('default', %s, false, %s)",
+                [queued],
+                single,
+            )
+    if job == "maintenance":
         assert function_call(conninfo, schema, "runlane_delete_runs", queued) == [(0, 0, 0)]
         assert function_call(conninfo, schema, "runlane_delete_runs", running) == [(0, 0, 0)]
-    if job == "operator":
-        assert function_call(conninfo, schema, "runlane_retry_runs", completed) == [
+    if job == "operator":  # changing nothing, they owe no record
+        assert function_call(conninfo, schema, "runlane_delete_runs", queued, "delete") == [
+            (0, 0, 0)
+        ]
+        assert function_call(conninfo, schema, "runlane_delete_runs", running, "delete") == [
+            (0, 0, 0)
+        ]
+        assert function_call(conninfo, schema, "runlane_retry_runs", completed, "retry") == [
             (completed, "completed", False, False)
         ]
     assert runs.snapshot() == before
@@ -637,6 +660,10 @@ AUDIT_ROW = (
     "insert into {schema}.audit_log (id, action_id, environment, via, action, changed) "
     "values (%s, %s, 'default', 'api', 'cancel', true)"
 )
+RESCHEDULED = (
+    "insert into {schema}.audit_log (id, action_id, environment, via, action, target, changed) "
+    "values (%s, %s, 'default', 'api', 'reschedule', %s, true)"
+)
 
 
 @pytest.mark.parametrize("job", ["producer", "worker", "maintenance", "operator"])
@@ -679,21 +706,21 @@ def test_the_audit_trail_is_append_only_and_names_its_writer(
     queued = runs.make("queued")
     moved = (
         "select * from {schema}.runlane_reschedule_runs('default', %s, now() + interval "
-        "'1 day', now(), false)"
+        "'1 day', now(), false, 'reschedule')"
     )
     if job != "operator":
         refused(conninfo, schema, moved, [queued])
         return
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with psycopg.connect(conninfo) as conn:  # one transaction: the move with its record
         text = sql.SQL(moved).format(schema=sql.Identifier(schema))
-        answer = conn.execute(text, ([running, completed, queued],)).fetchall()
-        assert sorted((str(s), m) for _, s, m in answer) == [
-            ("completed", False),
-            ("queued", True),
-            ("running", False),
-        ]
+        for run_id, status in ((running, "running"), (completed, "completed")):
+            assert conn.execute(text, ([run_id],)).fetchall() == [(run_id, status, False)]
+        assert conn.execute(text, ([queued],)).fetchall() == [(queued, "queued", True)]
         # and its own records: written, with its name and the database's time
-        conn.execute(sql.SQL(AUDIT_ROW).format(schema=sql.Identifier(schema)), (forged, forged))
+        conn.execute(
+            sql.SQL(RESCHEDULED).format(schema=sql.Identifier(schema)),
+            (forged, forged, str(queued)),
+        )
     role = psycopg.conninfo.conninfo_to_dict(conninfo)["user"]
     (written,) = runs.all(
         "select db_role from {schema}.audit_log where id = %s and at > now() - interval '1 minute'",
@@ -704,7 +731,8 @@ def test_the_audit_trail_is_append_only_and_names_its_writer(
 
 ABSURD_DUE = ("-infinity", "infinity", "1900-01-01T00:00:00Z", "2300-01-01T00:00:00Z")
 RESCHEDULE = (
-    "select * from {schema}.runlane_reschedule_runs('default', %s, %s::timestamptz, now(), false)"
+    "select * from {schema}.runlane_reschedule_runs('default', %s, %s::timestamptz, now(), false, "
+    "'reschedule')"
 )
 DUE_INSERT = (
     "insert into {schema}.runs (id, environment, task_id, queue, status, payload, max_attempts, "
@@ -729,11 +757,12 @@ def test_no_role_wedges_a_queue_with_a_due_time_or_moves_one_unaudited(
     for due in ABSURD_DUE:
         if job == "operator":
             text = sql.SQL(RESCHEDULE).format(schema=sql.Identifier(schema))
-            with (
-                psycopg.connect(conninfo, autocommit=True) as conn,
-                pytest.raises(psycopg.errors.InvalidParameterValue, match="1970 to 100 years"),
-            ):
-                conn.execute(text, ([queued, retrying], due))
+            for run_id in (queued, retrying):
+                with (
+                    psycopg.connect(conninfo, autocommit=True) as conn,
+                    pytest.raises(psycopg.errors.InvalidParameterValue, match="1970 to 100 years"),
+                ):
+                    conn.execute(text, ([run_id], due))
         else:
             refused(conninfo, schema, "update {schema}.runs set due_at = %s where id = %s", due,
                     queued)  # fmt: skip
@@ -765,11 +794,16 @@ def test_no_role_wedges_a_queue_with_a_due_time_or_moves_one_unaudited(
                 "select due_at > now() + interval '59 minutes' from {schema}.runs where id = %s",
                 retrying,
             ) == (True,)
-        else:
+        else:  # with its record (schema version 24)
             text = sql.SQL(RESCHEDULE).format(schema=sql.Identifier(schema))
-            assert conn.execute(text, ([queued], "2030-01-01T00:00:00Z")).fetchall() == [
-                (queued, "queued", True)
-            ]
+            with conn.transaction():
+                assert conn.execute(text, ([queued], "2030-01-01T00:00:00Z")).fetchall() == [
+                    (queued, "queued", True)
+                ]
+                conn.execute(
+                    sql.SQL(RESCHEDULED).format(schema=sql.Identifier(schema)),
+                    (uuid.uuid4(), uuid.uuid4(), str(queued)),
+                )
 
 
 AUDIT_PART = (
@@ -870,3 +904,114 @@ def test_a_pause_or_resume_commits_only_with_its_audit_record(
     assert runs.one(state) == (1, True, 2)
     with psycopg.connect(maintenance, autocommit=True) as conn:  # its slot advances
         conn.execute(sql.SQL(skip_slots).format(schema=sql.Identifier(schema)))
+
+
+OPERATOR_CALLS = {
+    # action: the call, on %s (the runs' ids)
+    "retry": "select * from {schema}.runlane_retry_runs('default', %s, false, %s)",
+    "cancel": "select * from {schema}.runlane_cancel_runs('default', %s, false, %s)",
+    "delete": "select * from {schema}.runlane_delete_runs('default', %s, false, %s)",
+    "reschedule": "select * from {schema}.runlane_reschedule_runs('default', %s, now() + "
+    "interval '1 hour', now(), false, %s)",
+    "run now": "select * from {schema}.runlane_reschedule_runs('default', %s, now(), now(), "
+    "false, %s)",
+}
+RECORD = (
+    "insert into {schema}.audit_log (id, action_id, environment, via, action, target, changed) "
+    "values (gen_random_uuid(), gen_random_uuid(), %s, 'api', %s, %s, true)"
+)
+
+
+def in_one_transaction(
+    conninfo: str, schema: str, *statements: tuple[str, tuple[Any, ...]]
+) -> None:
+    """The statements in one transaction of the role, committed (checked at the commit)."""
+    with psycopg.connect(conninfo) as conn:
+        for text, params in statements:
+            conn.execute(sql.SQL(text).format(schema=sql.Identifier(schema)), params)
+        conn.commit()
+
+
+def test_the_operators_functions_commit_only_with_their_audit_record(
+    schema: str,
+    granted: RoleMaker,
+    runs: Runs,
+    make_role: Callable[[], tuple[str, str]],
+    database_url: str,
+) -> None:
+    """The operator role retried, cancelled, deleted and rescheduled runs by calling the
+    SECURITY DEFINER functions with raw SQL, and no record was written. Since schema version
+    24 it holds only their overloads naming the audit action, which commit only with that
+    action's record (of that run, for a single-run action) written in the same transaction;
+    maintenance's cleanup still deletes through the old function without one."""
+    operator, maintenance = granted("operator"), granted("maintenance")
+    target = {
+        "retry": runs.make("failed"),
+        "cancel": runs.make("queued"),
+        "delete": runs.make("completed"),
+        "reschedule": runs.make("queued"),
+        "run now": runs.make("retrying"),
+    }
+    other = runs.make("cancelled")
+    before = runs.snapshot()
+    # the old signatures: not the operator's once granted
+    for old in (
+        "select * from {schema}.runlane_retry_runs('default', %s, false)",
+        "select * from {schema}.runlane_cancel_runs('default', %s, false)",
+        "select * from {schema}.runlane_delete_runs('default', %s, false)",
+        "select * from {schema}.runlane_reschedule_runs('default', %s, now(), now(), false)",
+    ):
+        refused(operator, schema, old, [other])
+    for name, call in OPERATOR_CALLS.items():
+        action = "reschedule" if name == "run now" else name
+        run_id = target[name]
+        act = (call, ([run_id], action))
+        # alone, with a record of another run or another action, or one written before
+        for record in (None, (action, str(other)), ("pause_queue", str(run_id))):
+            extra = () if record is None else ((RECORD, ("default", *record)),)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit record"):
+                in_one_transaction(operator, schema, act, *extra)
+        in_one_transaction(operator, schema, (RECORD, ("default", action, str(run_id))))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit record"):
+            in_one_transaction(operator, schema, act)
+        assert runs.snapshot() == before, name
+    # a single-run action takes one run; a function takes its own actions only
+    cancel = OPERATOR_CALLS["cancel"]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="takes one run"):
+        in_one_transaction(operator, schema, (cancel, ([target["cancel"], other], "cancel")))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="records the action"):
+        in_one_transaction(operator, schema, (cancel, ([target["cancel"]], "retry")))
+    # with its record, each commits
+    for name, call in OPERATOR_CALLS.items():
+        action = "reschedule" if name == "run now" else name
+        run_id = target[name]
+        in_one_transaction(
+            operator, schema, (call, ([run_id], action)), (RECORD, ("default", action, str(run_id)))
+        )
+    status = "select status, due_at > now() from {schema}.runs where id = %s"
+    assert runs.one(status, target["retry"]) == ("queued", False)
+    assert runs.one(status, target["cancel"])[0] == "cancelled"
+    assert runs.all(status, target["delete"]) == []
+    assert runs.one(status, target["reschedule"]) == ("queued", True)
+    assert runs.one(status, target["run now"]) == ("queued", False)
+    # a bulk action's batch: its record names the action, not each run
+    bulk = (OPERATOR_CALLS["delete"], ([other], "bulk_delete"))
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit record"):
+        in_one_transaction(operator, schema, bulk)
+    in_one_transaction(operator, schema, bulk, (RECORD, ("default", "bulk_delete", "all")))
+    assert runs.all(status, other) == []
+    # no obligation outlives its transaction
+    assert runs.one("select count(*) from {schema}.audit_owed") == (0,)
+    # cleanup: maintenance deletes a finished run through the old function, unrecorded
+    finished = runs.make("completed")
+    assert function_call(maintenance, schema, "runlane_delete_runs", finished) == [(1, 0, 0)]
+    # a role holding both jobs keeps cleanup's function, whichever is granted last
+    for jobs in (("maintenance", "operator"), ("operator", "maintenance")):
+        name, _ = make_role()
+        for job in jobs:
+            grant_postgres_role(connection_string=database_url, schema=schema, job=job, role=name)
+        assert runs.one(
+            "select has_function_privilege(%s, '{schema}.runlane_delete_runs(text, uuid[], "
+            "boolean)', 'execute')",
+            name,
+        ) == (True,)

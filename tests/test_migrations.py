@@ -219,6 +219,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
         "queue_flow",
         "queue_starts",
         "audit_log",
+        "audit_owed",
         "stats_rollup",
         "stats_folds",
         "stats_departed",
@@ -235,6 +236,7 @@ def test_version_1_schema_upgrades_in_place_keeping_its_runs(
     assert triggers == [
         ("runlane_attempts_guard_delete",),
         ("runlane_audit_log_guard_part",),
+        ("runlane_audit_owed_check",),
         ("runlane_queue_states_audited",),
         ("runlane_runs_ended",),
         ("runlane_runs_guard_delete",),

@@ -26,7 +26,7 @@ from runlane.postgres._connections import Conn
 from runlane.postgres._executor import FIRST_PAGE, Executor
 from runlane.storage import AuditEntry, MaintenanceFence, Rescheduled, Storage
 
-__all__ = ["AuditRepository"]
+__all__ = ["AuditRepository", "audited"]
 
 T = TypeVar("T")
 
@@ -36,12 +36,13 @@ T = TypeVar("T")
 class _InTransaction(Executor):
     """An executor bound to one connection inside a transaction its creator holds: each
     ``run`` is a step of that transaction (the creator's ``run`` retries and translates
-    errors for the whole of it)."""
+    errors for the whole of it), which writes the audit record of ``action``."""
 
-    def __init__(self, db: Executor, conn: Conn) -> None:  # a view: no source of its own
+    def __init__(self, db: Executor, conn: Conn, action: str) -> None:  # a view: no source
         self.schema, self.conninfo, self.sql, self.raw = db.schema, db.conninfo, db.sql, db.raw
         self.connect_timeout, self.statement_timeout = db.connect_timeout, None
         self._conn = conn
+        self.action = action
 
     def run(self, fn: Callable[[Conn], T], *, draining: bool = False) -> T:
         return fn(self._conn)
@@ -50,6 +51,17 @@ class _InTransaction(Executor):
         if fence is not None:
             raise AssertionError("an operator action takes no maintenance fence")
         return fn(self._conn)
+
+
+def audited(db: Executor, statement: str) -> tuple[str, dict[str, str]]:
+    """The name of ``statement`` to run on ``db``, and its extra parameters: inside an
+    audited action's transaction, its ``_audited`` twin, which calls the function's
+    overload naming the action (migration 24: it commits only with the action's record);
+    else the statement itself (the functions of migrations 14 and 21, which the operator
+    role may no longer call)."""
+    if isinstance(db, _InTransaction):
+        return f"{statement}_audited", {"action": db.action}
+    return statement, {}
 
 
 def _params(entry: AuditEntry, runs: int | None, changed: bool) -> dict[str, Any]:
@@ -87,7 +99,7 @@ class AuditRepository:
     ) -> T:
         def both(conn: Conn) -> T:
             with conn.transaction():
-                result = action(self._view(_InTransaction(self._db, conn)))
+                result = action(self._view(_InTransaction(self._db, conn, entry.action)))
                 outcome = counted(result)
                 if outcome is not None:
                     conn.execute(self._sql["audit_insert"], _params(entry, *outcome))
@@ -159,10 +171,11 @@ class AuditRepository:
     def run_reschedule(
         self, environment: str, run_id: uuid.UUID, run_at: datetime | None
     ) -> Rescheduled | None:
-        params = {"environment": environment, "ids": [run_id], "run_at": run_at}
+        statement, extra = audited(self._db, "run_reschedule")
+        params = {"environment": environment, "ids": [run_id], "run_at": run_at, **extra}
 
         def reschedule(conn: Conn) -> Rescheduled | None:
-            row = conn.execute(self._sql["run_reschedule"], params).fetchone()
+            row = conn.execute(self._sql[statement], params).fetchone()
             if row is None:
                 return None
             _, status, moved = row
@@ -171,10 +184,11 @@ class AuditRepository:
         return self._db.run(reschedule)
 
     def run_delete(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, bool] | None:
-        params = {"environment": environment, "id": run_id}
+        statement, extra = audited(self._db, "run_delete")
+        params = {"environment": environment, "id": run_id, **extra}
 
         def delete(conn: Conn) -> tuple[RunStatus, bool] | None:
-            row = conn.execute(self._sql["run_delete"], params).fetchone()
+            row = conn.execute(self._sql[statement], params).fetchone()
             return None if row is None else (RunStatus(row[0]), bool(row[1]))
 
         return self._db.run(delete)

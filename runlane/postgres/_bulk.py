@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 
 from runlane.models import RunStatus
+from runlane.postgres._audit import audited
 from runlane.postgres._connections import Conn, own_transaction
 from runlane.postgres._executor import FIRST_PAGE, Executor
-from runlane.postgres._maintenance import prune_ids
 from runlane.storage import BulkBatch, BulkFilter
 
 __all__ = ["BulkRepository", "RequeueCount"]
@@ -151,8 +151,9 @@ class BulkRepository:
         """retry_run's run_retry on the picked runs no one holds; how many were retried."""
         if not ids:
             return 0
-        params = {"environment": environment, "ids": ids, "skip_locked": True}
-        rows = conn.execute(self._sql["run_retry"], params)
+        statement, extra = audited(self._db, "run_retry")
+        params = {"environment": environment, "ids": ids, "skip_locked": True, **extra}
+        rows = conn.execute(self._sql[statement], params)
         return sum(1 for _, _, _, retried in rows if retried)
 
     def _cancel_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
@@ -160,11 +161,19 @@ class BulkRepository:
         asked to stop."""
         if not ids:
             return 0
-        params = {"environment": environment, "ids": ids, "skip_locked": True}
-        rows = conn.execute(self._sql["run_cancel"], params)
+        statement, extra = audited(self._db, "run_cancel")
+        params = {"environment": environment, "ids": ids, "skip_locked": True, **extra}
+        rows = conn.execute(self._sql[statement], params)
         return sum(1 for _, _, current in rows if current is not None)
 
     def _delete_ids(self, conn: Conn, environment: str, ids: list[uuid.UUID]) -> int:
         """Cleanup's run_prune_ids on the picked runs no one holds; how many were deleted or
-        tombstoned."""
-        return sum(prune_ids(conn, self._sql["run_prune_ids"], environment, ids, skip_locked=True))
+        tombstoned (inside an audited action, ``run_prune_ids_audited``: the overload naming
+        the action)."""
+        if not ids:
+            return 0
+        statement, extra = audited(self._db, "run_prune_ids")
+        params = {"environment": environment, "ids": ids, "skip_locked": True, **extra}
+        row = conn.execute(self._sql[statement], params).fetchone()
+        assert row is not None
+        return int(row[0]) + int(row[1])

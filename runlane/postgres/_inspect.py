@@ -20,6 +20,7 @@ from runlane.models import (
     RunStatus,
     StepRecord,
 )
+from runlane.postgres._audit import audited
 from runlane.postgres._connections import Conn
 from runlane.postgres._executor import FIRST_PAGE, Executor
 from runlane.postgres._queues import status_queues
@@ -117,12 +118,18 @@ class InspectRepository:
 
     def run_retry(self, environment: str, run_id: uuid.UUID) -> RetryOutcome:
         # run_retry is keyed by ids: retry_runs passes it a batch (see _bulk.py)
-        params: dict[str, Any] = {"environment": environment, "ids": [run_id], "skip_locked": False}
+        statement, extra = audited(self._db, "run_retry")
+        params: dict[str, Any] = {
+            "environment": environment,
+            "ids": [run_id],
+            "skip_locked": False,
+            **extra,
+        }
 
         def retry(conn: Conn) -> RetryOutcome:
             # one transaction: the run read as the retry left it, before a worker can claim it
             with conn.transaction():
-                row = conn.execute(self._sql["run_retry"], params).fetchone()
+                row = conn.execute(self._sql[statement], params).fetchone()
                 if row is None:
                     return RetryOutcome(previous=None, pruned=False, retried=False)
                 _, status, pruned, retried = row
@@ -140,10 +147,11 @@ class InspectRepository:
 
     def run_cancel(self, environment: str, run_id: uuid.UUID) -> tuple[RunStatus, RunStatus] | None:
         # run_cancel is keyed by ids: cancel_runs passes it a batch (see _bulk.py)
-        params = {"environment": environment, "ids": [run_id], "skip_locked": False}
+        statement, extra = audited(self._db, "run_cancel")
+        params = {"environment": environment, "ids": [run_id], "skip_locked": False, **extra}
 
         def cancel(conn: Conn) -> tuple[RunStatus, RunStatus] | None:
-            row = conn.execute(self._sql["run_cancel"], params).fetchone()
+            row = conn.execute(self._sql[statement], params).fetchone()
             if row is None:
                 return None
             _, before, after = row

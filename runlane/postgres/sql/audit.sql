@@ -52,6 +52,14 @@ from {schema}.runlane_reschedule_runs(
     %(environment)s, %(ids)s::uuid[], coalesce(%(run_at)s::timestamptz, {@now}), {@now},
     false);
 
+-- name: run_reschedule_audited
+-- run_reschedule inside reschedule_run's audited transaction: migration 24's overload,
+-- which commits only with the action's audit record (action reschedule, target the run).
+select id, status, rescheduled
+from {schema}.runlane_reschedule_runs(
+    %(environment)s, %(ids)s::uuid[], coalesce(%(run_at)s::timestamptz, {@now}), {@now},
+    false, %(action)s);
+
 -- name: run_delete
 -- The console's delete of one run: a terminal run is deleted (or tombstoned while it has
 -- children) through migration 14's runlane_delete_runs, as delete_runs does; its status
@@ -62,5 +70,18 @@ with found as materialized (
 ), gone as materialized (
     select d.deleted + d.tombstoned as n
     from {schema}.runlane_delete_runs(%(environment)s, array[%(id)s::uuid], false) as d
+)
+select f.status, g.n from found as f cross join gone as g;
+
+-- name: run_delete_audited
+-- run_delete inside delete_run's audited transaction: migration 24's overload of
+-- runlane_delete_runs, which commits only with the action's audit record.
+with found as materialized (
+    select r.status from {schema}.runs as r
+    where r.id = %(id)s and r.environment = %(environment)s
+), gone as materialized (
+    select d.deleted + d.tombstoned as n
+    from {schema}.runlane_delete_runs(%(environment)s, array[%(id)s::uuid], false,
+                                      %(action)s) as d
 )
 select f.status, g.n from found as f cross join gone as g;

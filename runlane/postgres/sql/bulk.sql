@@ -34,11 +34,12 @@ from (
 -- name: run_bulk_pick
 -- One batch of a bulk action: up to batch runs of one status below the cursor, newest
 -- first. The caller then runs the action's single-run statement on their ids in the same
--- transaction (retry: sql/inspect.sql run_retry; cancel: sql/cancel.sql run_cancel;
--- delete: sql/maintenance.sql run_prune_ids) with skip_locked, so a run a worker or another
--- action holds is left to it; the action locks (the operator role may not: it changes runs
--- only through migration 14's functions) and re-checks the status it applies to. The last
--- row is the cursor of the next batch.
+-- transaction (retry: sql/inspect.sql run_retry_audited; cancel: sql/cancel.sql
+-- run_cancel_audited; delete: run_prune_ids_audited below) with skip_locked, so a run a
+-- worker or another action holds is left to it; the action locks (the operator role may
+-- not: it changes runs only through migration 14's functions, by migration 24's overloads
+-- that commit only with the batch's audit record) and re-checks the status it applies to.
+-- The last row is the cursor of the next batch.
 select id, created_at
 from {schema}.runs
 where environment = %(environment)s
@@ -75,3 +76,11 @@ set progress = i.progress
 from input as i
 where {@attempt_fence}
 returning r.id;
+
+-- name: run_prune_ids_audited
+-- delete_runs' batch: cleanup's run_prune_ids (sql/maintenance.sql) through migration 24's
+-- overload of runlane_delete_runs, which commits only with the batch's audit record
+-- (bulk_delete). A run that is not finished is left alone.
+select deleted, tombstoned, parents_updated
+from {schema}.runlane_delete_runs(%(environment)s, %(ids)s::uuid[], %(skip_locked)s,
+                                  %(action)s);

@@ -15,3 +15,10 @@
 -- One row per run found: its status before, and after (null: not cancellable, left alone).
 select id, previous, current
 from {schema}.runlane_cancel_runs(%(environment)s, %(ids)s::uuid[], %(skip_locked)s);
+
+-- name: run_cancel_audited
+-- run_cancel inside an audited action (cancel, bulk_cancel): migration 24's overload, which
+-- commits only with the action's audit record (postgres/_audit.py audited).
+select id, previous, current
+from {schema}.runlane_cancel_runs(%(environment)s, %(ids)s::uuid[], %(skip_locked)s,
+                                  %(action)s);

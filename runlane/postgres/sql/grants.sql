@@ -143,12 +143,13 @@ grant select, delete on {schema}.stats_departed to {role};
 -- retry_run, cancel, and the bulk retry_runs, cancel_runs and delete_runs (deleting
 -- terminal runs with their attempts, and their steps through the foreign key, and
 -- tombstoning parents, as cleanup does): no UPDATE or DELETE on runs or attempts, only the
--- SECURITY DEFINER functions that apply the API's rules. Not: triggering, claiming,
--- completing, deleting live runs.
+-- SECURITY DEFINER functions that apply the API's rules: their overloads of schema
+-- version 24 that name the audit action, and commit only with its record (the 3-argument
+-- ones are revoke_stale's). Not: triggering, claiming, completing, deleting live runs.
 grant select on {schema}.runs to {role};
-grant execute on function {schema}.runlane_retry_runs(text, uuid[], boolean) to {role};
-grant execute on function {schema}.runlane_cancel_runs(text, uuid[], boolean) to {role};
-grant execute on function {schema}.runlane_delete_runs(text, uuid[], boolean) to {role};
+grant execute on function {schema}.runlane_retry_runs(text, uuid[], boolean, text) to {role};
+grant execute on function {schema}.runlane_cancel_runs(text, uuid[], boolean, text) to {role};
+grant execute on function {schema}.runlane_delete_runs(text, uuid[], boolean, text) to {role};
 grant select on {schema}.attempts to {role};
 grant select on {schema}.steps to {role};
 grant select on {schema}.wait_tokens to {role};
@@ -171,13 +172,13 @@ grant execute on function {schema}.runlane_run_schedule(text, text, uuid, text, 
     to {role};
 -- reschedule_run (runlane_reschedule_runs moves a queued or retrying run's due time), and
 -- the audit trail: every action above taken through runlane writes its record in its own
--- transaction (migration 23 refuses a pause or resume without it; raw SQL calling the
--- functions is not recorded); the record's time and database role
--- are defaults the role cannot write, a later part follows its action's part before it by
--- the same role (migration 23); rows are never updated or deleted but by the owner (and
--- retention's runlane_prune_audit)
+-- transaction, and none commits without it (migration 23: a pause or resume; migration
+-- 24: a retry, cancel, delete or reschedule through the functions); the record's time and
+-- database role are defaults the role cannot write, a later part follows its action's part
+-- before it by the same role (migration 23); rows are never updated or deleted but by the
+-- owner (and retention's runlane_prune_audit)
 grant execute on function {schema}.runlane_reschedule_runs(
-    text, uuid[], timestamptz, timestamptz, boolean) to {role};
+    text, uuid[], timestamptz, timestamptz, boolean, text) to {role};
 grant select on {schema}.audit_log to {role};
 grant insert (id, action_id, part, environment, via, actor, os_user, action, target, runs,
               changed, reason, details)
@@ -201,3 +202,15 @@ grant delete on {schema}.outbox to {role};
 revoke delete on {schema}.runs from {role};
 revoke delete on {schema}.attempts from {role};
 revoke update (payload, pruned_at, remaining_children) on {schema}.runs from {role};
+-- The operator's functions of versions 14 and 21 commit without an audit record: since
+-- version 24 the operator job holds their overloads that name the action instead. No job
+-- holds the old retry, cancel and reschedule; the old delete stays with a role holding the
+-- maintenance job (cleanup), whichever of its jobs is granted last.
+revoke execute on function {schema}.runlane_retry_runs(text, uuid[], boolean) from {role};
+revoke execute on function {schema}.runlane_cancel_runs(text, uuid[], boolean) from {role};
+revoke execute on function {schema}.runlane_reschedule_runs(
+    text, uuid[], timestamptz, timestamptz, boolean) from {role};
+select {schema}.runlane_revoke_unaudited_delete('{role}'::regrole);
+-- audit_owed (migration 24: the obligations its functions add, checked at commit) is the
+-- owner's alone: no job holds anything on it.
+revoke all on {schema}.audit_owed from {role};

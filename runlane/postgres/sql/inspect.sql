@@ -68,3 +68,10 @@ order by s.created_at, s.name;
 -- retried.
 select id, status, pruned, retried
 from {schema}.runlane_retry_runs(%(environment)s, %(ids)s::uuid[], %(skip_locked)s);
+
+-- name: run_retry_audited
+-- run_retry inside an audited action (retry, bulk_retry): migration 24's overload, which
+-- commits only with the action's audit record (postgres/_audit.py audited).
+select id, status, pruned, retried
+from {schema}.runlane_retry_runs(%(environment)s, %(ids)s::uuid[], %(skip_locked)s,
+                                 %(action)s);
