@@ -95,9 +95,10 @@ as $$
         select p_environment, a.started_at, r.queue, r.task_id, 1
         from {schema}.runs as r
         join {schema}.attempts as a on a.run_id = r.id
+        cross join (select {schema}.runlane_stats_unfolded_since(p_environment) as at) as since
         where r.id in (select t.id from target as t where t.status = 'retrying')
           and a.outcome = 'expired' and a.attempt >= r.attempt
-          and a.started_at >= {schema}.runlane_stats_unfolded_since(p_environment)
+          and a.started_at >= since.at
     )
     select t.id, t.status, c.status
     from target as t
@@ -148,9 +149,10 @@ as $$
                              ::float8
                end
         from {schema}.runs as r
+        cross join (select {schema}.runlane_stats_unfolded_since(p_environment) as at) as since
         where r.id in (select t.id from target as t
                        where t.status in ('failed', 'cancelled') and not t.pruned)
-          and r.finished_at >= {schema}.runlane_stats_unfolded_since(p_environment)
+          and r.finished_at >= since.at
     )
     select t.id, t.status, t.pruned, t.id in (select id from retried)
     from target as t;
@@ -215,11 +217,15 @@ as $$
     ), since as materialized (
         select {schema}.runlane_stats_unfolded_since(p_environment) as at
     ), leaving as materialized (
-        -- the runs as they were: gone (every figure) or becoming tombstones (the finish)
+        -- the runs as they were: gone (every figure) or becoming tombstones (the finish);
+        -- only those that finished since: every figure of a run is at or before its finish
+        -- (cleanup of old runs reads no further)
         select r.*, d.was_tombstone, d.id not in (select cc.id from child_counts as cc) as gone
         from {schema}.runs as r
         join doomed as d on d.id = r.id
-        where d.id not in (select cc.id from child_counts as cc) or not d.was_tombstone
+        cross join since
+        where (d.id not in (select cc.id from child_counts as cc) or not d.was_tombstone)
+          and r.finished_at >= since.at
     ), kept as (
         insert into {schema}.stats_departed (
             environment, at, queue, task_id, triggered, started, retried, status, wait, run)
