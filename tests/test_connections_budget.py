@@ -23,7 +23,6 @@ import runlane.postgres._connections as connections_module
 import runlane.worker._idle as idle_module
 from runlane import RunContext, Worker, task
 from runlane.postgres._listen_hub import shared_listeners
-from runlane.postgres._sql import notify_channel
 from tests.conftest import RunlaneFactory
 from tests.helpers import poll
 
@@ -89,11 +88,12 @@ def test_an_idle_process_holds_at_most_three_backends(
         worker.close(timeout=10)
 
 
-def _listening(db: psycopg.Connection[Any], schema: str) -> int:
-    """Backends that ran LISTEN on the schema's announcement channel."""
+def _listening(db: psycopg.Connection[Any], *workers: Worker) -> int:
+    """Backends named after the workers' listeners: the shared LISTEN connection takes the
+    name of its first subscriber, and another's when that one leaves."""
     row = db.execute(
-        "select count(*) from pg_stat_activity where query = %s",
-        (f'listen "{notify_channel(schema)}"',),
+        "select count(*) from pg_stat_activity where application_name = any(%s)",
+        ([f"{worker.name}-listener" for worker in workers],),
     ).fetchone()
     assert row is not None
     return int(row[0])
@@ -119,19 +119,20 @@ def test_runtimes_and_workers_of_a_process_share_one_listen_connection(
     one = first.create_delivery_worker(concurrency=1)
     two = first.create_delivery_worker(concurrency=1)
     three = second.create_delivery_worker(concurrency=1)
+    workers = (one, two, three)
     try:
-        assert poll(lambda: _listening(db, schema) == 1, timeout=10)
+        assert poll(lambda: _listening(db, *workers) == 1, timeout=10)
         assert shared_listeners() == 1
         one.close(timeout=10)  # the first subscriber goes; the connection stays
-        assert _listening(db, schema) == 1
+        assert _listening(db, *workers) == 1
         two.close(timeout=10)
         second.trigger(shared, "wake")
         assert ran.acquire(timeout=10)  # three was woken (a 30 s poll would not be in time)
-        assert _listening(db, schema) == 1
+        assert _listening(db, *workers) == 1
     finally:
-        for worker in (one, two, three):
+        for worker in workers:
             worker.close(timeout=10)
-    assert poll(lambda: _listening(db, schema) == 0, timeout=10)
+    assert poll(lambda: _listening(db, *workers) == 0, timeout=10)
     assert shared_listeners() == 0
 
 
@@ -144,8 +145,9 @@ def test_a_forked_child_forgets_the_parents_listen_connection(
     rl = make_runlane(lane_options={"poll_interval": timedelta(seconds=30)})
     rl.start()
     worker = rl.create_delivery_worker(concurrency=1)
+    workers = (worker,)
     try:
-        assert poll(lambda: _listening(db, schema) == 1, timeout=10)
+        assert poll(lambda: _listening(db, *workers) == 1, timeout=10)
         assert shared_listeners() == 1
         pid = os.fork()
         if pid == 0:  # the child: report by exit status only
@@ -153,6 +155,6 @@ def test_a_forked_child_forgets_the_parents_listen_connection(
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert shared_listeners() == 1
-        assert _listening(db, schema) == 1
+        assert _listening(db, *workers) == 1
     finally:
         worker.close(timeout=10)

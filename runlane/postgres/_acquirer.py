@@ -8,7 +8,8 @@ limit or a per-key limit through the flow-control claim, docs/flow-control.md); 
 unbounded queues share one claim. While nothing is due, ``wait_for_work`` sleeps until a
 notification names one of the worker's queues, a bounded queue's capacity is freed, the
 listener reconnected (it may have missed some), ``interrupt()`` is called, a rate limit
-lets the next run start, or the jittered poll interval passes.
+lets the next run start, the earliest delayed run of its queues comes due, or the jittered
+poll interval passes.
 """
 
 from __future__ import annotations
@@ -39,8 +40,15 @@ _random = random.Random()
 # whichever is shorter (never under the poll interval). A notification, a reconnect or a
 # claim that finds work brings the poll interval back; a trigger still wakes the worker at
 # once. Poll-only workers (listen=False, a listener given up behind a pooler) keep it.
+# Nothing announces a delayed run when it comes due, so while polls are spaced out an empty
+# claim also reads how long until the earliest not-yet-due run of the worker's queues comes
+# due (run_next_due: the database's due_at - now(), one index descent per queue and
+# priority), and the worker wakes no later than then (plus DUE_MARGIN, so the claim sees it
+# due). A delayed run triggered while the worker sleeps announces nothing: it is learnt at
+# the next claim, which a notification on one of its queues brings forward.
 IDLE_GRACE = 10.0
 IDLE_CAP = 10.0
+DUE_MARGIN = 0.005
 
 
 class PollingAcquirer:
@@ -78,6 +86,9 @@ class PollingAcquirer:
         self._wake = threading.Event()
         self._idle_since: float | None = None  # monotonic time of the first empty claim
         self._empty = 0  # empty claims since the grace passed
+        # monotonic time by which the earliest delayed run of the queues is due (None: none,
+        # or not looked for: polls are not spaced out)
+        self._next_due: float | None = None
         self._listener = (
             None if options.drain else make_listener(self._on_notify, f"{options.name}-listener")
         )
@@ -173,7 +184,19 @@ class PollingAcquirer:
                 worker_id=self._worker_id,
             )
         self._note(bool(claimed))
+        self._learn_next_due(bool(claimed))
         return claimed
+
+    def _learn_next_due(self, found: bool) -> None:
+        """After an empty claim while polls are spaced out: when the earliest delayed run
+        of the queues comes due (counted from the database's now, kept as a monotonic
+        deadline here: the process clock is never compared with a stored time)."""
+        self._next_due = None
+        if found or self._drain or self.idle_poll() <= self._poll:
+            return
+        seconds = self._storage.run_next_due(self._environment, sorted(self._queues))
+        if seconds is not None:
+            self._next_due = time.monotonic() + max(0.0, seconds) + DUE_MARGIN
 
     def _note(self, found: bool) -> None:
         """Count an empty claim toward the idle backoff; one that found work ends it."""
@@ -227,6 +250,8 @@ class PollingAcquirer:
         poll = self.idle_poll() * _random.uniform(0.9, 1.1)
         if self._rate_wait is not None:
             poll = min(poll, self._rate_wait)
+        if self._next_due is not None:
+            poll = min(poll, max(0.0, self._next_due - time.monotonic()))
         self._wake.wait(poll)
 
     def wait_ready(self, timeout: float) -> bool:

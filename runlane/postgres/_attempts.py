@@ -83,6 +83,16 @@ class AttemptRepository:
         statement = self._db.sql["run_claim"]
         return self._db.run(lambda conn: claimed(conn.execute(statement, params).fetchall()))
 
+    def run_next_due(self, environment: str, queues: Sequence[str]) -> float | None:
+        params = {"environment": environment, "queues": list(queues)}
+        statement = self._db.sql["run_next_due"]
+
+        def read(conn: Conn) -> float | None:
+            row = conn.execute(statement, params).fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+        return self._db.run(read)
+
     def run_claim_bounded(
         self,
         environment: str,

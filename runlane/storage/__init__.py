@@ -152,6 +152,10 @@ class ClaimStore(Protocol):
         """Move up to ``limit`` due queued runs to ``running`` under fresh leases, recording
         ``worker_id`` as the worker running their attempts (None: not a delivery worker)."""
 
+    def run_next_due(self, environment: str, queues: Sequence[str]) -> float | None:
+        """Seconds (the storage's clock) until the earliest queued run of ``queues`` that is
+        not yet due comes due; None when none waits for its time."""
+
     def run_claim_bounded(
         self,
         environment: str,

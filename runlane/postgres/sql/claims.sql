@@ -65,3 +65,40 @@ returning {@claim_returning};
 -- Serialises claimers of one bounded queue until their transaction ends, so the next
 -- claimer's count (a later statement, a later snapshot) sees every lease taken before it.
 select pg_advisory_xact_lock(hashtext(%(lock_scope)s), hashtext(%(queue)s));
+
+-- name: run_next_due
+-- Seconds from now (the database's) until the earliest queued run of the given queues comes
+-- due (NULL: none is waiting for its time): an idle worker wakes no later than then, since
+-- nothing announces a delayed run when it comes due. One index descent of runs_claimable per
+-- distinct priority of each queue (a loose scan: the priorities of a queue are walked
+-- highest first, each giving its first run due after now), so a queue holding many future
+-- runs is not walked.
+with recursive prios as (
+    (select q, r.priority
+     from unnest(%(queues)s::text[]) as q
+     cross join lateral (
+         select priority from {schema}.runs
+         where environment = %(environment)s and queue = q and status = 'queued'
+         order by priority desc
+         limit 1
+     ) as r)
+    union all
+    select p.q, n.priority
+    from prios as p
+    cross join lateral (
+        select priority from {schema}.runs
+        where environment = %(environment)s and queue = p.q and status = 'queued'
+          and priority < p.priority
+        order by priority desc
+        limit 1
+    ) as n
+)
+select extract(epoch from min(d.due_at) - {@now})::float8
+from prios as p
+cross join lateral (
+    select due_at from {schema}.runs
+    where environment = %(environment)s and queue = p.q and status = 'queued'
+      and priority = p.priority and due_at > {@now}
+    order by due_at
+    limit 1
+) as d;
