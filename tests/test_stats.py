@@ -514,6 +514,6 @@ def test_only_the_operators_functions_write_departed_figures_and_only_the_fold_r
             assert conn.execute(read).fetchall() == [(1000,)]
             assert conn.execute(delete).rowcount == 1
         else:
-            for statement in (read, delete):
+            for refused in (read, delete):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                    conn.execute(statement)
+                    conn.execute(refused)
