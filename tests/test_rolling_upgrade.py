@@ -56,6 +56,19 @@ def _migration_count(commit: str) -> int:
     return sum(1 for name in names if name.endswith(".sql") and name[:4].isdigit())
 
 
+def _migration_blobs(commit: str) -> dict[str, str]:
+    listing = _git("ls-tree", f"{commit}:{MIGRATIONS}").splitlines()
+    return {name: line.split()[2] for line in listing for name in [line.split("\t")[-1]]}
+
+
+def _released(commit: str) -> bool:
+    """False for a commit holding a migration file as no later commit has it (a released
+    file never changes, migrations/README.md): a number taken by a first version of the
+    file while the migration was written, not a release."""
+    current = _migration_blobs("HEAD")
+    return all(current.get(name) == blob for name, blob in _migration_blobs(commit).items())
+
+
 def _has_compat(commit: str) -> bool:
     return bool(_git("ls-tree", "--name-only", commit, "runlane/postgres/_compat.py").strip())
 
@@ -114,7 +127,12 @@ def previous_release() -> str:
         if not parents:
             continue
         before = parents[0]
-        if _has_compat(before) and _migration_count(before) < current and _compiles(before):
+        if (
+            _has_compat(before)
+            and _migration_count(before) < current
+            and _released(before)
+            and _compiles(before)
+        ):
             return before
     pytest.fail(
         f"no commit in this history has a runtime that reads compatibility marks, compiles, "
