@@ -171,7 +171,10 @@ as $$
     with locked as (
         select unnest({schema}.runlane_lock_runs(p_environment, p_ids, p_skip_locked)) as id
     ), doomed as materialized (
-        select r.id, r.parent_run_id, r.pruned_at is not null as was_tombstone
+        select r.id, r.parent_run_id, r.pruned_at is not null as was_tombstone,
+               -- what the rollup counts of it (see leaving)
+               r.queue, r.task_id, r.status, r.attempt, r.created_at, r.due_at,
+               r.attempt_started_at, r.finished_at
         from {schema}.runs as r
         where r.id in (select l.id from locked as l)
           and r.environment = p_environment
@@ -220,12 +223,10 @@ as $$
         -- the runs as they were: gone (every figure) or becoming tombstones (the finish);
         -- only those that finished since: every figure of a run is at or before its finish
         -- (cleanup of old runs reads no further)
-        select r.*, d.was_tombstone, d.id not in (select cc.id from child_counts as cc) as gone
-        from {schema}.runs as r
-        join doomed as d on d.id = r.id
-        cross join since
+        select d.*, d.id not in (select cc.id from child_counts as cc) as gone
+        from doomed as d, since
         where (d.id not in (select cc.id from child_counts as cc) or not d.was_tombstone)
-          and r.finished_at >= since.at
+          and d.finished_at >= since.at
     ), kept as (
         insert into {schema}.stats_departed (
             environment, at, queue, task_id, triggered, started, retried, status, wait, run)
