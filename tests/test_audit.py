@@ -297,6 +297,69 @@ def test_the_operator_role_acts_and_is_named_by_the_database(
         operator.close()
 
 
+def test_the_operator_roles_actions_each_commit_with_their_record(
+    database_url: str,
+    schema: str,
+    granted: Callable[..., str],
+    db: Conn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under the operator role, whose functions commit only with their record (schema
+    version 24): each single-run action, a refused one (no record, no refusal by the
+    database), and bulk actions in several parts (one record per batch's transaction)."""
+    monkeypatch.setattr(bulk, "BATCH_SIZE", 2)
+    owner = create_runlane(
+        lane=postgres_polling_lane(connection_string=database_url, schema=schema), tasks=TASKS
+    )
+    operator = create_runlane(
+        lane=postgres_polling_lane(connection_string=granted("operator"), schema=schema),
+        tasks=TASKS,
+    )
+    try:
+        failed = [owner.trigger(fails, {"n": n}).id for n in range(5)]
+        owner.drain()
+        delayed = owner.trigger(ok, {}, delay=timedelta(hours=1)).id
+        with pytest.raises(RunStateConflict, match="failed or cancelled"):
+            operator.retry_run(delayed)
+        later = datetime.now(UTC) + timedelta(days=1)
+        assert abs(operator.reschedule_run(delayed, run_at=later).due_at - later) < timedelta(
+            seconds=1
+        )
+        assert operator.cancel(delayed).changed
+        assert operator.delete_run(delayed)
+        assert operator.retry_run(failed[0]).status is RunStatus.QUEUED
+        assert operator.cancel_runs(task=ok.id).changed == 0  # recorded alone: no batch
+        assert operator.retry_runs(task=fails.id).changed == 4
+        assert operator.cancel_runs(task=fails.id).changed == 5
+        assert operator.delete_runs(task=fails.id, status="cancelled").changed == 5
+        records = operator.list_audit().items
+        assert [(r.action, r.runs) for r in records] == [
+            ("bulk_delete", 5),
+            ("bulk_cancel", 5),
+            ("bulk_retry", 4),
+            ("bulk_cancel", 0),
+            ("retry", 1),
+            ("delete", 1),
+            ("cancel", 1),
+            ("reschedule", 1),
+        ]
+        parts = (
+            "select max(part) from {}.audit_log where action like 'bulk_%%' "
+            "group by action_id order by 1"
+        )
+        last = [part for (part,) in db.execute(sql.SQL(parts).format(sql.Identifier(schema)))]
+        # the empty action is one record; each that changed runs was written in 3 parts or more
+        assert last[:1] == [0], last
+        assert [part >= 2 for part in last[1:]] == [True, True, True], last
+        owed = "select count(*) from {}.audit_owed"
+        assert db.execute(sql.SQL(owed).format(sql.Identifier(schema))).fetchone() == (0,)
+        owed = "select count(*) from {}.audit_owed"
+        assert db.execute(sql.SQL(owed).format(sql.Identifier(schema))).fetchone() == (0,)
+    finally:
+        owner.close()
+        operator.close()
+
+
 @pytest.fixture
 def cli(
     database_url: str,
