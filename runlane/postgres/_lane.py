@@ -94,8 +94,8 @@ def postgres_listener(
     on_wake: Callable[[str | None], None],
     name: str,
 ) -> PostgresListener:
-    """An announcement listener on the schema's ``notify_channel``, not started; every one
-    of a process on the same server and channel shares one connection (_listen_hub.py)."""
+    """An announcement listener on the schema's ``notify_channel``, not started; every
+    listener of a process on the same server shares one connection (_listen_hub.py)."""
     target, via, check_pooler = listen_target(options)
     return SharedListener(
         connection_string=target,
@@ -279,7 +279,8 @@ def postgres_polling_lane(
     Idle workers wake on NOTIFY and also poll every ``poll_interval`` (jittered), which is
     what finds delayed runs and covers lost notifications; while LISTEN is up, polls that
     found nothing for 10 s are spaced out to ten intervals (at most 10 s, never under the
-    interval) until work or a notification comes; ``listen=False`` polls only, every
+    interval) until work or a notification comes, and a worker whose last poll found a
+    delayed run not yet due wakes when it comes due; ``listen=False`` polls only, every
     ``poll_interval``.
     ``listen_connection_string`` sends the one LISTEN connection somewhere else than the
     rest (straight to the primary while everything else goes through PgBouncer).
