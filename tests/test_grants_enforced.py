@@ -22,7 +22,10 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from runlane import RunContext, RunStatus, task
-from runlane.postgres import grant_postgres_role
+from runlane.postgres import apply_postgres_storage_migrations, grant_postgres_role
+from runlane.postgres._compat import marker_of
+from runlane.postgres._migrations import _checksum
+from runlane.postgres._sql import load_migration_files, render
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb
 
@@ -1015,3 +1018,68 @@ def test_the_operators_functions_commit_only_with_their_audit_record(
             "boolean)', 'execute')",
             name,
         ) == (True,)
+
+
+OLD_FUNCTIONS = (
+    "runlane_retry_runs(text, uuid[], boolean)",
+    "runlane_cancel_runs(text, uuid[], boolean)",
+    "runlane_delete_runs(text, uuid[], boolean)",
+    "runlane_reschedule_runs(text, uuid[], timestamptz, timestamptz, boolean)",
+)
+AUDITED_FUNCTIONS = (
+    "runlane_retry_runs(text, uuid[], boolean, text)",
+    "runlane_cancel_runs(text, uuid[], boolean, text)",
+    "runlane_delete_runs(text, uuid[], boolean, text)",
+    "runlane_reschedule_runs(text, uuid[], timestamptz, timestamptz, boolean, text)",
+)
+
+
+def test_upgrading_to_version_24_keeps_operators_acting_until_granted_again(
+    database_url: str, fresh_schema: str, db: Conn, make_role: Callable[[], tuple[str, str]]
+) -> None:
+    """Migration 24 gives an operator role of version 23 the overloads (an upgraded runtime
+    acts at once) and leaves it the old functions (a runtime of version 23 keeps acting);
+    this release's operator grant then takes the old ones back."""
+    s = sql.Identifier(fresh_schema)
+    db.execute(sql.SQL("create schema {}").format(s))
+    db.execute(
+        sql.SQL(
+            "create table {}.runlane_migrations (version integer primary key, name text not "
+            "null, checksum text not null, applied_at timestamptz not null default now(), "
+            "compatibility text)"
+        ).format(s)
+    )
+    for version, name, text in load_migration_files()[:23]:
+        db.execute(render(text, fresh_schema).encode("utf-8"))
+        db.execute(
+            sql.SQL("insert into {}.runlane_migrations values (%s, %s, %s, now(), %s)").format(s),
+            (version, name, _checksum(text), marker_of(text)),
+        )
+    role, _ = make_role()
+    r = sql.Identifier(role)
+    db.execute(sql.SQL("grant usage on schema {} to {}").format(s, r))
+    for function in OLD_FUNCTIONS:  # what version 23's operator grant gave
+        db.execute(sql.SQL(f"grant execute on function {{}}.{function} to {{}}").format(s, r))
+
+    def may(functions: tuple[str, ...]) -> list[bool]:
+        return [
+            db.execute(
+                "select has_function_privilege(%s, %s, 'execute')", (role, f"{fresh_schema}.{f}")
+            ).fetchone()
+            == (True,)
+            for f in functions
+        ]
+
+    assert (
+        apply_postgres_storage_migrations(
+            connection_string=database_url, schema=fresh_schema
+        ).applied[0]
+        == 24
+    )
+    assert may(OLD_FUNCTIONS) == [True] * 4
+    assert may(AUDITED_FUNCTIONS) == [True] * 4
+    grant_postgres_role(
+        connection_string=database_url, schema=fresh_schema, job="operator", role=role
+    )
+    assert may(OLD_FUNCTIONS) == [False] * 4
+    assert may(AUDITED_FUNCTIONS) == [True] * 4
