@@ -13,7 +13,7 @@
 --   of (retry or bulk_retry; cancel or bulk_cancel; delete or bulk_delete; reschedule,
 --   which is also "run now"). It checks the action (a single-run action takes one run),
 --   calls the old function (whose body stays where it is: migration 25 replaces those of
---   retry and delete) and, when that changed a run, adds an obligation: a row of
+--   retry, cancel and delete) and, when that changed a run, adds an obligation: a row of
 --   audit_owed (the transaction, environment, action, and for a single-run action the run).
 --   A deferred constraint trigger checks at commit that the transaction wrote the audit
 --   record of that action (an audit_log row with xmin = the transaction's id, at = its
