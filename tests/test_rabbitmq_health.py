@@ -32,14 +32,16 @@ def noop(payload: Any, context: RunContext) -> None:
 
 
 def _served(node: RabbitNode, name: str) -> bool:
-    """Whether a confirmed publish to ``name`` succeeds within 3 s (cut off by runlane's
-    watchdog otherwise; a probe that lands is never consumed: the test then skips)."""
+    """Whether a confirmed publish to ``name`` succeeds within 1 s (cut off by runlane's
+    watchdog otherwise; a probe that lands is never consumed: the test then skips). A served
+    queue on loopback confirms in milliseconds, and the test's lane gives its own publishes
+    1 s (publish_timeout) too; a leaderless one never does, so the probe waits its bound."""
     conn = pika.BlockingConnection(node.connection_parameters())
     watchdog = Watchdog("test-probe-watchdog")
     try:
         channel = conn.channel()
         channel.confirm_delivery()
-        with watchdog.bound(conn, 3.0):
+        with watchdog.bound(conn, 1.0):
             channel.basic_publish("", name, b"probe", mandatory=True)
     except pika.exceptions.AMQPError:
         return False
