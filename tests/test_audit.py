@@ -256,7 +256,9 @@ def test_an_action_whose_record_cannot_be_written_does_not_happen(
         )
     )
     owner = create_runlane(
-        lane=postgres_polling_lane(connection_string=database_url, schema=schema), tasks=TASKS
+        lane=postgres_polling_lane(connection_string=database_url, schema=schema),
+        tasks=TASKS,
+        schedules=[NIGHTLY],
     )
     operator = create_runlane(
         lane=postgres_polling_lane(connection_string=conninfo, schema=schema), tasks=TASKS
@@ -281,7 +283,9 @@ def test_the_operator_role_acts_and_is_named_by_the_database(
     conninfo = granted("operator")
     role = psycopg.conninfo.conninfo_to_dict(conninfo)["user"]
     owner = create_runlane(
-        lane=postgres_polling_lane(connection_string=database_url, schema=schema), tasks=TASKS
+        lane=postgres_polling_lane(connection_string=database_url, schema=schema),
+        tasks=TASKS,
+        schedules=[NIGHTLY],
     )
     operator = create_runlane(
         lane=postgres_polling_lane(connection_string=conninfo, schema=schema), tasks=TASKS
@@ -305,11 +309,14 @@ def test_the_operator_roles_actions_each_commit_with_their_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Under the operator role, whose functions commit only with their record (schema
-    version 24): each single-run action, a refused one (no record, no refusal by the
-    database), and bulk actions in several parts (one record per batch's transaction)."""
+    versions 24 and 26): each single-run action, a refused one (no record, no refusal by
+    the database), bulk actions in several parts (one record per batch's transaction), and
+    a run of a stored schedule."""
     monkeypatch.setattr(bulk, "BATCH_SIZE", 2)
     owner = create_runlane(
-        lane=postgres_polling_lane(connection_string=database_url, schema=schema), tasks=TASKS
+        lane=postgres_polling_lane(connection_string=database_url, schema=schema),
+        tasks=TASKS,
+        schedules=[NIGHTLY],
     )
     operator = create_runlane(
         lane=postgres_polling_lane(connection_string=granted("operator"), schema=schema),
@@ -351,8 +358,16 @@ def test_the_operator_roles_actions_each_commit_with_their_record(
         # the empty action is one record; each that changed runs was written in 3 parts or more
         assert last[:1] == [0], last
         assert [part >= 2 for part in last[1:]] == [True, True, True], last
-        owed = "select count(*) from {}.audit_owed"
-        assert db.execute(sql.SQL(owed).format(sql.Identifier(schema))).fetchone() == (0,)
+        # a run of a stored schedule (schema version 26), made and then not made again
+        owner.run_maintenance_once()  # stores the schedule's definition
+        made = operator.trigger_schedule_now(NIGHTLY.id, idempotency_key="once")
+        again = operator.trigger_schedule_now(NIGHTLY.id, idempotency_key="once")
+        assert (made.created, again.created, again.id) == (True, False, made.id)
+        records = operator.list_audit().items[:2]
+        assert [(r.action, r.target, r.runs) for r in records] == [
+            ("run_schedule_now", NIGHTLY.id, 0),
+            ("run_schedule_now", NIGHTLY.id, 1),
+        ]
         owed = "select count(*) from {}.audit_owed"
         assert db.execute(sql.SQL(owed).format(sql.Identifier(schema))).fetchone() == (0,)
     finally:

@@ -169,7 +169,7 @@ def test_the_sql_only_grants(job: str, lane: str) -> None:
     statements_ = [s.strip() for s in code.split(";") if s.strip()]
     assert statements_
     # what earlier releases granted and no job holds now is taken back first
-    # (and, since schema version 24, the operator's unaudited functions: the old delete
+    # (and, since schema versions 24 and 26, the operator's unaudited functions: the old delete
     # through a function that leaves it to a role holding the maintenance job)
     revoke_delete = 'select "rl_app".runlane_revoke_unaudited_delete(\'"App-Role"\'::regrole)'
     revokes = [s for s in statements_ if s.startswith("revoke ") or s == revoke_delete]
@@ -177,6 +177,8 @@ def test_the_sql_only_grants(job: str, lane: str) -> None:
         'revoke delete on "rl_app".runs from "App-Role"',
         'revoke delete on "rl_app".attempts from "App-Role"',
         'revoke update (payload, pruned_at, remaining_children) on "rl_app".runs from "App-Role"',
+        'revoke execute on function "rl_app".runlane_run_schedule(text, text, uuid, text, jsonb) '
+        'from "App-Role"',
         'revoke execute on function "rl_app".runlane_retry_runs(text, uuid[], boolean) '
         'from "App-Role"',
         'revoke execute on function "rl_app".runlane_cancel_runs(text, uuid[], boolean) '

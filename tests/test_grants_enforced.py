@@ -1020,6 +1020,48 @@ def test_the_operators_functions_commit_only_with_their_audit_record(
         ) == (True,)
 
 
+def test_a_schedule_run_by_the_operator_commits_only_with_its_audit_record(
+    schema: str, granted: RoleMaker, runs: Runs
+) -> None:
+    """trigger_schedule_now's function (migration 6's runlane_run_schedule, a run of the
+    stored definition) made runs by raw SQL with no record. Since schema version 26 the
+    operator holds only its overload naming the action, which commits a run it made only
+    with the record of run_schedule_now for that schedule; a call that made none (the
+    idempotency key's run exists) owes nothing."""
+    runs.run(
+        "insert into {schema}.schedules (environment, schedule_id, cron, timezone, "
+        "next_slot_at, task_id, queue, payload, priority, max_attempts) values ('default', "
+        "'nightly', '0 3 * * *', 'UTC', now(), 'grants.leaf', 'default', '{{}}', 0, 3)"
+    )
+    operator = granted("operator")
+    run_now = (
+        "select created from {schema}.runlane_run_schedule('default', 'nightly', %s, 'k', "
+        "null, %s)"
+    )
+    refused(
+        operator,
+        schema,
+        "select * from {schema}.runlane_run_schedule('default', 'nightly', %s, null, null)",
+        uuid.uuid4(),
+    )
+    first = uuid.uuid4()
+    act = (run_now, (first, "run_schedule_now"))
+    for record in (None, ("run_schedule_now", "other"), ("pause_schedule", "nightly")):
+        extra = () if record is None else ((AUDITED, record),)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="audit record"):
+            in_one_transaction(operator, schema, act, *extra)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="records the action"):
+        in_one_transaction(operator, schema, (run_now, (first, "retry")))
+    count = "select count(*) from {schema}.runs"
+    assert runs.one(count) == (0,)
+    in_one_transaction(operator, schema, act, (AUDITED, ("run_schedule_now", "nightly")))
+    assert runs.one("select id from {schema}.runs") == (first,)
+    # the key's run exists: nothing made, nothing owed
+    in_one_transaction(operator, schema, (run_now, (uuid.uuid4(), "run_schedule_now")))
+    assert runs.one(count) == (1,)
+    assert runs.one("select count(*) from {schema}.audit_owed") == (0,)
+
+
 OLD_FUNCTIONS = (
     "runlane_retry_runs(text, uuid[], boolean)",
     "runlane_cancel_runs(text, uuid[], boolean)",

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from runlane.postgres._audit import audited
 from runlane.postgres._connections import Conn
 from runlane.postgres._executor import Executor
 from runlane.storage import (
@@ -191,16 +192,18 @@ class ScheduleRepository:
         idempotency_key: str | None,
         trace_context: str | None,
     ) -> InsertedRun | None:
+        statement, extra = audited(self._db, "schedule_run_now")
         params = {
             "environment": environment,
             "schedule_id": schedule_id,
             "run_id": run_id,
             "idempotency_key": idempotency_key,
             "trace_context": trace_context,
+            **extra,
         }
 
         def run_now(conn: Conn) -> InsertedRun | None:
-            row = conn.execute(self._sql["schedule_run_now"], params).fetchone()
+            row = conn.execute(self._sql[statement], params).fetchone()
             if row is None or row[0] is None:
                 return None
             return InsertedRun(id=row[0], queue=row[2], created=bool(row[3]))

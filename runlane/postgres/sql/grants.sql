@@ -165,15 +165,17 @@ grant insert (environment, queue, paused, paused_reason, paused_at, updated_at)
 grant update (paused, paused_reason, paused_at, updated_at) on {schema}.queue_states to {role};
 -- list_schedules, pause_schedule, resume_schedule, the late schedules of status, and
 -- trigger_schedule_now: a run made from the stored definition by a SECURITY DEFINER
--- function, so the role runs schedules as defined without inserting runs of its own
+-- function, so the role runs schedules as defined without inserting runs of its own (since
+-- version 26 its overload naming the action, which commits only with the record)
 grant select on {schema}.schedules to {role};
 grant update (paused, next_slot_at, updated_at) on {schema}.schedules to {role};
-grant execute on function {schema}.runlane_run_schedule(text, text, uuid, text, jsonb)
+grant execute on function {schema}.runlane_run_schedule(text, text, uuid, text, jsonb, text)
     to {role};
 -- reschedule_run (runlane_reschedule_runs moves a queued or retrying run's due time), and
 -- the audit trail: every action above taken through runlane writes its record in its own
 -- transaction, and none commits without it (migration 23: a pause or resume; migration
--- 24: a retry, cancel, delete or reschedule through the functions); the record's time and
+-- 24: a retry, cancel, delete or reschedule through the functions; migration 26: a run of
+-- a schedule); the record's time and
 -- database role are defaults the role cannot write, a later part follows its action's part
 -- before it by the same role (migration 23); rows are never updated or deleted but by the
 -- owner (and retention's runlane_prune_audit)
@@ -202,10 +204,13 @@ grant delete on {schema}.outbox to {role};
 revoke delete on {schema}.runs from {role};
 revoke delete on {schema}.attempts from {role};
 revoke update (payload, pruned_at, remaining_children) on {schema}.runs from {role};
--- The operator's functions of versions 14 and 21 commit without an audit record: since
--- version 24 the operator job holds their overloads that name the action instead. No job
--- holds the old retry, cancel and reschedule; the old delete stays with a role holding the
--- maintenance job (cleanup), whichever of its jobs is granted last.
+-- The operator's functions of versions 6, 14 and 21 commit without an audit record: since
+-- versions 24 and 26 the operator job holds their overloads that name the action instead.
+-- No job holds the old retry, cancel, reschedule and run of a schedule; the old delete
+-- stays with a role holding the maintenance job (cleanup), whichever of its jobs is granted
+-- last.
+revoke execute on function {schema}.runlane_run_schedule(text, text, uuid, text, jsonb)
+    from {role};
 revoke execute on function {schema}.runlane_retry_runs(text, uuid[], boolean) from {role};
 revoke execute on function {schema}.runlane_cancel_runs(text, uuid[], boolean) from {role};
 revoke execute on function {schema}.runlane_reschedule_runs(

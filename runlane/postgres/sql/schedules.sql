@@ -158,3 +158,12 @@ select run_id, task_id, queue, created
 from {schema}.runlane_run_schedule(
     %(environment)s, %(schedule_id)s, %(run_id)s, %(idempotency_key)s,
     %(trace_context)s::jsonb);
+
+-- name: schedule_run_now_audited
+-- schedule_run_now inside trigger_schedule_now's audited transaction: migration 26's
+-- overload, which commits only with the action's audit record (run_schedule_now, target
+-- the schedule).
+select run_id, task_id, queue, created
+from {schema}.runlane_run_schedule(
+    %(environment)s, %(schedule_id)s, %(run_id)s, %(idempotency_key)s,
+    %(trace_context)s::jsonb, %(action)s);
