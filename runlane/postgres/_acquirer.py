@@ -41,11 +41,12 @@ _random = random.Random()
 # claim that finds work brings the poll interval back; a trigger still wakes the worker at
 # once. Poll-only workers (listen=False, a listener given up behind a pooler) keep it.
 # Nothing announces a delayed run when it comes due, so while polls are spaced out an empty
-# claim also reads how long until the earliest not-yet-due run of the worker's queues comes
-# due (run_next_due: the database's due_at - now(), one index descent per queue and
-# priority), and the worker wakes no later than then (plus DUE_MARGIN, so the claim sees it
-# due). A delayed run triggered while the worker sleeps announces nothing: it is learnt at
-# the next claim, which a notification on one of its queues brings forward.
+# claim also reads, in its transaction, how long until the earliest not-yet-due run of the
+# worker's queues comes due (run_claim_or_next_due: the database's due_at - now(), one index
+# descent per queue and priority), and the worker wakes no later than then (plus
+# DUE_MARGIN, so the claim sees it due). A delayed run triggered while the worker sleeps
+# announces nothing: it is learnt at the next claim, which a notification on one of its
+# queues brings forward.
 IDLE_GRACE = 10.0
 IDLE_CAP = 10.0
 DUE_MARGIN = 0.005
@@ -175,7 +176,24 @@ class PollingAcquirer:
                 self._lease,
                 worker_id=self._worker_id,
             )
-        if self._unbounded and len(claimed) < want:
+        self._next_due = None
+        if not claimed and self._spaced():
+            # the unbounded claim (none: a statement that claims nothing) and, when it finds
+            # nothing either, the next due time, in one transaction
+            runs, due = self._storage.run_claim_or_next_due(
+                self._environment,
+                self._unbounded,
+                want,
+                self._lease,
+                worker_id=self._worker_id,
+                due_queues=sorted(self._queues),
+            )
+            claimed += runs
+            if due is not None:
+                # counted from the database's now, kept as a monotonic deadline here: the
+                # process clock is never compared with a stored time
+                self._next_due = time.monotonic() + max(0.0, due) + DUE_MARGIN
+        elif self._unbounded and len(claimed) < want:
             claimed += self._storage.run_claim(
                 self._environment,
                 self._unbounded,
@@ -184,19 +202,17 @@ class PollingAcquirer:
                 worker_id=self._worker_id,
             )
         self._note(bool(claimed))
-        self._learn_next_due(bool(claimed))
         return claimed
 
-    def _learn_next_due(self, found: bool) -> None:
-        """After an empty claim while polls are spaced out: when the earliest delayed run
-        of the queues comes due (counted from the database's now, kept as a monotonic
-        deadline here: the process clock is never compared with a stored time)."""
-        self._next_due = None
-        if found or self._drain or self.idle_poll() <= self._poll:
-            return
-        seconds = self._storage.run_next_due(self._environment, sorted(self._queues))
-        if seconds is not None:
-            self._next_due = time.monotonic() + max(0.0, seconds) + DUE_MARGIN
+    def _spaced(self) -> bool:
+        """Whether the wait after an empty claim now is spaced out (longer than the poll
+        interval): LISTEN is up and claims have found nothing for ``IDLE_GRACE``."""
+        if self._drain or self._idle_since is None or not self._listening():
+            return False
+        return time.monotonic() - self._idle_since >= IDLE_GRACE
+
+    def _listening(self) -> bool:
+        return self._listener is not None and self._listener.connected.is_set()
 
     def _note(self, found: bool) -> None:
         """Count an empty claim toward the idle backoff; one that found work ends it."""
@@ -211,8 +227,7 @@ class PollingAcquirer:
     def idle_poll(self) -> float:
         """Seconds between polls now: the poll interval, or more while LISTEN is up and
         claims have found nothing for a while (``IDLE_GRACE``)."""
-        listening = self._listener is not None and self._listener.connected.is_set()
-        if not listening or not self._empty:
+        if not self._listening() or not self._empty:
             return self._poll
         cap = max(self._poll, min(IDLE_CAP, 10 * self._poll))
         return min(cap, self._poll * 2.0 ** min(self._empty, 16))

@@ -83,15 +83,36 @@ class AttemptRepository:
         statement = self._db.sql["run_claim"]
         return self._db.run(lambda conn: claimed(conn.execute(statement, params).fetchall()))
 
-    def run_next_due(self, environment: str, queues: Sequence[str]) -> float | None:
-        params = {"environment": environment, "queues": list(queues)}
-        statement = self._db.sql["run_next_due"]
+    def run_claim_or_next_due(
+        self,
+        environment: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
+        due_queues: Sequence[str],
+    ) -> tuple[list[ClaimedRun], float | None]:
+        params = {
+            "environment": environment,
+            "queues": list(queues),
+            "limit": limit,
+            "lease_seconds": lease.total_seconds(),
+            "concurrency_limit": None,
+            "worker_id": worker_id,
+        }
+        due = {"environment": environment, "queues": list(due_queues)}
+        claim, next_due = self._db.sql["run_claim"], self._db.sql["run_next_due"]
 
-        def read(conn: Conn) -> float | None:
-            row = conn.execute(statement, params).fetchone()
-            return None if row is None or row[0] is None else float(row[0])
+        def both(conn: Conn) -> tuple[list[ClaimedRun], float | None]:
+            with conn.transaction():  # one transaction: an idle worker's poll stays one
+                runs = claimed(conn.execute(claim, params).fetchall()) if queues else []
+                if runs:
+                    return runs, None
+                row = conn.execute(next_due, due).fetchone()
+            return [], None if row is None or row[0] is None else float(row[0])
 
-        return self._db.run(read)
+        return self._db.run(both)
 
     def run_claim_bounded(
         self,

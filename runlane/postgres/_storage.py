@@ -88,7 +88,7 @@ class PostgresStorage:
         attempts = AttemptRepository(self._db)
         self.run_claim = attempts.run_claim
         self.run_claim_bounded = attempts.run_claim_bounded
-        self.run_next_due = attempts.run_next_due
+        self.run_claim_or_next_due = attempts.run_claim_or_next_due
         self.run_claim_ids = attempts.run_claim_ids
         self.run_complete_many = attempts.run_complete_many
         self.run_fail_many = attempts.run_fail_many

@@ -152,9 +152,20 @@ class ClaimStore(Protocol):
         """Move up to ``limit`` due queued runs to ``running`` under fresh leases, recording
         ``worker_id`` as the worker running their attempts (None: not a delivery worker)."""
 
-    def run_next_due(self, environment: str, queues: Sequence[str]) -> float | None:
-        """Seconds (the storage's clock) until the earliest queued run of ``queues`` that is
-        not yet due comes due; None when none waits for its time."""
+    def run_claim_or_next_due(
+        self,
+        environment: str,
+        queues: Sequence[str],
+        limit: int,
+        lease: timedelta,
+        *,
+        worker_id: uuid.UUID | None = None,
+        due_queues: Sequence[str],
+    ) -> tuple[list[ClaimedRun], float | None]:
+        """``run_claim`` of ``queues`` (none: claims nothing) and, when it claims nothing,
+        the seconds (the storage's clock) until the earliest queued run of ``due_queues``
+        that is not yet due comes due (None: none waits for its time), in one transaction:
+        an idle worker's spaced-out poll."""
 
     def run_claim_bounded(
         self,
