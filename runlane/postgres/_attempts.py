@@ -93,6 +93,10 @@ class AttemptRepository:
         worker_id: uuid.UUID | None = None,
         due_queues: Sequence[str],
     ) -> tuple[list[ClaimedRun], float | None]:
+        """``run_claim`` of ``queues`` (none: claims nothing) and, when it claims nothing,
+        the seconds (the database's now) until the earliest queued run of ``due_queues``
+        that is not yet due comes due (None: none waits for its time), in one transaction:
+        an idle worker's spaced-out poll."""
         params = {
             "environment": environment,
             "queues": list(queues),

@@ -162,10 +162,7 @@ class ClaimStore(Protocol):
         worker_id: uuid.UUID | None = None,
         due_queues: Sequence[str],
     ) -> tuple[list[ClaimedRun], float | None]:
-        """``run_claim`` of ``queues`` (none: claims nothing) and, when it claims nothing,
-        the seconds (the storage's clock) until the earliest queued run of ``due_queues``
-        that is not yet due comes due (None: none waits for its time), in one transaction:
-        an idle worker's spaced-out poll."""
+        """``run_claim``; if none, seconds till ``due_queues``' next run is due (one transaction)"""
 
     def run_claim_bounded(
         self,
