@@ -3,9 +3,10 @@ maintenance services hold open and do while nothing is triggered.
 
     python -m benchmarks.connections [--window 10] [--settle 45] [--database-url URL]
 
-Four processes, one after the other, each its own child process on a fresh schema: a
+Five processes, one after the other, each its own child process on a fresh schema: a
 runtime only (started, one ``status()`` call), a runtime with a polling-lane worker at
-concurrency 8, one with two such workers, and one with a worker and ``start_services()``.
+concurrency 8, one with two such workers, one with a worker and ``start_services()``, and
+one with a worker that waited for a run (``wait_for_run``) before idling.
 Once it says it is ready and ``--settle`` seconds have passed, the measurer counts the
 child's backends in ``pg_stat_activity`` (those whose client port is one of the child's
 sockets; every client backend but the measurer's when the server is reached over a Unix
@@ -61,12 +62,13 @@ GOAL_TRANSACTIONS = 2.0
 # runs triggered into the idle worker, each this many seconds after the last
 LATENCY_SAMPLES = 5
 LATENCY_IDLE = 12.0
-SCENARIOS = ("runtime", "worker", "two-workers", "worker+services")
+SCENARIOS = ("runtime", "worker", "two-workers", "worker+services", "worker+wait")
 _LABELS = {
     "runtime": "a runtime only",
     "worker": "runtime + polling worker, concurrency 8",
     "two-workers": "runtime + two such workers",
     "worker+services": "runtime + worker + maintenance services",
+    "worker+wait": "runtime + worker, after one wait_for_run",
 }
 
 
@@ -179,6 +181,10 @@ def _child(scenario: str, url: str, schema: str) -> None:
         workers.append(rt.create_delivery_worker(concurrency=8))
     if scenario == "worker+services":
         services = rt.start_services()
+    if scenario == "worker+wait":
+        # wait_for_run's run ends ride the worker's LISTEN connection (one a process; before
+        # issue 40 a connection of their own), their channel UNLISTENed once nobody waits
+        rt.wait_for_run(rt.trigger(noop, None).id, timeout=30)
     print("ready", flush=True)
     if sys.stdin.readline().strip() == "latency":
         print(" ".join(f"{ms:.2f}" for ms in _after_idle(rt)), flush=True)
