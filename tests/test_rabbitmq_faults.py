@@ -627,8 +627,10 @@ def test_a_consumer_sigkilled_before_and_after_its_claim_loses_nothing(
     assert executed_there == [(str(claimed), "1")], stderr
 
     worker = rl.create_delivery_worker(concurrency=2)
-    # (a) the unacked message comes back at once; (b) the lease lapses, maintenance expires
-    # the attempt, the retry is announced through the outbox and runs as attempt 2
+    # (a) the unacked message comes back at once; (b) the lease lapses (2 s on the database's
+    # clock: moved, not waited; the killed process cannot renew it), maintenance expires the
+    # attempt, the retry is announced through the outbox and runs as attempt 2
+    elapse(db, schema, 10, "runs.lease_expires_at")
     _settle(rl, db, schema, [claimed, prefetched], timeout=30)
     worker.close(timeout=10)
     assert dict(executions.attempts) == {(prefetched, 1): 1, (claimed, 2): 1}
