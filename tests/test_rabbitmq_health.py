@@ -23,7 +23,7 @@ from runlane.cli._rabbit_nodes import RabbitNode
 from runlane.rabbitmq import RabbitMQStatus
 from runlane.rabbitmq._amqp import Watchdog, declare_queue, queue_name
 from tests.conftest import RabbitRuntimes
-from tests.helpers import Conn, SchemaDb, wait_until
+from tests.helpers import Conn, SchemaDb, closed_port, wait_until
 
 
 @task(id="health.noop")
@@ -178,16 +178,13 @@ def test_start_refuses_a_virtual_host_the_broker_refuses(
 
 
 def test_start_goes_on_when_the_broker_is_down(
-    rabbit_runtime: RabbitRuntimes,
-    rabbitmq_node: RabbitNode,
-    db: Conn,
-    schema: str,
-    caplog: pytest.LogCaptureFixture,
+    rabbit_runtime: RabbitRuntimes, db: Conn, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # triggers keep their outbox items in Postgres: a broker down at start is logged, and
-    # the runtime starts (a producer does not wait for the broker)
-    url = rabbitmq_node.amqp_url
-    rabbitmq_node.stop()
+    # the runtime starts (a producer does not wait for the broker). Down: nothing listens at
+    # its port, as after a stop (stopping the lent node cost a second, and the next test on
+    # it a restart)
+    url = f"amqp://guest:guest@127.0.0.1:{closed_port()}/%2F"
     rl = rabbit_runtime(amqp_url=url, tasks=[noop])
     with caplog.at_level(logging.WARNING, logger="runlane.rabbitmq"):
         rl.start()
