@@ -9,6 +9,8 @@ and the node killed at once, then restarted.
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -193,3 +195,28 @@ def test_start_goes_on_when_the_broker_is_down(
     handle = rl.trigger(noop, None)
     assert rl.status().outbox_pending == 1
     assert rl.get_run(handle.id).status.value == "queued"
+
+
+def test_a_broker_that_accepts_and_never_answers_holds_start_and_status_only_connect_timeout(
+    rabbit_runtime: RabbitRuntimes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # TCP is accepted (the listen backlog) and no AMQP answer comes: pika's handshake waits
+    # its stack_timeout, 15 s by default, whatever connect_timeout said; the lane bounds the
+    # whole handshake by connect_timeout (the start-up check and status() by 3 s at most)
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        url = f"amqp://guest:guest@127.0.0.1:{mute.getsockname()[1]}/%2F"
+        rl = rabbit_runtime(amqp_url=url, tasks=[noop], connect_timeout=1.0)
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="runlane.rabbitmq"):
+            rl.start()
+        started = time.monotonic() - began
+        assert any("does not answer at start" in r.getMessage() for r in caplog.records)
+        began = time.monotonic()
+        broker = RabbitMQStatus.of(rl.status()).broker
+        asked = time.monotonic() - began
+        assert broker is not None
+        assert broker.startswith("unreachable at 127.0.0.1:"), broker
+        assert started < 4.0, started
+        assert asked < 4.0, asked

@@ -14,6 +14,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import pika
@@ -103,6 +104,10 @@ class RabbitMQLane:
         params = check_amqp_url(self.amqp_url)
         params.connection_attempts = 1
         params.socket_timeout = self.connect_timeout
+        if "stack_timeout" not in parse_qs(urlsplit(self.amqp_url).query):
+            # the whole handshake (TCP, TLS, AMQP), not pika's 15 s: a broker that accepts
+            # and never answers holds a connect no longer than connect_timeout says
+            params.stack_timeout = self.connect_timeout
         params.blocked_connection_timeout = self.publish_timeout.total_seconds()
         return params
 
@@ -230,8 +235,9 @@ class RabbitMQLane:
 
 def _connect_problem(params: pika.URLParameters, connect_timeout: float) -> BaseException | None:
     """Connect to the broker once and close: None when it answered, else what failed (its
-    socket timeout at most ``connect_timeout``, and 3 s)."""
+    socket timeout and whole handshake at most ``connect_timeout``, and 3 s)."""
     params.socket_timeout = min(connect_timeout, 3.0)
+    params.stack_timeout = min(params.stack_timeout or connect_timeout, connect_timeout, 3.0)
     try:
         pika.BlockingConnection(params).close()
     except AMQP_ERRORS as exc:
@@ -279,6 +285,9 @@ def rabbitmq_lane(
     no outbox item before maintenance announces it again. ``defer_delay``: how long a run
     whose bounded queue is at capacity waits before it is published again.
     ``poll_interval``: how often an idle worker looks again without a delivery.
+    ``connect_timeout``: how long a connection to the broker may take, its whole handshake
+    (TCP, TLS, AMQP) included, unless ``amqp_url`` sets ``stack_timeout`` (the start-up
+    check and ``status()`` wait 3 s at most).
     ``queue_type``: ``"quorum"`` (the default) replicates every message to a majority of
     the cluster's nodes and delivers it once that is on disk; ``"classic"`` keeps a queue
     on one node and delivers before its disk write (runs start sooner by that write:
