@@ -32,7 +32,7 @@ import pytest
 from flask import Flask, Request
 from psycopg import sql
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -208,6 +208,17 @@ def _left(page: WebElement) -> Callable[[WebDriver], bool]:
 # how often a wait for the next page looks (selenium's default, 0.5 s, cost most clicks
 # half a second: the first look, at once, comes before the page has gone)
 PAGE_POLL = 0.02
+
+
+def waiting(driver: WebDriver, timeout: float = 15.0) -> WebDriverWait[WebDriver]:
+    """A wait that looks every PAGE_POLL; an element a live update swapped out while it was
+    read (stale) is looked at again, not a failure."""
+    return WebDriverWait(
+        driver,
+        timeout,
+        poll_frequency=PAGE_POLL,
+        ignored_exceptions=(StaleElementReferenceException,),
+    )
 
 
 def click(driver: WebDriver, css: str) -> None:

@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from runlane import RetryPolicy, RunContext, Runlane, queue, task
 from runlane.testing import MovableClock
 from runlane.web import create_app
 from runlane.web._charts import CHART_HEIGHT, line_chart
 from tests.conftest import RunlaneFactory
-from tests.test_web import browser, click, served, shot, text  # noqa: F401 - browser: a fixture
+from tests.test_web import browser, click, served, shot, text, waiting  # noqa: F401 - browser: a fixture
 
 STROKE = (
     "return getComputedStyle(document.querySelector("
@@ -165,7 +164,7 @@ def test_the_charts_update_in_place(
         folded.drain(queues=["mail"])
         clock.advance(60)
         folded.run_maintenance_once()
-        WebDriverWait(browser, 15).until(
+        waiting(browser).until(
             lambda driver: legend(driver, "throughput").get("completed") == "7 runs"
         )
         assert browser.execute_script("return window.__same_document") is True

@@ -16,7 +16,6 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.ui import WebDriverWait
 
 from runlane import RunContext, Runlane, RunStatus, queue, task
 from runlane.cli import EXIT_CONFIGURATION, main
@@ -25,7 +24,16 @@ from runlane.postgres._web_reads import FIRST_WINDOW, WebReadRepository
 from runlane.web import create_app
 from tests.conftest import RunlaneFactory
 from tests.helpers import Conn, SchemaDb, wait_until
-from tests.test_web import browser, click, everyone, served, shot, submit_by_script, text
+from tests.test_web import (
+    browser,
+    click,
+    everyone,
+    served,
+    shot,
+    submit_by_script,
+    text,
+    waiting,
+)
 
 __all__ = ["browser"]  # the module's Chromium (tests/test_web.py's fixture)
 
@@ -264,7 +272,7 @@ def test_find_in_the_browser(browser: WebDriver, shop: dict[str, Any]) -> None:
         copy = browser.find_element(By.CSS_SELECTOR, "h1 [data-copy]")
         assert copy.get_attribute("data-copy") == str(ids["refund"])
         copy.click()
-        WebDriverWait(browser, 5).until(lambda d: copy.get_attribute("data-copied") == "1")
+        waiting(browser, 5).until(lambda d: copy.get_attribute("data-copied") == "1")
         assert copy.text == "copied"
         browser.get(base + "/find?run=billing")
         assert "is not a run id" in text(browser, "#error")

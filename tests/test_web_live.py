@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from runlane import RunContext, Runlane, queue, task
 from runlane.web import create_app
 from tests.conftest import RunlaneFactory
-from tests.test_web import IMAGES, browser, everyone, served
+from tests.test_web import IMAGES, browser, everyone, served, waiting
 
 __all__ = ["browser"]  # the module's Chromium (tests/test_web.py's fixture)
 
@@ -73,7 +72,7 @@ def test_a_page_updates_in_place_and_the_pause_toggle_stops_it(
     assert "updates in place every 1 second" in browser.find_element(By.ID, "live-state").text
 
     live.trigger(job, {"n": 1}, queue="live")
-    WebDriverWait(browser, 15).until(lambda d: rows(d) == 2)
+    waiting(browser).until(lambda d: rows(d) == 2)
     assert browser.execute_script("return window.__same_document") is True
 
     # the overview's counts too: a card changes without a reload
@@ -82,7 +81,7 @@ def test_a_page_updates_in_place_and_the_pause_toggle_stops_it(
     cards = browser.find_element(By.CSS_SELECTOR, "[data-live=cards]").text
     assert "2\nqueued and due" in cards
     live.trigger(job, {"n": 2}, queue="live")
-    WebDriverWait(browser, 15).until(
+    waiting(browser).until(
         lambda d: "3\nqueued and due" in d.find_element(By.CSS_SELECTOR, "[data-live=cards]").text
     )
     assert browser.execute_script("return window.__same_document") is True
@@ -98,7 +97,7 @@ def test_a_page_updates_in_place_and_the_pause_toggle_stops_it(
     updates = body_number(browser, "data-updates")
     ticks = body_number(browser, "data-ticks")
     live.trigger(job, {"n": 3}, queue="live")
-    WebDriverWait(browser, 15).until(lambda d: body_number(d, "data-ticks") >= ticks + 3)
+    waiting(browser).until(lambda d: body_number(d, "data-ticks") >= ticks + 3)
     assert rows(browser) == shown
     assert body_number(browser, "data-updates") == updates
     # the pause is remembered by this browser: a new page starts paused
@@ -108,7 +107,7 @@ def test_a_page_updates_in_place_and_the_pause_toggle_stops_it(
     # resumed, it updates again
     browser.find_element(By.ID, "live-toggle").click()
     live.trigger(job, {"n": 4}, queue="live")
-    WebDriverWait(browser, 15).until(lambda d: rows(d) == shown + 2)
+    waiting(browser).until(lambda d: rows(d) == shown + 2)
 
 
 def test_dark_mode_follows_the_system(

@@ -15,12 +15,11 @@ from typing import Any
 from flask.testing import FlaskClient
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from runlane import Runlane, RunStatus
 from runlane.web import create_app
 from runlane.web._selection import SELECTION_LIMIT
-from tests.test_web import browser, click, served, text
+from tests.test_web import browser, click, served, text, waiting
 from tests.test_web_actions import audit_rows, flaky, rl
 from tests.test_web_live import body_number
 
@@ -55,14 +54,14 @@ def test_selected_runs_are_retried_the_others_left_and_the_action_recorded(
         assert not any(box.is_selected() for box in boxes(browser).values())
         # unticked, the list updates in place
         updates = body_number(browser, "data-updates")
-        WebDriverWait(browser, 15).until(lambda d: body_number(d, "data-updates") > updates)
+        waiting(browser).until(lambda d: body_number(d, "data-updates") > updates)
         chosen, left = failed[:2], failed[2]
         for key in chosen:
             boxes(browser)[key].click()
         # while runs are ticked, the timer turns and nothing is swapped: the ticks stay
         updates = body_number(browser, "data-updates")
         ticks = body_number(browser, "data-ticks")
-        WebDriverWait(browser, 15).until(lambda d: body_number(d, "data-ticks") >= ticks + 3)
+        waiting(browser).until(lambda d: body_number(d, "data-ticks") >= ticks + 3)
         assert body_number(browser, "data-updates") == updates
         ticked = {key for key, box in boxes(browser).items() if box.is_selected()}
         assert ticked == set(chosen)
