@@ -140,6 +140,16 @@ def test_a_due_insert_is_announced_once_per_queue(
     assert sorted(heard(listener)) == ["env|other", "env|q"]
 
 
+def test_a_run_due_within_an_idle_workers_poll_spacing_is_announced_at_once(
+    storage: PostgresStorage, listener: Listener
+) -> None:
+    # schema version 27: a worker whose polls are spaced out (10 s at most) would find it
+    # late; one due later is learnt at its next spaced-out poll, before it is due
+    insert(storage, "soon", delay=timedelta(seconds=5))
+    insert(storage, "later", delay=timedelta(seconds=30))
+    assert heard(listener) == ["env|soon"]
+
+
 def test_a_delayed_insert_is_announced_when_recovery_finds_it_due(
     storage: PostgresStorage, listener: Listener, dbx: SchemaDb, database_url: str, schema: str
 ) -> None:
