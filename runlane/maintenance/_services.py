@@ -193,7 +193,10 @@ class _BandLoop:
                 self.board.set_owned(self.band.name, None)
                 return
             self.fence = MaintenanceFence(s.scope.environment, self.band.name, s.owner, fencing)
-            self.last_refresh = now
+            # the first refresh comes up to half an interval early, at random: bands acquired
+            # together would otherwise refresh together for good, each needing a pooled
+            # connection at the same moment (the pool then never shrinks while idle)
+            self.last_refresh = now - _random.uniform(0.0, s.refresh_interval / 2)
             self.deadline = now + s.lease_seconds - s.margin
             self.next_pass = now
             self.board.set_owned(self.band.name, fencing)
@@ -229,17 +232,23 @@ class _BandLoop:
             )
             return
         if time.monotonic() >= self.next_pass:
-            changed = self.run_phases()
-            now = time.monotonic()
-            if changed:
-                self.idle_since, self.empty_passes = None, 0
-            elif self.idle_since is None:
-                self.idle_since = now
-            elif now - self.idle_since >= IDLE_GRACE:
-                self.empty_passes += 1
-            interval = self.band.interval.total_seconds()
-            idle_for = 0.0 if self.idle_since is None else now - self.idle_since
-            self.next_pass = now + idle_interval(interval, idle_for, self.empty_passes)
+            self.schedule_after(self.run_phases())
+
+    def schedule_after(self, changed: bool) -> None:
+        """Set the next pass after one that ``changed`` something, or not."""
+        now = time.monotonic()
+        if changed:
+            self.idle_since, self.empty_passes = None, 0
+        elif self.idle_since is None:
+            self.idle_since = now
+        elif now - self.idle_since >= IDLE_GRACE:
+            self.empty_passes += 1
+        interval = self.band.interval.total_seconds()
+        idle_for = 0.0 if self.idle_since is None else now - self.idle_since
+        wait = idle_interval(interval, idle_for, self.empty_passes)
+        if wait > interval:  # spaced out: spread the idle bands' passes apart (as above)
+            wait = max(interval, wait * _random.uniform(0.8, 1.0))
+        self.next_pass = now + wait
 
     def run_phases(self) -> bool:
         """Run the band's phases; True when one changed something or failed (the band
