@@ -55,6 +55,24 @@ def claimed(rows: Sequence[tuple[Any, ...]]) -> list[ClaimedRun]:
     return [ClaimedRun(*row[:_CLAIM_WIDTH]) for row in rows]
 
 
+def _claim_params(
+    environment: str,
+    queues: Sequence[str],
+    limit: int,
+    lease: timedelta,
+    worker_id: uuid.UUID | None,
+) -> dict[str, Any]:
+    """run_claim's parameters (no concurrency limit: a bounded queue claims elsewhere)."""
+    return {
+        "environment": environment,
+        "queues": list(queues),
+        "limit": limit,
+        "lease_seconds": lease.total_seconds(),
+        "concurrency_limit": None,
+        "worker_id": worker_id,
+    }
+
+
 class AttemptRepository:
     """Claims and the lifecycle writes, each fenced by run, attempt and lease token."""
 
@@ -72,14 +90,7 @@ class AttemptRepository:
         *,
         worker_id: uuid.UUID | None = None,
     ) -> list[ClaimedRun]:
-        params = {
-            "environment": environment,
-            "queues": list(queues),
-            "limit": limit,
-            "lease_seconds": lease.total_seconds(),
-            "concurrency_limit": None,
-            "worker_id": worker_id,
-        }
+        params = _claim_params(environment, queues, limit, lease, worker_id)
         statement = self._db.sql["run_claim"]
         return self._db.run(lambda conn: claimed(conn.execute(statement, params).fetchall()))
 
@@ -97,14 +108,7 @@ class AttemptRepository:
         the seconds (the database's now) until the earliest queued run of ``due_queues``
         that is not yet due comes due (None: none waits for its time), in one transaction:
         an idle worker's spaced-out poll."""
-        params = {
-            "environment": environment,
-            "queues": list(queues),
-            "limit": limit,
-            "lease_seconds": lease.total_seconds(),
-            "concurrency_limit": None,
-            "worker_id": worker_id,
-        }
+        params = _claim_params(environment, queues, limit, lease, worker_id)
         due = {"environment": environment, "queues": list(due_queues)}
         claim, next_due = self._db.sql["run_claim"], self._db.sql["run_next_due"]
 
