@@ -414,17 +414,29 @@ def test_the_run_now_function_refuses_a_child_runs_key_through_raw_sql(
     schema: str,
     granted: Callable[[str], str],
 ) -> None:
-    """The operator role may execute runlane_run_schedule itself (schema version 14)."""
+    """The operator role may execute runlane_run_schedule itself (schema version 14; since
+    version 26 its overload naming the audit action, which commits with the record)."""
     app = make_runlane(tasks=[pay_parent, pay_child], schedules=[forged_schedule])
     parent = app.trigger(pay_parent, {}, delay=3600).id
     app.run_maintenance_once()
-    run_now = q("select * from {s}.runlane_run_schedule('default', %s, %s, %s, null)", schema)
+    run_now = q(
+        "select * from {s}.runlane_run_schedule('default', %s, %s, %s, null, 'run_schedule_now')",
+        schema,
+    )
+    record = q(
+        "insert into {s}.audit_log (id, action_id, environment, via, action, target, changed) "
+        "values (gen_random_uuid(), gen_random_uuid(), 'default', 'api', 'run_schedule_now', "
+        "'pay.forged', true)",
+        schema,
+    )
     with psycopg.connect(granted("operator"), autocommit=True) as conn:
         for key in (_forged_key(parent), "runlane."):
             with pytest.raises(psycopg.errors.InvalidParameterValue, match="reserved"):
                 conn.execute(run_now, ("pay.forged", uuid.uuid4(), key))
         assert count_runs(db, schema) == 1  # the parent only: nothing was written
-        made = conn.execute(run_now, ("pay.forged", uuid.uuid4(), "incident-8")).fetchall()
+        with conn.transaction():
+            made = conn.execute(run_now, ("pay.forged", uuid.uuid4(), "incident-8")).fetchall()
+            conn.execute(record)
     assert [row[1:] for row in made] == [("pay.child", "default", True)]
 
 
