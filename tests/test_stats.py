@@ -6,6 +6,8 @@ moved, never slept); retention prunes it; bad windows are refused in one line.""
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import uuid
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
@@ -23,6 +25,7 @@ from runlane import (
     RetryPolicy,
     RunContext,
     Runlane,
+    RunStatus,
     StaleLease,
     Task,
     task,
@@ -32,7 +35,7 @@ from runlane.stats import HISTOGRAM_BOUNDS, Histogram, Stats, histogram_index
 from runlane.storage import MaintenanceFence
 from runlane.testing import MovableClock
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, storage_of
+from tests.helpers import Conn, poll, storage_of
 
 _clock: MovableClock | None = None  # the running test's, which the handlers move
 
@@ -517,3 +520,42 @@ def test_only_the_operators_functions_write_departed_figures_and_only_the_fold_r
             for refused in (read, delete):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute(refused)
+
+
+def test_two_retries_of_one_run_at_once_retry_it_and_record_its_finish_once(
+    make_runlane: RunlaneFactory, database_url: str, db: Conn, schema: str
+) -> None:
+    """The second of two concurrent retries waited for the first's row lock, then saw the
+    run as its statement's snapshot had it (failed): it queued the run again and recorded
+    its finish a second time (two operators, a double click). It now reads the run as
+    locked: not retried, nothing recorded."""
+    rl = make_runlane(tasks=[doomed])
+    run_id = rl.trigger(doomed, {}).id
+    rl.drain()
+    assert rl.get_run(run_id).status is RunStatus.FAILED
+    retry = sql.SQL("select retried from {}.runlane_retry_runs('default', %s, false)").format(
+        sql.Identifier(schema)
+    )
+    first = psycopg.connect(database_url)
+    answers: queue.Queue[Any] = queue.Queue()
+
+    def second() -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            answers.put(conn.execute(retry, ([run_id],)).fetchone())
+
+    try:
+        assert first.execute(retry, ([run_id],)).fetchone() == (True,)  # holds the lock
+        waiter = threading.Thread(target=second, name="test-second-retry")
+        waiter.start()
+        blocked = sql.SQL(
+            "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and query like %s"
+        )
+        waiting = ("%runlane_retry_runs%",)
+        assert poll(lambda: db.execute(blocked, waiting).fetchone() == (1,), timeout=10)
+        first.commit()
+        waiter.join(10)
+    finally:
+        first.close()
+    assert answers.get(timeout=1) == (False,)
+    departed = sql.SQL("select status from {}.stats_departed").format(sql.Identifier(schema))
+    assert db.execute(departed).fetchall() == [("failed",)]

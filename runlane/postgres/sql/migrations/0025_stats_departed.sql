@@ -78,17 +78,19 @@ as $$
         from {schema}.runs as r
         where r.id in (select l.id from locked as l) and r.environment = p_environment
     ), changed as (
+        -- the row's status as it is once locked (r), not as the statement's snapshot saw
+        -- it (t): a claim or a cancel committed while runlane_lock_runs waited is seen
         update {schema}.runs as r
-        set status = case when t.status = 'running' then 'cancellation_requested'
+        set status = case when r.status = 'running' then 'cancellation_requested'
                           else 'cancelled' end,
-            finished_at = case when t.status = 'running' then null else now() end,
+            finished_at = case when r.status = 'running' then null else now() end,
             wait_kind = null,
             wait_token_id = null,
             wait_run_id = null,
             updated_at = now()
         from target as t
         where r.id = t.id
-          and t.status in ('queued', 'retrying', 'released', 'waiting', 'running')
+          and r.status in ('queued', 'retrying', 'released', 'waiting', 'running')
         returning r.id, r.status
     ), kept as (
         insert into {schema}.stats_departed (environment, at, queue, task_id, retried)
@@ -97,6 +99,7 @@ as $$
         join {schema}.attempts as a on a.run_id = r.id
         cross join (select {schema}.runlane_stats_unfolded_since(p_environment) as at) as since
         where r.id in (select t.id from target as t where t.status = 'retrying')
+          and r.id in (select c.id from changed as c)
           and a.outcome = 'expired' and a.attempt >= r.attempt
           and a.started_at >= since.at
     )
@@ -135,8 +138,10 @@ as $$
             updated_at = now()
         from target as t
         where r.id = t.id
-          and t.status in ('failed', 'cancelled')
-          and not t.pruned
+          -- as it is once locked: a retry committed while runlane_lock_runs waited (two
+          -- operators, a double click) leaves it queued, not retried again
+          and r.status in ('failed', 'cancelled')
+          and r.pruned_at is null
         returning r.id
     ), kept as (
         insert into {schema}.stats_departed (environment, at, queue, task_id, status, wait, run)
@@ -150,8 +155,7 @@ as $$
                end
         from {schema}.runs as r
         cross join (select {schema}.runlane_stats_unfolded_since(p_environment) as at) as since
-        where r.id in (select t.id from target as t
-                       where t.status in ('failed', 'cancelled') and not t.pruned)
+        where r.id in (select d.id from retried as d)
           and r.finished_at >= since.at
     )
     select t.id, t.status, t.pruned, t.id in (select id from retried)
