@@ -149,6 +149,39 @@ def test_each_channel_reaches_only_its_subscribers(
     assert _quiet(heard_b)
 
 
+def test_a_subscriber_that_raises_does_not_silence_the_others(
+    database_url: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """One shared thread serves every subscriber: a callback that raises is logged, and the
+    thread goes on delivering to the others (it used to end, leaving them all polling)."""
+    channel = f"c-{schema}"[:63]
+    heard: queue.Queue[str | None] = queue.Queue()
+
+    def broken(payload: str | None) -> None:
+        if payload is not None:
+            raise RuntimeError("a broken callback")
+
+    bad = SharedListener(
+        connection_string=database_url,
+        channel=channel,
+        environment="default",
+        on_wake=broken,
+        name=f"bad-{schema}"[:63],
+    )
+    good, heard = _subscriber(database_url, channel, f"good-{schema}"[:63])
+    bad.start()
+    good.start()
+    try:
+        assert _next(heard) is None
+        _notify(db, channel, "default|one")
+        _notify(db, channel, "default|two")
+        assert _next(heard) == "one"
+        assert _next(heard) == "two"
+    finally:
+        bad.close(10)
+        good.close(10)
+
+
 def test_a_paused_channel_is_unlistened_and_the_other_stays(
     two_channels: Any, db: psycopg.Connection[Any]
 ) -> None:

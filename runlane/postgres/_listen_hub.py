@@ -20,6 +20,7 @@ alone) and its first subscriber starts a listener of its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -29,6 +30,8 @@ from psycopg import sql
 from runlane.postgres._listener import PostgresListener
 
 __all__ = ["SharedListener", "shared_listeners"]
+
+log = logging.getLogger("runlane.listener")
 
 _Key = tuple[str, bool, float]
 
@@ -269,7 +272,13 @@ class SharedListener(PostgresListener):
         go to its callback, without the environment."""
         if self._stop.is_set():
             return
-        if payload is None:
-            self._on_wake(None)
-            return
-        self._deliver(self._channel, payload)
+        try:
+            if payload is None:
+                self._on_wake(None)
+            else:
+                self._deliver(self._channel, payload)
+        except Exception:
+            # one subscriber's failure must not end the thread every other one listens on
+            log.exception(
+                "runlane: %s failed on a notification; the others still listen", self._name
+            )
