@@ -146,7 +146,7 @@ def test_a_run_due_within_an_idle_workers_poll_spacing_is_announced_at_once(
     # schema version 27: a worker whose polls are spaced out (10 s at most) would find it
     # late; one due later is learnt at its next spaced-out poll, before it is due
     insert(storage, "soon", delay=timedelta(seconds=5))
-    insert(storage, "later", delay=timedelta(seconds=30))
+    insert(storage, "later", delay=timedelta(seconds=30))  # (15 s: the spacing and its jitter)
     assert heard(listener) == ["env|soon"]
 
 

@@ -44,9 +44,9 @@ _random = random.Random()
 # claim also reads, in its transaction, how long until the earliest not-yet-due run of the
 # worker's queues comes due (run_claim_or_next_due: the database's due_at - now(), one index
 # descent per queue and priority), and the worker wakes no later than then (plus
-# DUE_MARGIN, so the claim sees it due). A run triggered due within IDLE_CAP is announced
-# (schema version 27), which brings the poll interval back; one due later is learnt at the
-# next spaced-out claim, before it is due.
+# DUE_MARGIN, so the claim sees it due). A run triggered due within 15 s (IDLE_CAP with
+# its jitter, and a margin) is announced (schema version 27), which brings the poll
+# interval back; one due later is learnt at the next spaced-out claim, before it is due.
 IDLE_GRACE = 10.0
 IDLE_CAP = 10.0
 DUE_MARGIN = 0.005

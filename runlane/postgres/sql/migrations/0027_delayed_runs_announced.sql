@@ -5,13 +5,16 @@
 -- a while spaces its polls out (ten poll intervals, 10 s at most), and an empty claim reads
 -- when the earliest delayed run of its queues comes due, waking then (issue 40); a run
 -- triggered with a delay while the worker slept between spaced-out polls was found only at
--- its next poll, up to 10 s after it came due. Now a queued run due within the longest
--- spacing (10 s, postgres/_acquirer.py) is announced too: the worker woken claims nothing
--- yet, learns the run's due time in the same transaction, and wakes when it comes due. A
--- run due later is not announced (no idle worker's empty claim for each delayed trigger):
--- the worker's next spaced-out poll, at most 10 s away, comes before it is due and learns
--- its due time. Notifications are one per environment and queue a transaction (PostgreSQL
--- folds identical ones), so a batch of triggers costs one.
+-- its next poll, up to 10 s after it came due. Now a queued run due within 15 s (the
+-- longest spacing, 10 s in postgres/_acquirer.py and up to 11 with its jitter, and a
+-- margin) is announced too: the worker woken claims nothing yet, learns the run's due time
+-- in the same transaction, and wakes when it comes due. A run due later is not announced
+-- (no idle worker's empty claim for each delayed trigger): the worker's next spaced-out
+-- poll, at most 11 s away, comes before it is due and learns its due time. The window is
+-- measured from the trigger's transaction start: a delayed trigger in a transaction held
+-- open for L seconds is announced only if due within 15 s of that start. Notifications
+-- are one per environment and queue a transaction (PostgreSQL folds identical ones), so a
+-- batch of triggers costs one.
 --
 -- Additive for the runtimes of version 26: the same trigger and payload; a runtime of
 -- version 26 woken by a delayed run claims nothing and polls as before.
@@ -25,11 +28,12 @@ declare
     announced bigint;
     moment timestamptz := {schema}.runlane_now();
 begin
-    -- and a run due within an idle worker's longest poll spacing (10 s): a worker woken by
-    -- it claims nothing yet and learns when it is due; a later one its next poll learns
+    -- and a run due within an idle worker's longest poll spacing (10 s, up to 11 with its
+    -- jitter; 15 s here): a worker woken by it claims nothing yet and learns when it is due;
+    -- a later one its next poll learns
     perform pg_notify({channel}, n.environment || '|' || n.queue)
     from new_rows as n
-    where n.status = 'queued' and n.due_at <= moment + interval '10 seconds';
+    where n.status = 'queued' and n.due_at <= moment + interval '15 seconds';
     if exists (select from {schema}.outbox_environments) then
         claim := nullif(current_setting('runlane.outbox_claim', true), '')::uuid;
         with items as (
