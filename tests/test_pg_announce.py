@@ -150,6 +150,17 @@ def test_a_run_due_within_an_idle_workers_poll_spacing_is_announced_at_once(
     assert heard(listener) == ["env|soon"]
 
 
+def test_a_run_moved_to_now_is_announced(storage: PostgresStorage, listener: Listener) -> None:
+    # schema version 28: "run now" of a queued delayed run (an idle worker remembered its
+    # old due time); a move to later is not
+    (run_id,) = insert(storage, "q", delay=timedelta(hours=1))
+    assert storage.run_reschedule(ENV, run_id, None) is not None
+    assert heard(listener) == ["env|q"]
+    later = storage.database_now() + timedelta(hours=2)
+    assert storage.run_reschedule(ENV, run_id, later) is not None
+    assert heard(listener) == []
+
+
 def test_a_delayed_insert_is_announced_when_recovery_finds_it_due(
     storage: PostgresStorage, listener: Listener, dbx: SchemaDb, database_url: str, schema: str
 ) -> None:
