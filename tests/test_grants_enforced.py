@@ -1035,8 +1035,7 @@ def test_a_schedule_run_by_the_operator_commits_only_with_its_audit_record(
     )
     operator = granted("operator")
     run_now = (
-        "select created from {schema}.runlane_run_schedule('default', 'nightly', %s, 'k', "
-        "null, %s)"
+        "select created from {schema}.runlane_run_schedule('default', 'nightly', %s, 'k', null, %s)"
     )
     refused(
         operator,
