@@ -31,12 +31,11 @@ from runlane import (
     task,
 )
 from runlane._operator import bulk
-from runlane.cli import main
 from runlane.models import AuditRecord
 from runlane.postgres import postgres_polling_lane
 from runlane.runtime import acting_as
 from tests.conftest import RunlaneFactory
-from tests.helpers import Conn, run_row
+from tests.helpers import Cli, Conn, in_process_cli, run_row
 
 ONCE = RetryPolicy(max_attempts=1)
 LATER = RetryPolicy(
@@ -382,19 +381,13 @@ def cli(
     tmp_path: Any,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> Callable[..., tuple[int, str, str]]:
+) -> Cli:
     """``runlane *argv --database-url URL --schema S`` in this process."""
     monkeypatch.chdir(tmp_path)
     for name in ("RUNLANE_DATABASE_URL", "RUNLANE_SCHEMA", "RUNLANE_ENVIRONMENT"):
         monkeypatch.delenv(name, raising=False)
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main([*argv, "--database-url", database_url, "--schema", schema])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    cli = in_process_cli(capsys)
+    return lambda *argv: cli(*argv, "--database-url", database_url, "--schema", schema)
 
 
 def test_the_cli_reschedules_and_lists_the_trail_as_its_own(
