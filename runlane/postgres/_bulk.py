@@ -19,6 +19,7 @@ from runlane.models import RunStatus
 from runlane.postgres._audit import audited
 from runlane.postgres._connections import Conn, own_transaction
 from runlane.postgres._executor import FIRST_PAGE, Executor
+from runlane.postgres._maintenance import prune_ids
 from runlane.storage import BulkBatch, BulkFilter
 
 __all__ = ["BulkRepository", "RequeueCount"]
@@ -170,10 +171,6 @@ class BulkRepository:
         """Cleanup's run_prune_ids on the picked runs no one holds; how many were deleted or
         tombstoned (inside an audited action, ``run_prune_ids_audited``: the overload naming
         the action)."""
-        if not ids:
-            return 0
         statement, extra = audited(self._db, "run_prune_ids")
-        params = {"environment": environment, "ids": ids, "skip_locked": True, **extra}
-        row = conn.execute(self._sql[statement], params).fetchone()
-        assert row is not None
-        return int(row[0]) + int(row[1])
+        sql = self._sql[statement]
+        return sum(prune_ids(conn, sql, environment, ids, skip_locked=True, extra=extra))

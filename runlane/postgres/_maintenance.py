@@ -7,7 +7,7 @@ bulk deletes share (:func:`prune_ids`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 import attrs
@@ -28,13 +28,20 @@ __all__ = ["MaintenanceRepository", "prune_ids"]
 
 
 def prune_ids(
-    conn: Conn, statement: str, environment: str, ids: list[uuid.UUID], *, skip_locked: bool
+    conn: Conn,
+    statement: str,
+    environment: str,
+    ids: list[uuid.UUID],
+    *,
+    skip_locked: bool,
+    extra: Mapping[str, str] | None = None,
 ) -> tuple[int, int]:
-    """run_prune_ids (``statement``) on these runs (those another transaction holds left
-    alone with skip_locked, else waited for): (deleted, tombstoned)."""
+    """run_prune_ids (``statement``, with its ``extra`` parameters: an audited twin's
+    action) on these runs (those another transaction holds left alone with skip_locked,
+    else waited for): (deleted, tombstoned)."""
     if not ids:
         return 0, 0
-    params = {"environment": environment, "ids": ids, "skip_locked": skip_locked}
+    params = {"environment": environment, "ids": ids, "skip_locked": skip_locked, **(extra or {})}
     row = conn.execute(statement, params).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
