@@ -30,8 +30,6 @@ __all__ = ["AuditRepository", "audited"]
 
 T = TypeVar("T")
 
-# the first page starts above every record: no time reaches infinity
-
 
 class _InTransaction(Executor):
     """An executor bound to one connection inside a transaction its creator holds: each

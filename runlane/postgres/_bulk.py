@@ -24,7 +24,6 @@ from runlane.storage import BulkBatch, BulkFilter
 
 __all__ = ["BulkRepository", "RequeueCount"]
 
-# a walk starts above every run: no created_at reaches infinity
 # A bulk retry analyses runs once it has moved this many runs into queued in one walk, then
 # each time the walk's count grows tenfold (10,000, 100,000, 1,000,000: three ANALYZEs of
 # one to two seconds for a million). The first is what matters: from then on the planner
