@@ -6,7 +6,7 @@ The bulk confirmation (a GET) counts what a bulk action would change first."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import attrs
@@ -14,11 +14,20 @@ from flask import Response, abort, redirect, render_template, request, url_for
 
 from runlane._operator.bulk import BulkFilters, bulk_filter
 from runlane.errors import ConfigurationError
-from runlane.models import RunStatus
+from runlane.models import BulkResult, RunStatus
+from runlane.runtime import Runlane
 from runlane.web._console import Console, Route
 from runlane.web._filters import RunFilters, run_filters, run_id_arg, text_arg
 
-__all__ = ["BULK_COUNT_CAP", "BULK_COUNT_SECONDS", "BULK_LIMIT", "Actions"]
+__all__ = [
+    "BULK_COUNT_CAP",
+    "BULK_COUNT_SECONDS",
+    "BULK_LIMIT",
+    "Actions",
+    "bulk_action_arg",
+    "bulk_method",
+    "form_reason",
+]
 
 BULK_COUNT_CAP = 10_000  # a bulk confirmation counts up to this many matches
 # ... within this much of the database's time; a count that would take longer (the filter
@@ -27,6 +36,32 @@ BULK_COUNT_SECONDS = 0.1
 BULK_LIMIT = 10_000  # runs one confirmed bulk action changes at most (newest first)
 
 _NONCE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+
+
+def bulk_action_arg(console: Console, source: Any) -> str:
+    """The bulk ``action`` of ``source`` (retry, cancel or delete; 400 otherwise), one this
+    console's ``authorize`` may allow (403 when it never does)."""
+    action = source.get("action", "")
+    if action not in {"retry", "cancel", "delete"}:
+        abort(400, "action must be retry, cancel or delete")
+    if not console.guard.allows(f"bulk_{action}"):
+        abort(403, f"this console does not allow bulk {action} here")
+    return str(action)
+
+
+def bulk_method(runlane: Runlane, action: str) -> Callable[..., BulkResult]:
+    """``retry_runs``, ``cancel_runs`` or ``delete_runs`` of ``runlane``, for ``action``."""
+    methods: dict[str, Callable[..., BulkResult]] = {
+        "retry": runlane.retry_runs,
+        "cancel": runlane.cancel_runs,
+        "delete": runlane.delete_runs,
+    }
+    return methods[action]
+
+
+def form_reason() -> str | None:
+    """The form's optional reason, for the audit trail."""
+    return text_arg(request.form, "reason")
 
 
 class Actions:
@@ -54,13 +89,13 @@ class Actions:
     def retry(self, run_id: str) -> Response:
         self.console.allowed("retry")
         key = run_id_arg(run_id)
-        self.runlane.retry_run(key, reason=self.reason())
+        self.runlane.retry_run(key, reason=form_reason())
         return self.console.done("runlane.run", "retried", run_id=str(key))
 
     def cancel(self, run_id: str) -> Response:
         self.console.allowed("cancel")
         key = run_id_arg(run_id)
-        result = self.runlane.cancel(key, reason=text_arg(request.form, "reason"))
+        result = self.runlane.cancel(key, reason=form_reason())
         if not result.changed:
             notice = "unchanged"
         elif result.status is RunStatus.CANCELLATION_REQUESTED:
@@ -71,14 +106,6 @@ class Actions:
 
     # -- bulk actions --------------------------------------------------------------------------
 
-    def bulk_action(self, source: Any) -> str:
-        action = source.get("action", "")
-        if action not in {"retry", "cancel", "delete"}:
-            abort(400, "action must be retry, cancel or delete")
-        if not self.console.guard.allows(f"bulk_{action}"):
-            abort(403, f"this console does not allow bulk {action} here")
-        return str(action)
-
     def check_filters(self, filters: RunFilters) -> None:
         if not filters.any:
             raise ConfigurationError(
@@ -88,15 +115,11 @@ class Actions:
 
     def bulk_call(self, action: str, filters: RunFilters, **options: Any) -> Any:
         self.check_filters(filters)
-        method = {
-            "retry": self.runlane.retry_runs,
-            "cancel": self.runlane.cancel_runs,
-            "delete": self.runlane.delete_runs,
-        }[action]
+        method = bulk_method(self.runlane, action)
         return method(**attrs.asdict(filters, recurse=False), **options)
 
     def bulk_confirm(self) -> str:
-        action = self.bulk_action(request.args)
+        action = bulk_action_arg(self.console, request.args)
         filters = run_filters(request.args)
         self.check_filters(filters)
         runs, _ = bulk_filter(
@@ -125,10 +148,10 @@ class Actions:
         )
 
     def bulk_apply(self) -> Response:
-        action = self.bulk_action(request.form)
+        action = bulk_action_arg(self.console, request.form)
         self.console.allowed(f"bulk_{action}")
         filters = run_filters(request.form)
-        result = self.bulk_call(action, filters, limit=BULK_LIMIT, reason=self.reason())
+        result = self.bulk_call(action, filters, limit=BULK_LIMIT, reason=form_reason())
         values: dict[str, Any] = {
             **filters.args(),
             "done": "bulk",
@@ -139,10 +162,6 @@ class Actions:
 
     # -- queues and schedules --------------------------------------------------------------------
 
-    def reason(self) -> str | None:
-        """The form's optional reason, for the audit trail."""
-        return text_arg(request.form, "reason")
-
     def named(self, field: str) -> str:
         value = request.form.get(field, "")
         if not value:
@@ -151,23 +170,22 @@ class Actions:
 
     def pause_queue(self) -> Response:
         self.console.allowed("pause_queue")
-        reason = text_arg(request.form, "reason")
-        self.runlane.pause_queue(self.named("name"), reason=reason)
+        self.runlane.pause_queue(self.named("name"), reason=form_reason())
         return self.console.done("runlane.queues", "queue_paused")
 
     def resume_queue(self) -> Response:
         self.console.allowed("resume_queue")
-        self.runlane.resume_queue(self.named("name"), reason=self.reason())
+        self.runlane.resume_queue(self.named("name"), reason=form_reason())
         return self.console.done("runlane.queues", "queue_resumed")
 
     def pause_schedule(self) -> Response:
         self.console.allowed("pause_schedule")
-        self.runlane.pause_schedule(self.named("id"), reason=self.reason())
+        self.runlane.pause_schedule(self.named("id"), reason=form_reason())
         return self.console.done("runlane.schedules", "schedule_paused")
 
     def resume_schedule(self) -> Response:
         self.console.allowed("resume_schedule")
-        self.runlane.resume_schedule(self.named("id"), reason=self.reason())
+        self.runlane.resume_schedule(self.named("id"), reason=form_reason())
         return self.console.done("runlane.schedules", "schedule_resumed")
 
     def trigger_schedule(self) -> Response:
@@ -180,7 +198,7 @@ class Actions:
         # The nonce holds no ':', so (nonce, schedule) pairs never share a key.
         key = f"console-{nonce}:{schedule_id}" if _NONCE.match(nonce) else None
         handle = self.runlane.trigger_schedule_now(
-            schedule_id, idempotency_key=key, reason=self.reason()
+            schedule_id, idempotency_key=key, reason=form_reason()
         )
         notice = "triggered" if handle.created else "triggered_before"
         return self.console.done("runlane.run", notice, run_id=str(handle.id))

@@ -10,12 +10,12 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, cast
 
-from flask import Response, abort, redirect, render_template, request, url_for
+from flask import Response, redirect, render_template, request, url_for
 
 from runlane._operator.bulk import bulk_filter
 from runlane.errors import ConfigurationError
+from runlane.web._actions import bulk_action_arg, bulk_method, form_reason
 from runlane.web._console import Console, Route
-from runlane.web._filters import text_arg
 
 __all__ = ["SELECTION_LIMIT", "Selection"]
 
@@ -41,14 +41,6 @@ class Selection:
             ("/runs/selected", "selection_apply", ["POST"], self.apply),
         )
 
-    def action(self, source: Any) -> str:
-        action = source.get("action", "")
-        if action not in _APPLIES:
-            abort(400, "action must be retry, cancel or delete")
-        if not self.console.guard.allows(f"bulk_{action}"):
-            abort(403, f"this console does not allow bulk {action} here")
-        return str(action)
-
     def selected(self, source: Any) -> list[uuid.UUID]:
         """The ticked runs' ids, in their order, each once; a clear error beyond the cap."""
         values = source.getlist("run_id")
@@ -70,7 +62,7 @@ class Selection:
         return list(keys)
 
     def confirm(self) -> str:
-        action = self.action(request.args)
+        action = bulk_action_arg(self.console, request.args)
         ids = self.selected(request.args)
         runs, _ = bulk_filter(action, self.runlane.environment, {"run_ids": ids})
         # a selection is read through the primary key: an exact count, no time budget
@@ -85,14 +77,9 @@ class Selection:
         )
 
     def apply(self) -> Response:
-        action = self.action(request.form)
+        action = bulk_action_arg(self.console, request.form)
         self.console.allowed(f"bulk_{action}")
         ids = self.selected(request.form)
-        method = {
-            "retry": self.runlane.retry_runs,
-            "cancel": self.runlane.cancel_runs,
-            "delete": self.runlane.delete_runs,
-        }[action]
-        result = method(run_ids=ids, reason=text_arg(request.form, "reason"))
+        result = bulk_method(self.runlane, action)(run_ids=ids, reason=form_reason())
         values: dict[str, Any] = {"done": "bulk", "changed": result.changed, "matched": len(ids)}
         return cast(Response, redirect(url_for("runlane.runs", **values), code=303))
