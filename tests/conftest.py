@@ -167,15 +167,17 @@ def clock() -> MovableClock:
 def make_runlane(
     request: pytest.FixtureRequest, database_url: str, schema: str
 ) -> Iterator[RunlaneFactory]:
-    """Build runtimes on this test's schema (on the test's ``clock``, if it asks for one);
-    every one is closed at teardown."""
+    """Build runtimes on this test's schema (on the test's ``clock``, if it asks for one) as
+    the owner (or as ``connection_string``'s role); every one is closed at teardown."""
     made: list[Runlane] = []
     moved = request.getfixturevalue("clock") if "clock" in request.fixturenames else None
 
     def make(**kwargs: Any) -> Runlane:
         lane_options = {"clock": moved, **kwargs.pop("lane_options", {})}
         lane = postgres_polling_lane(
-            connection_string=database_url, schema=kwargs.pop("schema", schema), **lane_options
+            connection_string=kwargs.pop("connection_string", database_url),
+            schema=kwargs.pop("schema", schema),
+            **lane_options,
         )
         runtime = create_runlane(lane=lane, **kwargs)
         made.append(runtime)

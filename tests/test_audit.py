@@ -25,14 +25,12 @@ from runlane import (
     RunStateConflict,
     RunStatus,
     Task,
-    create_runlane,
     queue,
     schedule,
     task,
 )
 from runlane._operator import bulk
 from runlane.models import AuditRecord
-from runlane.postgres import postgres_polling_lane
 from runlane.runtime import acting_as
 from tests.conftest import RunlaneFactory
 from tests.helpers import Cli, Conn, in_process_cli, run_row
@@ -245,7 +243,7 @@ def test_acting_as_names_the_actor_and_pages_go_back_in_time(rl: Runlane) -> Non
 
 
 def test_an_action_whose_record_cannot_be_written_does_not_happen(
-    database_url: str, schema: str, granted: Callable[..., str], db: Conn
+    schema: str, granted: Callable[..., str], make_runlane: RunlaneFactory, db: Conn
 ) -> None:
     conninfo = granted("operator")
     role = psycopg.conninfo.conninfo_to_dict(conninfo)["user"]
@@ -254,56 +252,36 @@ def test_an_action_whose_record_cannot_be_written_does_not_happen(
             sql.Identifier(schema), sql.Identifier(str(role))
         )
     )
-    owner = create_runlane(
-        lane=postgres_polling_lane(connection_string=database_url, schema=schema),
-        tasks=TASKS,
-        schedules=[NIGHTLY],
-    )
-    operator = create_runlane(
-        lane=postgres_polling_lane(connection_string=conninfo, schema=schema), tasks=TASKS
-    )
-    try:
-        run_id = owner.trigger(ok, {}).id
-        with pytest.raises(ConfigurationError, match="lacks a privilege"):
-            operator.cancel(run_id)
-        assert owner.get_run(run_id).status is RunStatus.QUEUED  # rolled back with its record
-        with pytest.raises(ConfigurationError, match="lacks a privilege"):
-            operator.pause_queue("default")
-        assert not any(q.paused for q in owner.list_queues())
-        assert owner.list_audit().items == ()
-    finally:
-        owner.close()
-        operator.close()
+    owner = make_runlane(tasks=TASKS, schedules=[NIGHTLY])
+    operator = make_runlane(connection_string=conninfo, tasks=TASKS)
+    run_id = owner.trigger(ok, {}).id
+    with pytest.raises(ConfigurationError, match="lacks a privilege"):
+        operator.cancel(run_id)
+    assert owner.get_run(run_id).status is RunStatus.QUEUED  # rolled back with its record
+    with pytest.raises(ConfigurationError, match="lacks a privilege"):
+        operator.pause_queue("default")
+    assert not any(q.paused for q in owner.list_queues())
+    assert owner.list_audit().items == ()
 
 
 def test_the_operator_role_acts_and_is_named_by_the_database(
-    database_url: str, schema: str, granted: Callable[..., str]
+    granted: Callable[..., str], make_runlane: RunlaneFactory
 ) -> None:
     conninfo = granted("operator")
     role = psycopg.conninfo.conninfo_to_dict(conninfo)["user"]
-    owner = create_runlane(
-        lane=postgres_polling_lane(connection_string=database_url, schema=schema),
-        tasks=TASKS,
-        schedules=[NIGHTLY],
-    )
-    operator = create_runlane(
-        lane=postgres_polling_lane(connection_string=conninfo, schema=schema), tasks=TASKS
-    )
-    try:
-        run_id = owner.trigger(ok, {}, delay=timedelta(hours=1)).id
-        operator.reschedule_run(run_id, run_at=None, reason="now please")
-        record = operator.list_audit().items[0]
-        assert (record.action, record.db_role, record.reason) == ("reschedule", role, "now please")
-        assert owner.drain().completed == 1
-    finally:
-        owner.close()
-        operator.close()
+    owner = make_runlane(tasks=TASKS, schedules=[NIGHTLY])
+    operator = make_runlane(connection_string=conninfo, tasks=TASKS)
+    run_id = owner.trigger(ok, {}, delay=timedelta(hours=1)).id
+    operator.reschedule_run(run_id, run_at=None, reason="now please")
+    record = operator.list_audit().items[0]
+    assert (record.action, record.db_role, record.reason) == ("reschedule", role, "now please")
+    assert owner.drain().completed == 1
 
 
 def test_the_operator_roles_actions_each_commit_with_their_record(
-    database_url: str,
     schema: str,
     granted: Callable[..., str],
+    make_runlane: RunlaneFactory,
     db: Conn,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -312,66 +290,53 @@ def test_the_operator_roles_actions_each_commit_with_their_record(
     the database), bulk actions in several parts (one record per batch's transaction), and
     a run of a stored schedule."""
     monkeypatch.setattr(bulk, "BATCH_SIZE", 2)
-    owner = create_runlane(
-        lane=postgres_polling_lane(connection_string=database_url, schema=schema),
-        tasks=TASKS,
-        schedules=[NIGHTLY],
+    owner = make_runlane(tasks=TASKS, schedules=[NIGHTLY])
+    operator = make_runlane(connection_string=granted("operator"), tasks=TASKS)
+    failed = [owner.trigger(fails, {"n": n}).id for n in range(5)]
+    owner.drain()
+    delayed = owner.trigger(ok, {}, delay=timedelta(hours=1)).id
+    with pytest.raises(RunStateConflict, match="failed or cancelled"):
+        operator.retry_run(delayed)
+    later = datetime.now(UTC) + timedelta(days=1)
+    assert abs(operator.reschedule_run(delayed, run_at=later).due_at - later) < timedelta(seconds=1)
+    assert operator.cancel(delayed).changed
+    assert operator.delete_run(delayed)
+    assert operator.retry_run(failed[0]).status is RunStatus.QUEUED
+    assert operator.cancel_runs(task=ok.id).changed == 0  # recorded alone: no batch
+    assert operator.retry_runs(task=fails.id).changed == 4
+    assert operator.cancel_runs(task=fails.id).changed == 5
+    assert operator.delete_runs(task=fails.id, status="cancelled").changed == 5
+    records = operator.list_audit().items
+    assert [(r.action, r.runs) for r in records] == [
+        ("bulk_delete", 5),
+        ("bulk_cancel", 5),
+        ("bulk_retry", 4),
+        ("bulk_cancel", 0),
+        ("retry", 1),
+        ("delete", 1),
+        ("cancel", 1),
+        ("reschedule", 1),
+    ]
+    parts = (
+        "select max(part) from {}.audit_log where action like 'bulk_%%' "
+        "group by action_id order by 1"
     )
-    operator = create_runlane(
-        lane=postgres_polling_lane(connection_string=granted("operator"), schema=schema),
-        tasks=TASKS,
-    )
-    try:
-        failed = [owner.trigger(fails, {"n": n}).id for n in range(5)]
-        owner.drain()
-        delayed = owner.trigger(ok, {}, delay=timedelta(hours=1)).id
-        with pytest.raises(RunStateConflict, match="failed or cancelled"):
-            operator.retry_run(delayed)
-        later = datetime.now(UTC) + timedelta(days=1)
-        assert abs(operator.reschedule_run(delayed, run_at=later).due_at - later) < timedelta(
-            seconds=1
-        )
-        assert operator.cancel(delayed).changed
-        assert operator.delete_run(delayed)
-        assert operator.retry_run(failed[0]).status is RunStatus.QUEUED
-        assert operator.cancel_runs(task=ok.id).changed == 0  # recorded alone: no batch
-        assert operator.retry_runs(task=fails.id).changed == 4
-        assert operator.cancel_runs(task=fails.id).changed == 5
-        assert operator.delete_runs(task=fails.id, status="cancelled").changed == 5
-        records = operator.list_audit().items
-        assert [(r.action, r.runs) for r in records] == [
-            ("bulk_delete", 5),
-            ("bulk_cancel", 5),
-            ("bulk_retry", 4),
-            ("bulk_cancel", 0),
-            ("retry", 1),
-            ("delete", 1),
-            ("cancel", 1),
-            ("reschedule", 1),
-        ]
-        parts = (
-            "select max(part) from {}.audit_log where action like 'bulk_%%' "
-            "group by action_id order by 1"
-        )
-        last = [part for (part,) in db.execute(sql.SQL(parts).format(sql.Identifier(schema)))]
-        # the empty action is one record; each that changed runs was written in 3 parts or more
-        assert last[:1] == [0], last
-        assert [part >= 2 for part in last[1:]] == [True, True, True], last
-        # a run of a stored schedule (schema version 26), made and then not made again
-        owner.run_maintenance_once()  # stores the schedule's definition
-        made = operator.trigger_schedule_now(NIGHTLY.id, idempotency_key="once")
-        again = operator.trigger_schedule_now(NIGHTLY.id, idempotency_key="once")
-        assert (made.created, again.created, again.id) == (True, False, made.id)
-        records = operator.list_audit().items[:2]
-        assert [(r.action, r.target, r.runs) for r in records] == [
-            ("run_schedule_now", NIGHTLY.id, 0),
-            ("run_schedule_now", NIGHTLY.id, 1),
-        ]
-        owed = "select count(*) from {}.audit_owed"
-        assert db.execute(sql.SQL(owed).format(sql.Identifier(schema))).fetchone() == (0,)
-    finally:
-        owner.close()
-        operator.close()
+    last = [part for (part,) in db.execute(sql.SQL(parts).format(sql.Identifier(schema)))]
+    # the empty action is one record; each that changed runs was written in 3 parts or more
+    assert last[:1] == [0], last
+    assert [part >= 2 for part in last[1:]] == [True, True, True], last
+    # a run of a stored schedule (schema version 26), made and then not made again
+    owner.run_maintenance_once()  # stores the schedule's definition
+    made = operator.trigger_schedule_now(NIGHTLY.id, idempotency_key="once")
+    again = operator.trigger_schedule_now(NIGHTLY.id, idempotency_key="once")
+    assert (made.created, again.created, again.id) == (True, False, made.id)
+    records = operator.list_audit().items[:2]
+    assert [(r.action, r.target, r.runs) for r in records] == [
+        ("run_schedule_now", NIGHTLY.id, 0),
+        ("run_schedule_now", NIGHTLY.id, 1),
+    ]
+    owed = "select count(*) from {}.audit_owed"
+    assert db.execute(sql.SQL(owed).format(sql.Identifier(schema))).fetchone() == (0,)
 
 
 @pytest.fixture
