@@ -30,6 +30,7 @@ __all__ = [
     "MAX_RUN_IDS",
     "BulkFilters",
     "BulkProgress",
+    "as_run_ids",
     "bulk_action",
     "bulk_filter",
     "filter_time_field",
@@ -130,7 +131,8 @@ def _limit(value: object) -> int | None:
     return as_int_or_none("limit", value, 1, MAX_LIMIT)
 
 
-def _run_ids(value: object) -> tuple[uuid.UUID, ...] | None:
+def as_run_ids(value: object) -> tuple[uuid.UUID, ...] | None:
+    """``run_ids=`` checked: None, or its distinct run ids in order (at most ``MAX_RUN_IDS``)."""
     if value is None:
         return None
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
@@ -184,7 +186,7 @@ def bulk_filter(
         queue=optional_name("queue", queue),
         created_after=as_moment("created_after", created_after),
         created_before=as_moment("created_before", created_before),
-        run_ids=_run_ids(run_ids),
+        run_ids=as_run_ids(run_ids),
     )
     bound = _limit(filters.get("limit"))
     # limit= bounds how many, not which: alone it is no filter

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from flask import Response, redirect, render_template, request, url_for
 
-from runlane._operator.bulk import bulk_filter
+from runlane._operator.bulk import as_run_ids, bulk_filter
 from runlane.errors import ConfigurationError
 from runlane.web._actions import bulk_action_arg, bulk_method, form_reason
 from runlane.web._console import Console, Route
@@ -41,7 +41,7 @@ class Selection:
             ("/runs/selected", "selection_apply", ["POST"], self.apply),
         )
 
-    def selected(self, source: Any) -> list[uuid.UUID]:
+    def selected(self, source: Any) -> tuple[uuid.UUID, ...]:
         """The ticked runs' ids, in their order, each once; a clear error beyond the cap."""
         values = source.getlist("run_id")
         if not values:
@@ -51,15 +51,9 @@ class Selection:
                 f"{len(values):,} runs are selected, more than {SELECTION_LIMIT}: select "
                 "fewer, or act by filter (Retry/Cancel/Delete matching runs)"
             )
-        keys: dict[uuid.UUID, None] = {}
-        for value in values:
-            try:
-                keys[uuid.UUID(value)] = None
-            except ValueError:
-                raise ConfigurationError(
-                    f"run_id {value[:40]!r} is not a run id (a UUID)"
-                ) from None
-        return list(keys)
+        ids = as_run_ids(values)
+        assert ids is not None  # values is a list
+        return ids
 
     def confirm(self) -> str:
         action = bulk_action_arg(self.console, request.args)
