@@ -69,7 +69,6 @@ class Pooling:
     def __init__(self, pooler: str = "auto") -> None:
         if pooler not in POOLERS:
             raise ValueError(f"pooler must be one of {', '.join(POOLERS)}, got {pooler!r}")
-        self.pooler = pooler
         self._lock = threading.Lock()
         self._transaction: bool | None = None if pooler == "auto" else pooler == "transaction"
 
@@ -82,11 +81,11 @@ class Pooling:
         """True when session state must not outlive a transaction (unknown yet: True)."""
         return self._transaction is not False
 
-    def learn(self, conn: psycopg.Connection[Any]) -> bool:
-        """Find out from ``conn`` (only when ``auto`` and not known yet); whether the
-        connections go through a transaction-mode pooler."""
+    def learn(self, conn: psycopg.Connection[Any]) -> None:
+        """Find out from ``conn`` whether the connections go through a transaction-mode
+        pooler (only when ``auto`` and not known yet)."""
         if self._transaction is not None:
-            return self._transaction
+            return
         through = behind_pooler(conn)
         with self._lock:
             if self._transaction is None:
@@ -97,7 +96,6 @@ class Pooling:
                         "prepared statements or session settings (pooler='transaction'; "
                         "pooler='session' or 'none' if it keeps sessions)"
                     )
-        return self._transaction
 
     def connect_options(self, name: str) -> dict[str, Any]:
         """What ``psycopg.connect`` is given for this mode: ``name`` as the application name
