@@ -887,23 +887,16 @@ def test_a_pause_or_resume_commits_only_with_its_audit_record(
     refused(operator, schema, skip_slots)
     assert runs.one(state) == (0, False, 0)
 
-    def together(*statements: tuple[str, tuple[Any, ...]]) -> None:
-        conn = psycopg.connect(operator)  # one transaction, checked at its commit
-        try:
-            for text, params in statements:
-                conn.execute(sql.SQL(text).format(schema=sql.Identifier(schema)), params)
-            conn.commit()
-        finally:
-            conn.close()
-
     # a record of another action, or of another queue, is not its record
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        together((AUDITED, ("cancel", "q")), (pause_queue, ()))
+        in_one_transaction(operator, schema, (AUDITED, ("cancel", "q")), (pause_queue, ()))
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        together((pause_queue, ()), (AUDITED, ("pause_queue", "other")))
+        in_one_transaction(operator, schema, (pause_queue, ()), (AUDITED, ("pause_queue", "other")))
     assert runs.one(state) == (0, False, 0)
-    together((pause_queue, ()), (AUDITED, ("pause_queue", "q")))
-    together((pause_schedule, ()), (AUDITED, ("pause_schedule", "nightly")))
+    in_one_transaction(operator, schema, (pause_queue, ()), (AUDITED, ("pause_queue", "q")))
+    in_one_transaction(
+        operator, schema, (pause_schedule, ()), (AUDITED, ("pause_schedule", "nightly"))
+    )
     assert runs.one(state) == (1, True, 2)
     with psycopg.connect(maintenance, autocommit=True) as conn:  # its slot advances
         conn.execute(sql.SQL(skip_slots).format(schema=sql.Identifier(schema)))
