@@ -155,3 +155,42 @@ coalesce(%(now)s::timestamptz, now())
 -- The same for a time read after a lock is taken (clock_timestamp(), which moves on within
 -- a transaction): maintenance leases and fences, the flow-control claim's start stamps.
 coalesce(%(now)s::timestamptz, clock_timestamp())
+
+-- fragment: stats_wait_counts_summed
+-- The wait histograms of the rollup's rows (aliased m) summed element by element, one sum
+-- per bucket of runlane.stats.HISTOGRAM_BOUNDS (54: its 53 bounds and one above).
+array[sum(m.wait_counts[1]), sum(m.wait_counts[2]), sum(m.wait_counts[3]),
+sum(m.wait_counts[4]), sum(m.wait_counts[5]), sum(m.wait_counts[6]), sum(m.wait_counts[7]),
+sum(m.wait_counts[8]), sum(m.wait_counts[9]), sum(m.wait_counts[10]),
+sum(m.wait_counts[11]), sum(m.wait_counts[12]), sum(m.wait_counts[13]),
+sum(m.wait_counts[14]), sum(m.wait_counts[15]), sum(m.wait_counts[16]),
+sum(m.wait_counts[17]), sum(m.wait_counts[18]), sum(m.wait_counts[19]),
+sum(m.wait_counts[20]), sum(m.wait_counts[21]), sum(m.wait_counts[22]),
+sum(m.wait_counts[23]), sum(m.wait_counts[24]), sum(m.wait_counts[25]),
+sum(m.wait_counts[26]), sum(m.wait_counts[27]), sum(m.wait_counts[28]),
+sum(m.wait_counts[29]), sum(m.wait_counts[30]), sum(m.wait_counts[31]),
+sum(m.wait_counts[32]), sum(m.wait_counts[33]), sum(m.wait_counts[34]),
+sum(m.wait_counts[35]), sum(m.wait_counts[36]), sum(m.wait_counts[37]),
+sum(m.wait_counts[38]), sum(m.wait_counts[39]), sum(m.wait_counts[40]),
+sum(m.wait_counts[41]), sum(m.wait_counts[42]), sum(m.wait_counts[43]),
+sum(m.wait_counts[44]), sum(m.wait_counts[45]), sum(m.wait_counts[46]),
+sum(m.wait_counts[47]), sum(m.wait_counts[48]), sum(m.wait_counts[49]),
+sum(m.wait_counts[50]), sum(m.wait_counts[51]), sum(m.wait_counts[52]),
+sum(m.wait_counts[53]), sum(m.wait_counts[54])]
+
+-- fragment: stats_run_counts_summed
+-- The same for the run-time histograms.
+array[sum(m.run_counts[1]), sum(m.run_counts[2]), sum(m.run_counts[3]),
+sum(m.run_counts[4]), sum(m.run_counts[5]), sum(m.run_counts[6]), sum(m.run_counts[7]),
+sum(m.run_counts[8]), sum(m.run_counts[9]), sum(m.run_counts[10]), sum(m.run_counts[11]),
+sum(m.run_counts[12]), sum(m.run_counts[13]), sum(m.run_counts[14]), sum(m.run_counts[15]),
+sum(m.run_counts[16]), sum(m.run_counts[17]), sum(m.run_counts[18]), sum(m.run_counts[19]),
+sum(m.run_counts[20]), sum(m.run_counts[21]), sum(m.run_counts[22]), sum(m.run_counts[23]),
+sum(m.run_counts[24]), sum(m.run_counts[25]), sum(m.run_counts[26]), sum(m.run_counts[27]),
+sum(m.run_counts[28]), sum(m.run_counts[29]), sum(m.run_counts[30]), sum(m.run_counts[31]),
+sum(m.run_counts[32]), sum(m.run_counts[33]), sum(m.run_counts[34]), sum(m.run_counts[35]),
+sum(m.run_counts[36]), sum(m.run_counts[37]), sum(m.run_counts[38]), sum(m.run_counts[39]),
+sum(m.run_counts[40]), sum(m.run_counts[41]), sum(m.run_counts[42]), sum(m.run_counts[43]),
+sum(m.run_counts[44]), sum(m.run_counts[45]), sum(m.run_counts[46]), sum(m.run_counts[47]),
+sum(m.run_counts[48]), sum(m.run_counts[49]), sum(m.run_counts[50]), sum(m.run_counts[51]),
+sum(m.run_counts[52]), sum(m.run_counts[53]), sum(m.run_counts[54])]
