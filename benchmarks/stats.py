@@ -23,7 +23,9 @@ import argparse
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import psycopg
 
@@ -37,6 +39,7 @@ from benchmarks._common import (
     print_table,
     runtime,
     server_url,
+    timed,
     wait_drained,
 )
 from benchmarks._statements import PerRun, wal_position
@@ -71,9 +74,7 @@ def _process(url: str, runs: int, *, rollup: bool) -> tuple[float, PerRun, float
 
         def fold() -> None:
             while not stop.wait(1.0):
-                started = time.perf_counter()
-                runlane.run_maintenance_once(STATS_ONLY)
-                folds.append(time.perf_counter() - started)
+                folds.append(timed(lambda: runlane.run_maintenance_once(STATS_ONLY)))
 
         folder = threading.Thread(target=fold, name="bench-stats-fold", daemon=True)
         wal = wal_position(url)
@@ -195,13 +196,8 @@ def _fill(url: str, schema: str, stored: int, *, queues: int, tasks: int, now: d
         log(f"a week of rollup: {row[0] if row else 0:,} rows")
 
 
-def _median_ms(call: object, times: int = 7) -> float:
-    spent = []
-    for _ in range(times):
-        started = time.perf_counter()
-        call()  # type: ignore[operator]
-        spent.append(time.perf_counter() - started)
-    return statistics.median(spent) * 1000
+def _median_ms(call: Callable[[], object], times: int = 7) -> float:
+    return statistics.median(timed(call) for _ in range(times)) * 1000
 
 
 def bench_reads(url: str, stored: int, queues: int, tasks: int) -> list[Row]:
@@ -220,9 +216,7 @@ def bench_reads(url: str, stored: int, queues: int, tasks: int) -> list[Row]:
                 ("one queue and task", {"queue": "queue_1", "task": "task_1"}),
             ):
                 answer = runlane.stats(since=now - window, until=now, **options)
-                ms = _median_ms(
-                    lambda w=window, o=options: runlane.stats(since=now - w, until=now, **o)
-                )
+                ms = _median_ms(partial(runlane.stats, since=now - window, until=now, **options))
                 bucket = int(answer.bucket.total_seconds() // 60)
                 rows.append(
                     Row(
@@ -240,9 +234,7 @@ def bench_reads(url: str, stored: int, queues: int, tasks: int) -> list[Row]:
 def _fold_row(runlane: Runlane) -> Row:
     # the first fold of the schema: six minutes of the stored runs (later passes fold only
     # the minutes closed since, and skip while none has)
-    started = time.perf_counter()
-    runlane.run_maintenance_once(STATS_ONLY)
-    ms = (time.perf_counter() - started) * 1000
+    ms = timed(lambda: runlane.run_maintenance_once(STATS_ONLY)) * 1000
     return Row("the first stats pass (fold), the runs stored (ms)", ms, fmt=".1f")
 
 
