@@ -91,11 +91,10 @@ class RunActions:
             "limit": limit,
             "run_ids": None if runs.run_ids is None else [str(key) for key in runs.run_ids],
         }
-        named = {k: v for k, v in details.items() if v is not None and k not in _UNNAMED}
-        target = ", ".join(f"{k}={v}" for k, v in named.items())
+        named = [f"{k}={v}" for k, v in details.items() if v is not None and k not in _UNNAMED]
         if runs.run_ids is not None:  # the ids are in the details, the target counts them
-            target = ", ".join(filter(None, (target, f"{len(runs.run_ids)} selected runs")))
-        entry = self._trail.entry(f"bulk_{action}", target or "all", reason, details)
+            named.append(f"{len(runs.run_ids)} selected runs")
+        entry = self._trail.entry(f"bulk_{action}", ", ".join(named) or "all", reason, details)
         return self._trail.bulk(
             entry, lambda storage: bulk_action(storage, action, runs, limit, filters)
         )
