@@ -19,7 +19,7 @@ from runlane.web._filters import text_arg
 
 __all__ = ["RANGES", "OverTime"]
 
-# range name -> (window, bucket, bucket's name as Runlane.stats takes it)
+# range name -> (window, bucket as Runlane.stats takes it)
 RANGES: dict[str, tuple[timedelta, str]] = {
     "1h": (timedelta(hours=1), "1m"),
     "24h": (timedelta(hours=24), "15m"),
