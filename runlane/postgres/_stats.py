@@ -46,24 +46,15 @@ class StatsRepository:
                 found = conn.execute(sql["stats_fold_window"], window).fetchone()
                 if found is None:  # no minute closed since the last fold
                     return 0
-                start_at, end_at = found
-                params = {
-                    "environment": environment,
-                    "start_at": start_at,
-                    "end_at": end_at,
+                minutes = {"environment": environment, "start_at": found[0], "end_at": found[1]}
+                histograms = {
                     "bucket_count": len(HISTOGRAM_BOUNDS),
                     "negated_bounds": _NEGATED_BOUNDS,
                 }
-                row = conn.execute(sql["stats_fold"], params).fetchone()
+                row = conn.execute(sql["stats_fold"], {**minutes, **histograms}).fetchone()
                 assert row is not None
                 for span in SPANS:
-                    spans = {
-                        "environment": environment,
-                        "span": span,
-                        "start_at": start_at,
-                        "end_at": end_at,
-                    }
-                    conn.execute(sql["stats_fold_span"], spans)
+                    conn.execute(sql["stats_fold_span"], {**minutes, "span": span})
             return int(row[0])
 
         return self._db.fenced(fence, fold)
