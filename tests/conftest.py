@@ -9,6 +9,7 @@ import secrets
 import sys
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -186,6 +187,18 @@ def make_runlane(
     yield make
     for runtime in made:
         runtime.close()
+
+
+@pytest.fixture
+def cli_target(
+    database_url: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """The CLI's options naming the test's schema, run from an empty directory (no
+    RUNLANE_DATABASE_URL, RUNLANE_SCHEMA or RUNLANE_ENVIRONMENT from the environment)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RUNLANE_DATABASE_URL", "RUNLANE_SCHEMA", "RUNLANE_ENVIRONMENT"):
+        monkeypatch.delenv(name, raising=False)
+    return ["--database-url", database_url, "--schema", schema]
 
 
 def require_rabbitmq(reason: str | None, environ: Mapping[str, str] | None = None) -> None:

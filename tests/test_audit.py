@@ -340,19 +340,10 @@ def test_the_operator_roles_actions_each_commit_with_their_record(
 
 
 @pytest.fixture
-def cli(
-    database_url: str,
-    schema: str,
-    tmp_path: Any,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Cli:
+def cli(cli_target: list[str], capsys: pytest.CaptureFixture[str]) -> Cli:
     """``runlane *argv --database-url URL --schema S`` in this process."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RUNLANE_DATABASE_URL", "RUNLANE_SCHEMA", "RUNLANE_ENVIRONMENT"):
-        monkeypatch.delenv(name, raising=False)
     cli = in_process_cli(capsys)
-    return lambda *argv: cli(*argv, "--database-url", database_url, "--schema", schema)
+    return lambda *argv: cli(*argv, *cli_target)
 
 
 def test_the_cli_reschedules_and_lists_the_trail_as_its_own(

@@ -17,7 +17,6 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import UTC, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,17 +69,6 @@ def token() -> str:
 
 def post(client: FlaskClient, path: str, **form: str) -> Any:
     return client.post(path, data={CSRF_FIELD: token(), **form})
-
-
-@pytest.fixture
-def cli_target(
-    database_url: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> list[str]:
-    """The CLI's options naming the test's schema, run from an empty directory."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RUNLANE_DATABASE_URL", "RUNLANE_SCHEMA", "RUNLANE_ENVIRONMENT"):
-        monkeypatch.delenv(name, raising=False)
-    return ["--database-url", database_url, "--schema", schema]
 
 
 @pytest.fixture

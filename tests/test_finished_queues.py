@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,22 +71,15 @@ def test_list_queues_lists_a_queue_whose_runs_all_finished(
 def test_the_cli_lists_a_queue_whose_runs_all_finished(
     *,
     make_runlane: RunlaneFactory,
-    database_url: str,
-    schema: str,
-    tmp_path: Path,
+    cli_target: list[str],
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _finished(make_runlane)
-    monkeypatch.chdir(tmp_path)
-    for name in ("RUNLANE_DATABASE_URL", "RUNLANE_SCHEMA", "RUNLANE_ENVIRONMENT"):
-        monkeypatch.delenv(name, raising=False)
-    target = ["--database-url", database_url, "--schema", schema]
     capsys.readouterr()
-    assert main(["queues", "list", *target]) == 0
+    assert main(["queues", "list", *cli_target]) == 0
     _header, *rows = capsys.readouterr().out.splitlines()
     assert any(row.startswith("mail * ") for row in rows), rows
-    assert main(["queues", "list", "--json", *target]) == 0
+    assert main(["queues", "list", "--json", *cli_target]) == 0
     (mail,) = [q for q in json.loads(capsys.readouterr().out) if q["name"] == "mail"]
     assert (mail["defined"], mail["paused"], mail["counts"]["queued"]) == (False, False, 0)
 
