@@ -28,7 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import cast
+from typing import Any, cast
 
 import attrs
 from flask import Request, Response, abort, redirect, render_template, request, url_for
@@ -232,6 +232,23 @@ def session_cookie() -> str:
     return cookie_name(SESSION_COOKIE, url_for("runlane.overview"))
 
 
+def _page(*, basic: bool = False, failed: bool = False, wait: int | None = None) -> str:
+    """The login page: for basic auth, after a failed try, or while a client must wait."""
+    return render_template(
+        "runlane/login.html", page="login", basic=basic, failed=failed, wait=wait
+    )
+
+
+def _cookie_options() -> dict[str, Any]:
+    """The session cookie's attributes, as it is set and as it is deleted."""
+    return {
+        "path": url_for("runlane.overview"),
+        "httponly": True,
+        "samesite": "Strict",
+        "secure": request.is_secure,
+    }
+
+
 class Login:
     """``/login`` and ``/logout`` when the console's authorize is ``runlane web``'s."""
 
@@ -257,9 +274,9 @@ class Login:
         if self.login(request, "login"):
             return self._home()
         if self.login.token is None:  # basic auth only: the browser asks for it
-            page = render_template("runlane/login.html", page="login", basic=True, failed=False)
-            return page, 401, {"WWW-Authenticate": 'Basic realm="runlane", charset="UTF-8"'}
-        return render_template("runlane/login.html", page="login", basic=False, failed=False)
+            challenge = {"WWW-Authenticate": 'Basic realm="runlane", charset="UTF-8"'}
+            return _page(basic=True), 401, challenge
+        return _page()
 
     def submit(self) -> Response | tuple[str, int] | tuple[str, int, dict[str, str]]:
         assert self.login is not None
@@ -268,13 +285,9 @@ class Login:
         if wait > 0:  # not even looked at: a guesser learns nothing while it waits
             log.warning("a login at /login from %s refused: it must wait %.0f s", client, wait)
             seconds = math.ceil(wait)
-            page = render_template(
-                "runlane/login.html", page="login", basic=False, failed=False, wait=seconds
-            )
-            return page, 429, {"Retry-After": str(seconds)}
+            return _page(wait=seconds), 429, {"Retry-After": str(seconds)}
         if not self.console.guard.token_valid():
-            page = render_template("runlane/login.html", page="login", basic=False, failed=True)
-            return page, 403
+            return _page(failed=True), 403
         if not self.login.token_given(request.form.get("token", "")):
             count, wait = self.login.login_failed(client)
             log.warning(
@@ -283,18 +296,11 @@ class Login:
                 count,
                 f"; its next try waits {wait:.0f} s" if wait else "",
             )
-            page = render_template("runlane/login.html", page="login", basic=False, failed=True)
-            return page, 403
+            return _page(failed=True), 403
         self.login.login_succeeded(client)
         response = self._home()
         response.set_cookie(
-            session_cookie(),
-            self.login.session(),
-            max_age=_SESSION_SECONDS,
-            path=url_for("runlane.overview"),
-            httponly=True,
-            samesite="Strict",
-            secure=request.is_secure,
+            session_cookie(), self.login.session(), max_age=_SESSION_SECONDS, **_cookie_options()
         )
         return response
 
@@ -304,11 +310,5 @@ class Login:
             abort(403, "the form's CSRF token is missing or does not match: reload the page")
         self.login.end_session(request.cookies.get(session_cookie()))
         response = self._home()
-        response.delete_cookie(
-            session_cookie(),
-            path=url_for("runlane.overview"),
-            httponly=True,
-            samesite="Strict",
-            secure=request.is_secure,
-        )
+        response.delete_cookie(session_cookie(), **_cookie_options())
         return response
