@@ -9,7 +9,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.helpers import poll
+from tests.helpers import closed_port, poll
 
 __all__ = ["PGBOUNCER", "PgBouncer", "require_pgbouncer", "start_pgbouncer"]
 
@@ -52,12 +51,6 @@ def require_pgbouncer() -> None:
     pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def start_pgbouncer(
     database_url: str,
@@ -74,7 +67,7 @@ def start_pgbouncer(
     port = str(params.get("port") or 5432)
     user = str(params.get("user") or pwd.getpwuid(os.getuid()).pw_name)
     dbname = str(params.get("dbname") or user)
-    listen_port = _free_port()
+    listen_port = closed_port()
     base = Path(tempfile.mkdtemp(prefix="runlane-pgbouncer-"))
     (base / "users.txt").write_text(f'"{user}" ""\n')
     (base / "pgbouncer.ini").write_text(
