@@ -33,18 +33,19 @@ __all__ = ["SharedListener", "shared_listeners"]
 
 log = logging.getLogger("runlane.listener")
 
+# a hub's server: (connection string, pooler check, connect timeout), what its listener uses
 _Key = tuple[str, bool, float]
 
 
 class _Hub:
     """One server's LISTEN connection and its subscribers, by channel."""
 
-    def __init__(self, first: SharedListener) -> None:
+    def __init__(self, key: _Key, first: SharedListener) -> None:
         self.lock = threading.Lock()
         self.members: list[SharedListener] = []
         self.channels: dict[str, list[SharedListener]] = {}  # the active subscribers
         self.listened: set[str] = set()  # LISTENed on the current connection
-        self.listener = _HubListener(self, first)
+        self.listener = _HubListener(self, key, first)
         self.named_by = first
 
     def activate(self, subscriber: SharedListener) -> None:
@@ -112,16 +113,17 @@ class _Hub:
 class _HubListener(PostgresListener):
     """The shared connection: LISTENs what its hub's subscribers need."""
 
-    def __init__(self, hub: _Hub, first: SharedListener) -> None:
+    def __init__(self, hub: _Hub, key: _Key, first: SharedListener) -> None:
+        conninfo, check_pooler, connect_timeout = key
         super().__init__(
-            connection_string=first.conninfo,
+            connection_string=conninfo,
             channel="",
             environment=None,
             on_wake=lambda payload: None,
             name=first.name,
-            connect_timeout=first.connect_timeout,
+            connect_timeout=connect_timeout,
             via=first.via,
-            check_pooler=first.check_pooler,
+            check_pooler=check_pooler,
         )
         self._hub = hub
         self._renamed = False
@@ -165,7 +167,7 @@ class _Hubs:
             hub = self.hubs.get(key)
             fresh = hub is None
             if hub is None:
-                hub = self.hubs[key] = _Hub(subscriber)
+                hub = self.hubs[key] = _Hub(key, subscriber)
             hub.members.append(subscriber)
             if fresh:
                 hub.listener.start()
@@ -223,20 +225,8 @@ class SharedListener(PostgresListener):
         return self._name
 
     @property
-    def conninfo(self) -> str:
-        return self._conninfo
-
-    @property
-    def connect_timeout(self) -> float:
-        return self._connect_timeout
-
-    @property
     def via(self) -> str:
         return self._via
-
-    @property
-    def check_pooler(self) -> bool:
-        return self._check_pooler
 
     def _key(self) -> _Key:
         return (self._conninfo, self._check_pooler, self._connect_timeout)
