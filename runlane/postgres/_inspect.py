@@ -29,7 +29,6 @@ from runlane.storage import RetryOutcome, RunListQuery
 
 __all__ = ["InspectRepository"]
 
-# the first page starts below every run: no created_at reaches infinity
 # the unfiltered listing walks each status's part of runs_listing_by_status
 _STATUSES = [status.value for status in RunStatus]
 
@@ -60,10 +59,7 @@ class InspectRepository:
     def run_list_statement(self, query: RunListQuery) -> tuple[str, dict[str, Any]]:
         """The statement ``run_list`` executes for ``query``, and its parameters."""
         before_created_at: datetime | str
-        if query.before is None:
-            before_created_at, before_id = FIRST_PAGE
-        else:
-            before_created_at, before_id = query.before
+        before_created_at, before_id = FIRST_PAGE if query.before is None else query.before
         params: dict[str, Any] = {
             "environment": query.environment,
             "status": None if query.status is None else query.status.value,
