@@ -225,14 +225,14 @@ def click(driver: WebDriver, css: str) -> None:
     """Click ``css`` and wait for the page it leads to (the old page goes stale)."""
     page = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.CSS_SELECTOR, css).click()
-    WebDriverWait(driver, 15, poll_frequency=PAGE_POLL).until(_left(page))
+    waiting(driver).until(_left(page))
 
 
 def submit_by_script(driver: WebDriver, script: str) -> None:
     """Run ``script`` (which submits a form) and wait for the page it leads to."""
     page = driver.find_element(By.TAG_NAME, "html")
     driver.execute_script(script)
-    WebDriverWait(driver, 15, poll_frequency=PAGE_POLL).until(_left(page))
+    waiting(driver).until(_left(page))
 
 
 def http(url: str, data: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
