@@ -153,8 +153,13 @@ class Guard:
         return self._own_key
 
     def _binding(self) -> str:
-        login = self._authorize
-        return login.csrf_binding(request) if isinstance(login, BoundLogin) else ""
+        """The login's binding, asked once a request (a page signs a token per form)."""
+        binding = g.get("runlane_csrf_binding")
+        if binding is None:
+            login = self._authorize
+            binding = login.csrf_binding(request) if isinstance(login, BoundLogin) else ""
+            g.runlane_csrf_binding = binding
+        return str(binding)
 
     def _sign(self, seed: str) -> str:
         binding = self._binding()
