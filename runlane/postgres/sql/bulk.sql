@@ -24,10 +24,7 @@ from (
     where environment = %(environment)s
       and status = any(%(statuses)s::text[])
       and pruned_at is null
-      and (%(created_after)s::timestamptz is null or created_at >= %(created_after)s)
-      and (%(created_before)s::timestamptz is null or created_at < %(created_before)s)
-      and {@run_task_queue_filter}
-      and (%(run_ids)s::uuid[] is null or id = any(%(run_ids)s::uuid[]))
+      and {@bulk_filter}
     limit %(limit)s
 ) as matched;
 
@@ -46,10 +43,7 @@ where environment = %(environment)s
   and status = %(status)s
   and pruned_at is null
   and (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
-  and (%(created_after)s::timestamptz is null or created_at >= %(created_after)s)
-  and (%(created_before)s::timestamptz is null or created_at < %(created_before)s)
-  and {@run_task_queue_filter}
-  and (%(run_ids)s::uuid[] is null or id = any(%(run_ids)s::uuid[]))
+  and {@bulk_filter}
 order by created_at desc, id desc
 limit %(batch)s;
 

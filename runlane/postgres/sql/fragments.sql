@@ -97,6 +97,15 @@ updated_at, due_at, started_at, finished_at, progress,
 (%(task_id)s::text is null or task_id = %(task_id)s::text)
 and (%(queue)s::text is null or queue = %(queue)s::text)
 
+-- fragment: bulk_filter
+-- What a bulk action's filter keeps of the runs table (runlane.storage.BulkFilter beside
+-- its statuses; postgres/_bulk.py _filter_params): created in [created_after,
+-- created_before) when given, of the task and queue when given, among run_ids when given.
+(%(created_after)s::timestamptz is null or created_at >= %(created_after)s)
+and (%(created_before)s::timestamptz is null or created_at < %(created_before)s)
+and {@run_task_queue_filter}
+and (%(run_ids)s::uuid[] is null or id = any(%(run_ids)s::uuid[]))
+
 -- fragment: outbox_claim_fence
 -- The fence of a publisher's writes to its outbox items (aliased o; the input row i: id,
 -- token, environment): the item's claim is still the one the publisher holds.
