@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -199,6 +200,15 @@ def cli_target(
     for name in ("RUNLANE_DATABASE_URL", "RUNLANE_SCHEMA", "RUNLANE_ENVIRONMENT"):
         monkeypatch.delenv(name, raising=False)
     return ["--database-url", database_url, "--schema", schema]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback TCP port something listens on for the test (an address in use)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield int(held.getsockname()[1])
 
 
 def require_rabbitmq(reason: str | None, environ: Mapping[str, str] | None = None) -> None:

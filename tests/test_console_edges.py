@@ -12,10 +12,9 @@ import hashlib
 import hmac
 import logging
 import re
-import socket
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -235,14 +234,6 @@ def test_a_run_now_nonce_is_bound_to_its_schedule(failed: tuple[Runlane, Any]) -
 
 
 # -- runlane web --bind -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def taken_port() -> Iterator[int]:
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        yield int(held.getsockname()[1])
 
 
 def test_runlane_web_cannot_listen_is_one_error_line(

@@ -9,7 +9,6 @@ band; the figures scraped are those.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -284,25 +283,20 @@ def test_runlane_metrics_serves_it_alone(known: Runlane, database_url: str, sche
 
 
 def test_bad_input_to_runlane_metrics_is_one_error_line(
-    database_url: str, schema: str, capsys: pytest.CaptureFixture[str]
+    cli_target: list[str], taken_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from runlane.cli import EXIT_CONFIGURATION, main  # noqa: PLC0415
 
-    target = ["--database-url", database_url, "--schema", schema]
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken = held.getsockname()[1]
-        cases = {
-            ("--bind", "9464"): "--bind must be HOST:PORT",
-            ("--threads", "0"): "--threads",
-            ("--bind", f"127.0.0.1:{taken}"): "the address is in use",
-        }
-        for options, needle in cases.items():
-            capsys.readouterr()
-            assert main(["metrics", *target, *options]) == EXIT_CONFIGURATION
-            err = capsys.readouterr().err
-            lines = err.strip().splitlines()
-            assert len(lines) == 1, err
-            assert lines[0].startswith("runlane: error: "), err
-            assert needle in lines[0], err
+    cases = {
+        ("--bind", "9464"): "--bind must be HOST:PORT",
+        ("--threads", "0"): "--threads",
+        ("--bind", f"127.0.0.1:{taken_port}"): "the address is in use",
+    }
+    for options, needle in cases.items():
+        capsys.readouterr()
+        assert main(["metrics", *cli_target, *options]) == EXIT_CONFIGURATION
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert lines[0].startswith("runlane: error: "), err
+        assert needle in lines[0], err
