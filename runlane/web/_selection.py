@@ -21,12 +21,6 @@ __all__ = ["SELECTION_LIMIT", "Selection"]
 
 SELECTION_LIMIT = 100  # run ids one selection request takes (a runs page shows 50)
 
-_APPLIES = {
-    "retry": "failed or cancelled",
-    "cancel": "queued, retrying, released, waiting or running",
-    "delete": "completed, failed or cancelled",
-}
-
 
 class Selection:
     """Retry, cancel or delete the selected runs."""
@@ -67,7 +61,7 @@ class Selection:
             action=action,
             ids=ids,
             matched=matched,
-            applies=_APPLIES[action],
+            applies=_either([s.value for s in runs.statuses]),
         )
 
     def apply(self) -> Response:
@@ -77,3 +71,9 @@ class Selection:
         result = bulk_method(self.runlane, action)(run_ids=ids, reason=form_reason())
         values: dict[str, Any] = {"done": "bulk", "changed": result.changed, "matched": len(ids)}
         return cast(Response, redirect(url_for("runlane.runs", **values), code=303))
+
+
+def _either(names: list[str]) -> str:
+    """``names`` as the page says them: "failed or cancelled", "a, b or c"."""
+    *rest, last = names
+    return f"{', '.join(rest)} or {last}" if rest else last
