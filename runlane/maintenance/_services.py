@@ -103,11 +103,12 @@ IDLE_GRACE = 10.0
 IDLE_CAP = 10.0
 
 
-def idle_interval(interval: float, idle_for: float, empty_passes: int) -> float:
+def idle_interval(interval: float, empty_passes: int) -> float:
     """Seconds until a band's next pass: ``interval`` until its passes have changed nothing
-    for ``IDLE_GRACE`` seconds, then doubling with each ``empty_passes`` past that, capped at
-    ``IDLE_CAP`` (a band slower than the cap keeps its interval)."""
-    if idle_for < IDLE_GRACE or interval >= IDLE_CAP:
+    for ``IDLE_GRACE`` seconds, then doubling with each of the ``empty_passes`` past that
+    (none before it), capped at ``IDLE_CAP`` (a band slower than the cap keeps its
+    interval)."""
+    if not empty_passes or interval >= IDLE_CAP:
         return interval
     return min(IDLE_CAP, interval * 2.0 ** min(empty_passes, 16))
 
@@ -244,8 +245,7 @@ class _BandLoop:
         elif now - self.idle_since >= IDLE_GRACE:
             self.empty_passes += 1
         interval = self.band.interval.total_seconds()
-        idle_for = 0.0 if self.idle_since is None else now - self.idle_since
-        wait = idle_interval(interval, idle_for, self.empty_passes)
+        wait = idle_interval(interval, self.empty_passes)
         if wait > interval:  # spaced out: spread the idle bands' passes apart (as above)
             wait = max(interval, wait * _random.uniform(0.8, 1.0))
         self.next_pass = now + wait
