@@ -159,7 +159,7 @@ def _fill(url: str, schema: str, stored: int, *, queues: int, tasks: int, now: d
                 "'queue_' || (i %% %(queues)s), 'completed', '{}', 1, t, t, 1, "
                 "t + interval '20 ms', t + interval '20 ms', t + interval '70 ms' "
                 "from (select i, %(now)s - (i::float8 / %(stored)s) * interval '7 days' as t "
-                "from generate_series(%(first)s, %(last)s) as i) as g",
+                "from generate_series(%(first)s::int, %(last)s::int) as i) as g",
                 {
                     "tasks": tasks,
                     "queues": queues,
